@@ -1,0 +1,25 @@
+"""Exceptions raised by checkpoint reading, loading and replay.
+
+Each subclasses ``ValueError`` (STYLE rule 9: our exceptions subclass the matching builtin) so callers that
+already catch bad input keep working, while tests and tools can tell the reasons apart.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CheckpointCorruptError", "CheckpointError", "CheckpointMismatchError", "IncompatibleDeltaError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or delta cannot be used; nothing was written to any table."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A file is truncated, has a wrong magic number or version, or fails its checksum."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A well-formed file was written for a table of another shape (dim, dtype, score columns, ...)."""
+
+
+class IncompatibleDeltaError(CheckpointError):
+    """A delta's layout (capacity, bucket width, score words, world size, ...) differs from the target's."""

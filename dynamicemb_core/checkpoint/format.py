@@ -1,0 +1,339 @@
+"""The on-disk format of one table shard: a self-describing header, then four sections.
+
+One file holds one table's rows from one writer rank::
+
+    magic "DEMBSHRD" (8 bytes) | format version u32 | header length u32 | header crc32 u32
+    | header (UTF-8 JSON) | keys | embeddings | optimizer_states | scores
+
+The header carries everything a reader needs to refuse a file before touching a table: table name, row
+count, embedding dim, optimizer-state width, element dtype, the score columns in the strategy tuple's order,
+and per section its dtype, shape, offset, byte length and crc32 (zlib). Sections are little-endian, row
+major. Timestamp score columns are stored as *ages* (nanoseconds before the dump) because a device clock
+means nothing on another device or after a restart (the same rule as incremental_dump's deltas).
+
+Why JSON in a binary file: the header is a few hundred bytes, human-inspectable with ``head -c``, and new
+fields can be added without a version bump; the payload stays raw so a row section can be memory-mapped.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from dynamicemb_core.checkpoint.atomic import atomic_write
+from dynamicemb_core.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "ShardHeader",
+    "ShardPayload",
+    "check_header",
+    "dtype_from_name",
+    "dtype_name",
+    "read_shard",
+    "read_shard_header",
+    "write_shard",
+]
+
+MAGIC = b"DEMBSHRD"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIII")  # magic, version, header length, header crc32
+_SECTIONS = ("keys", "embeddings", "optimizer_states", "scores")
+_ALIGN = 64  # bytes; every section starts on this boundary so it can be viewed (or mmapped) in place
+_DTYPES: Dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+}
+
+if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for is little-endian
+    raise ImportError("dynamicemb_core.checkpoint writes little-endian files and needs a little-endian host")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"``; raises ValueError for a dtype the format does not store."""
+    for name, value in _DTYPES.items():
+        if value == dtype:
+            return name
+    raise ValueError(f"checkpoint: dtype {dtype} is not storable; supported: {sorted(_DTYPES)}")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """Inverse of :func:`dtype_name`; raises CheckpointCorruptError for an unknown name."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise CheckpointCorruptError(f"checkpoint: unknown dtype {name!r} in header") from None
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """What a shard file says about itself (everything except the per-section layout).
+
+    Attributes:
+        table_name: the table's name inside its collection.
+        collection: the collection's module path in the model.
+        num_rows: rows stored.
+        dim: embedding width in elements.
+        optimizer_width: optimizer-state elements per row in the file (0: none stored).
+        dtype: element dtype of embeddings and optimizer states.
+        score_columns: strategy names of the score columns, in the strategy tuple's order.
+        rank: the writer's rank; world_size: ranks the table was sharded over when written.
+        extra: free-form metadata (optimizer name, dist_type, ...), JSON-serializable.
+    """
+
+    table_name: str
+    collection: str
+    num_rows: int
+    dim: int
+    optimizer_width: int
+    dtype: torch.dtype
+    score_columns: Tuple[str, ...]
+    rank: int = 0
+    world_size: int = 1
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_scores(self) -> int:
+        """Score words per row."""
+        return len(self.score_columns)
+
+    def describe(self) -> str:
+        """Short text naming the file's table for error messages."""
+        return f"table '{self.collection}/{self.table_name}' (rank {self.rank} of {self.world_size})"
+
+
+@dataclass
+class ShardPayload:
+    """The four sections of a shard, on the CPU.
+
+    Attributes:
+        keys: (n,) int64.
+        embeddings: (n, dim) of the header's dtype.
+        optimizer_states: (n, optimizer_width) of the header's dtype; (n, 0) when none are stored.
+        scores: (n, num_scores) int64, timestamp columns as ages.
+    """
+
+    keys: torch.Tensor
+    embeddings: torch.Tensor
+    optimizer_states: torch.Tensor
+    scores: torch.Tensor
+
+    def sections(self) -> List[Tuple[str, torch.Tensor]]:
+        """Sections in file order."""
+        return [(name, getattr(self, name)) for name in _SECTIONS]
+
+
+def _expected_shapes(header: ShardHeader) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
+    n = header.num_rows
+    return {
+        "keys": ((n,), torch.int64),
+        "embeddings": ((n, header.dim), header.dtype),
+        "optimizer_states": ((n, header.optimizer_width), header.dtype),
+        "scores": ((n, header.num_scores), torch.int64),
+    }
+
+
+def _validate_payload(header: ShardHeader, payload: ShardPayload) -> None:
+    for name, (shape, dtype) in _expected_shapes(header).items():
+        tensor = getattr(payload, name)
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ValueError(
+                f"checkpoint: {header.describe()}: section '{name}' must be {dtype} of shape {shape}, "
+                f"got {tensor.dtype} of shape {tuple(tensor.shape)}"
+            )
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+
+
+def write_shard(path: str, header: ShardHeader, payload: ShardPayload) -> int:
+    """Write one shard file atomically (temp file, fsync, rename).
+
+    Args:
+        path: destination file.
+        header: what the file describes; ``num_rows`` etc. must match ``payload``.
+        payload: the sections, on any device (copied to the CPU).
+
+    Returns:
+        The file's size in bytes.
+
+    Raises:
+        ValueError: a section's shape or dtype disagrees with the header (nothing is written).
+    """
+    _validate_payload(header, payload)
+    buffers = [(name, _as_bytes(t), t) for name, t in payload.sections()]
+    sections = []
+    chunks: List[Any] = []
+    offset = 0
+    for name, buf, tensor in buffers:
+        pad = -offset % _ALIGN
+        if pad:
+            chunks.append(bytes(pad))
+            offset += pad
+        chunks.append(buf)
+        sections.append(
+            {
+                "name": name,
+                "dtype": dtype_name(tensor.dtype),
+                "shape": list(tensor.shape),
+                "offset": offset,
+                "nbytes": buf.nbytes,
+                "crc32": zlib.crc32(buf),
+            }
+        )
+        offset += buf.nbytes
+    meta = {
+        "table_name": header.table_name,
+        "collection": header.collection,
+        "num_rows": header.num_rows,
+        "dim": header.dim,
+        "optimizer_width": header.optimizer_width,
+        "dtype": dtype_name(header.dtype),
+        "score_columns": list(header.score_columns),
+        "score_timestamps_as_age": True,
+        "rank": header.rank,
+        "world_size": header.world_size,
+        "extra": header.extra,
+        "payload_nbytes": offset,
+        "sections": sections,
+    }
+    blob = json.dumps(meta, sort_keys=True).encode("utf-8")
+    blob += b" " * (-(_PREFIX.size + len(blob)) % _ALIGN)  # JSON ignores trailing spaces
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob), zlib.crc32(blob))
+    return atomic_write(path, [prefix, blob] + chunks)
+
+
+def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, Dict[str, Any], int]:
+    if len(raw) < _PREFIX.size:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: truncated ({file_size} bytes, shorter than the "
+            f"{_PREFIX.size}-byte prefix)"
+        )
+    magic, version, header_len, header_crc = _PREFIX.unpack_from(raw)
+    if magic != MAGIC:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: not a dynamicemb shard (magic {magic!r}, expected {MAGIC!r})"
+        )
+    if version != FORMAT_VERSION:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: format version {version}; this build reads version {FORMAT_VERSION}"
+        )
+    end = _PREFIX.size + header_len
+    if len(raw) < end:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: truncated inside its header ({file_size} bytes, header ends at {end})"
+        )
+    blob = raw[_PREFIX.size : end]
+    if zlib.crc32(blob) != header_crc:
+        raise CheckpointCorruptError(f"checkpoint file {path}: header checksum mismatch (file is corrupt)")
+    meta = json.loads(blob.decode("utf-8"))
+    header = ShardHeader(
+        table_name=meta["table_name"],
+        collection=meta["collection"],
+        num_rows=int(meta["num_rows"]),
+        dim=int(meta["dim"]),
+        optimizer_width=int(meta["optimizer_width"]),
+        dtype=dtype_from_name(meta["dtype"]),
+        score_columns=tuple(meta["score_columns"]),
+        rank=int(meta["rank"]),
+        world_size=int(meta["world_size"]),
+        extra=dict(meta.get("extra", {})),
+    )
+    expected_size = end + int(meta["payload_nbytes"])
+    if file_size != expected_size:
+        what = "truncated" if file_size < expected_size else "has trailing bytes"
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: {what}: {file_size} bytes, header says {expected_size}"
+        )
+    return header, meta, end
+
+
+def read_shard_header(path: str) -> ShardHeader:
+    """Read and check a shard's header (magic, version, header checksum, file length) without its payload."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(0)
+        head = f.read(_PREFIX.size)
+        if len(head) == _PREFIX.size and head[:8] == MAGIC:
+            head += f.read(_PREFIX.unpack(head)[2])
+    return _parse_header(path, head, size)[0]
+
+
+def check_header(
+    header: ShardHeader,
+    *,
+    dim: Optional[int] = None,
+    dtype: Optional[torch.dtype] = None,
+    score_columns: Optional[Sequence[str]] = None,
+    optimizer_width: Optional[int] = None,
+    where: str = "",
+) -> None:
+    """Raise CheckpointMismatchError when a file does not fit the target table.
+
+    Args:
+        header: the file's header.
+        dim, dtype, score_columns, optimizer_width: the target's values; None skips that check.
+        where: the target table's name for the message.
+    """
+    checks = [
+        ("dim", dim, header.dim),
+        ("dtype", dtype, header.dtype),
+        ("score columns", None if score_columns is None else tuple(score_columns), header.score_columns),
+        ("optimizer state width", optimizer_width, header.optimizer_width),
+    ]
+    for name, expected, found in checks:
+        if expected is not None and expected != found:
+            raise CheckpointMismatchError(
+                f"checkpoint {header.describe()} does not fit target table '{where or header.table_name}': "
+                f"{name} expected {expected}, file has {found}"
+            )
+
+
+def read_shard(path: str) -> Tuple[ShardHeader, ShardPayload]:
+    """Read a whole shard and verify every section's shape and checksum.
+
+    Raises:
+        CheckpointCorruptError: wrong magic or version, truncation, or a checksum mismatch.
+    """
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    header, meta, start = _parse_header(path, bytes(raw[: _PREFIX.size + _header_len(raw)]), len(raw))
+    payload_bytes = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+    expected = _expected_shapes(header)
+    tensors: Dict[str, torch.Tensor] = {}
+    by_name = {s["name"]: s for s in meta["sections"]}
+    for name in _SECTIONS:
+        sec = by_name.get(name)
+        shape, dtype = expected[name]
+        if sec is None or tuple(sec["shape"]) != shape or dtype_from_name(sec["dtype"]) != dtype:
+            raise CheckpointCorruptError(
+                f"checkpoint file {path}: section '{name}' is missing or disagrees with the header"
+            )
+        lo = start + int(sec["offset"])
+        hi = lo + int(sec["nbytes"])
+        view = memoryview(raw)[lo:hi]
+        if zlib.crc32(view) != int(sec["crc32"]):
+            raise CheckpointCorruptError(
+                f"checkpoint file {path}: section '{name}' checksum mismatch (file is corrupt)"
+            )
+        tensors[name] = payload_bytes[lo:hi].view(dtype).reshape(shape)
+    return header, ShardPayload(**tensors)
+
+
+def _header_len(raw: bytearray) -> int:
+    if len(raw) < _PREFIX.size or bytes(raw[:8]) != MAGIC:
+        return 0
+    return _PREFIX.unpack_from(raw)[2]
