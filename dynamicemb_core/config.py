@@ -166,6 +166,9 @@ class DynamicEmbTableOptions:
     global_hbm_for_values: int = 0  # bytes
     external_storage: Union[Storage, str, type, None] = None
     index_type: Optional[torch.dtype] = None
+    # row-wise key -> rank routing: "continuous", "roundrobin" or "hash_roundrobin"; validated by
+    # the planner (dynamicemb_core.shard.ownership holds the one definition of each)
+    dist_type: str = "roundrobin"
     admit_strategy: Union[AdmissionStrategy, str, None] = None
     admission_counter: Union[Counter, str, None] = None
     evicted_item_mode: EvictedItemMode = EvictedItemMode.DISCARD
