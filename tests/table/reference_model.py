@@ -194,18 +194,30 @@ class RefTable:
         by_name = dict(zip(self.spec.order, (int(v) for v in user)))
         return by_name["LFU"], by_name["TIMESTAMP"]
 
-    def new_entry_scores(self, occurrences: int, now: int) -> Tuple[int, int]:
+    def _require_time(self, now: Optional[int]) -> int:
+        if now is None:
+            raise ValueError(
+                f"table {self.spec.name!r}: the model needs an explicit score= for "
+                f"{POLICY_NAMES[self.spec.policy]} tables (it cannot predict the clock)"
+            )
+        return now
+
+    def new_entry_scores(self, occurrences: int, now: Optional[int]) -> Tuple[int, int]:
         """Scores of a key this call places (no input scores)."""
         p = self.spec.policy
+        if p != LFU:
+            now = self._require_time(now)
         if p == LFU:
             return occurrences, 0
         if p == COMPOUND:
             return occurrences, now
         return now, 0  # TIMESTAMP / NO_EVICTION: time; STEP / CUSTOMIZED: the call's score
 
-    def touch(self, entry: RefEntry, occurrences: int, now: int) -> None:
+    def touch(self, entry: RefEntry, occurrences: int, now: Optional[int]) -> None:
         """Write the policy's score into an existing key's slot."""
         p = self.spec.policy
+        if p != LFU:
+            now = self._require_time(now)
         if p == LFU:
             entry.s0 += occurrences
         elif p == COMPOUND:
@@ -214,12 +226,13 @@ class RefTable:
         else:
             entry.s0 = now
 
-    def eviction_rank(self, slot: int, now: int) -> Tuple:
+    def eviction_rank(self, slot: int, now: Optional[int]) -> Tuple:
         """Sort key of an occupied slot for eviction: lowest first, ties by lowest slot."""
         entry = self.slots[slot]
         assert entry is not None
         if self.spec.policy == COMPOUND:
             if self.spec.score_function is not None:
+                now = self._require_time(now)
                 value = float(self.spec.score_function(list(self.user_scores(entry)), now))
                 # NaN ranks before every number ("evict first").
                 return (0, 0.0, slot) if math.isnan(value) else (1, value, slot)
@@ -279,8 +292,8 @@ class RefScoredHashTable:
             return [table_ids] * len(keys)
         return [int(t) for t in table_ids]
 
-    def _now(self, t: int, score: Optional[int]) -> int:
-        """The call's score for table ``t`` (``cur_scores[t]``)."""
+    def _now(self, t: int, score: Optional[int]) -> Optional[int]:
+        """The call's score for table ``t`` (``cur_scores[t]``); None for "read the clock"."""
         policy = self.tables[t].spec.policy
         if score is not None:
             return int(score)
@@ -290,7 +303,7 @@ class RefScoredHashTable:
             return self.custom_scores[t]
         if policy == LFU:
             return 0  # ignored
-        raise ValueError(f"the model needs an explicit score for {POLICY_NAMES[policy]} tables")
+        return None  # the model cannot predict a clock: using it raises (see _require_time)
 
     @staticmethod
     def _unique_in_order(pairs: Sequence[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -303,7 +316,7 @@ class RefScoredHashTable:
     def _upsert(
         self,
         pairs: List[Tuple[int, int]],
-        nows: Dict[int, int],
+        nows: Dict[int, Optional[int]],
         input_scores: Optional[List[Tuple[int, int]]],
     ) -> Tuple[List[int], List[bool], List[RefEvicted]]:
         """One kernel call of insert / find_or_insert / insert_and_evict.
@@ -521,7 +534,7 @@ class RefScoredHashTable:
     def set_score(self, table_id: int, score: int) -> None:
         self.custom_scores[table_id] = int(score)
 
-    def get_score(self, table_id: int) -> int:
+    def get_score(self, table_id: int) -> Optional[int]:
         return self._now(table_id, None)
 
     def advance_step(self, table_id: Optional[int] = None) -> None:
