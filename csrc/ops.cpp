@@ -1,0 +1,60 @@
+// The one TORCH_LIBRARY(dynamicemb, m) block: every op schema of the project (STYLE.md rule 5).
+//
+// Kernels register elsewhere, one TORCH_LIBRARY_IMPL block per backend file (csrc/cpu/*.cpp,
+// csrc/cuda/*.cu). Fake (meta) kernels are Python, in the module named by set_python_module.
+// Mutated tensors are declared with (x!) aliases and never returned.
+#include <torch/library.h>
+
+TORCH_LIBRARY(dynamicemb, m) {
+  m.set_python_module("dynamicemb_core.ops.fake");
+
+  // ---------------------------------------------------------------------------------------------
+  // Scored hash table (docs/table_design.md). "State" = table_keys, digests, scores, slot_offsets,
+  // bucket_caps, policies, sizes.
+  // ---------------------------------------------------------------------------------------------
+
+  // Look keys up; with update_score, touch the found ones. -> (slots, found, scores (n,2) internal order)
+  m.def(
+      "find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, Tensor(a!) scores, "
+      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor cur_scores, "
+      "bool update_score) -> (Tensor, Tensor, Tensor)");
+  // Insert-or-assign keys (evicting from full buckets); input_scores (n,2) replace the policy's words.
+  m.def(
+      "insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
+      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores) -> Tensor");
+  // Find keys, inserting the missing ones. -> (slots, is_new)
+  m.def(
+      "find_or_insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
+      "Tensor(d!) sizes, Tensor cur_scores) -> (Tensor, Tensor)");
+  // Insert and report what was evicted. -> (slots, is_new, ev_keys, ev_slots, ev_scores, ev_table_ids)
+  m.def(
+      "insert_and_evict(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
+      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // Remove keys, freeing their slots. -> erased (n,) bool
+  m.def(
+      "erase(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor(a!) digests, Tensor scores, "
+      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor(b!) sizes) -> Tensor");
+  // Every occupied slot with scores[:, column] >= thresholds[t], by global slot.
+  // -> (keys, slots, scores (m,2), table_ids)
+  m.def(
+      "export_if(Tensor table_keys, Tensor digests, Tensor scores, Tensor slot_offsets, "
+      "Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor thresholds, int column) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  // Slot-exact placement for replay. -> placed (n,) bool
+  m.def(
+      "insert_at(Tensor keys, Tensor table_ids, Tensor slots, Tensor(a!) table_keys, "
+      "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
+      "Tensor policies, Tensor(d!) sizes, Tensor input_scores, bool dry_run) -> Tensor");
+  // Rows of a (capacity, width) value tensor at local slots; slot -1 gives zeros. -> (n, width)
+  m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
+  // Write rows into a (capacity, width) value tensor at local slots; slot -1 skipped, last write wins.
+  m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
+
+  // ---------------------------------------------------------------------------------------------
+  // Lookup and training ops (owned by the lookup engineer; kernels in csrc/{cpu,cuda}/lookup.*).
+  // ---------------------------------------------------------------------------------------------
+}

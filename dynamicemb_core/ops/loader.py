@@ -1,0 +1,213 @@
+"""Just-in-time build and one-time load of the C++/CUDA ops library (``torch.ops.dynamicemb``).
+
+pip's build isolation would fetch a multi-GB CUDA torch, so the extension is compiled here, against
+the torch that is already installed, with ``torch.utils.cpp_extension`` and ninja. The result is
+cached in ``$DYNAMICEMB_CACHE_DIR`` (default ``~/.cache/dynamicemb_core``) in a folder named by a hash
+of every source under ``csrc/``, the torch version, the compiler flags and (for CUDA builds) the
+target architectures, so an edited source or another torch gets its own build.
+
+Concurrent first uses (several ranks, several test workers) each build in a private temporary
+folder and then ``os.rename`` it into place; the first rename wins and the others load the winner's
+library, so a half-written cache folder is never seen and a killed build leaves no lock behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+__all__ = ["BuildPlan", "build_plan", "cache_root", "ensure_loaded", "is_loaded"]
+
+logger = logging.getLogger(__name__)
+
+LIBRARY_NAME = "dynamicemb_ops"
+_SOURCE_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
+_lock = threading.Lock()
+_loaded_path: Optional[Path] = None
+
+
+def csrc_dir() -> Path:
+    """The ``csrc`` folder: ``$DYNAMICEMB_CSRC_DIR``, else the one beside the package (source tree)."""
+    override = os.environ.get("DYNAMICEMB_CSRC_DIR")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "csrc", here.parent.parent / "csrc"):
+        if (candidate / "ops.cpp").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"dynamicemb_core: cannot find csrc/ops.cpp beside {here.parent}; set DYNAMICEMB_CSRC_DIR "
+        "to the csrc folder of a dynamicemb-core checkout"
+    )
+
+
+def cache_root() -> Path:
+    """Folder holding built libraries: ``$DYNAMICEMB_CACHE_DIR`` or ``~/.cache/dynamicemb_core``."""
+    env = os.environ.get("DYNAMICEMB_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "dynamicemb_core"
+
+
+def cuda_build_enabled() -> bool:
+    """CUDA sources are compiled only with a CUDA torch and a visible GPU."""
+    return torch.version.cuda is not None and torch.cuda.is_available()
+
+
+def _cuda_arch_list() -> str:
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        return env
+    archs = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    return ";".join(f"{major}.{minor}" for major, minor in sorted(archs))
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything that decides one build: sources, flags, and the cache folder they hash to."""
+
+    sources: List[Path]
+    include_dirs: List[Path]
+    cflags: List[str]
+    cuda_cflags: List[str]
+    ldflags: List[str]
+    with_cuda: bool
+    cuda_arch_list: str
+    key: str
+
+    @property
+    def directory(self) -> Path:
+        return cache_root() / f"{LIBRARY_NAME}-{self.key}"
+
+    @property
+    def library_path(self) -> Path:
+        return self.directory / f"{LIBRARY_NAME}.so"
+
+
+def build_plan() -> BuildPlan:
+    """Collect sources (``ops.cpp``, ``cpu/*.cpp``, ``cuda/*.cu`` when CUDA is usable) and the key."""
+    root = csrc_dir()
+    with_cuda = cuda_build_enabled()
+    sources = [root / "ops.cpp", *sorted((root / "cpu").glob("*.cpp"))]
+    if with_cuda:
+        sources += sorted((root / "cuda").glob("*.cu"))
+    debug = os.environ.get("DYNAMICEMB_BUILD_DEBUG", "0") == "1"
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    # at::parallel_for is an inline template: without -fopenmp it silently runs serially, since
+    # torch's CPU build uses the OpenMP backend (torch.__config__.parallel_info()).
+    cflags = [*opt, "-fopenmp"]
+    cuda_cflags = [*opt, "-lineinfo"] if with_cuda else []
+    ldflags = ["-fopenmp"]
+    arch = _cuda_arch_list() if with_cuda else ""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    for part in (torch.__version__, str(torch.version.cuda), arch, sys.version, str(cflags),
+                 str(cuda_cflags), sysconfig.get_config_var("SOABI") or ""):
+        digest.update(part.encode())
+    return BuildPlan(
+        sources=sources,
+        include_dirs=[root / "include"],
+        cflags=cflags,
+        cuda_cflags=cuda_cflags,
+        ldflags=ldflags,
+        with_cuda=with_cuda,
+        cuda_arch_list=arch,
+        key=digest.hexdigest()[:16],
+    )
+
+
+def _compile(plan: BuildPlan, verbose: bool) -> None:
+    """Build into a private temp folder, then rename it to the cache folder (first one wins)."""
+    from torch.utils import cpp_extension
+
+    plan.directory.parent.mkdir(parents=True, exist_ok=True)
+    message = (
+        f"dynamicemb_core: building the C++{'/CUDA' if plan.with_cuda else ''} ops "
+        f"({len(plan.sources)} sources) into {plan.directory}; this happens once per source/torch "
+        "change and takes about a minute"
+    )
+    logger.info(message)
+    print(message, file=sys.stderr, flush=True)
+    start = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{LIBRARY_NAME}-{plan.key}-", dir=plan.directory.parent))
+    old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    try:
+        if plan.with_cuda:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = plan.cuda_arch_list
+        cpp_extension.load(
+            name=LIBRARY_NAME,
+            sources=[str(s) for s in plan.sources],
+            extra_cflags=plan.cflags,
+            extra_cuda_cflags=plan.cuda_cflags,
+            extra_ldflags=plan.ldflags,
+            extra_include_paths=[str(p) for p in plan.include_dirs],
+            build_directory=str(tmp),
+            verbose=verbose,
+            with_cuda=plan.with_cuda,
+            is_python_module=False,
+        )
+        try:
+            os.rename(tmp, plan.directory)
+        except OSError:  # another process finished first: keep its build
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if plan.with_cuda:
+            if old_arch is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = old_arch
+    logger.info("dynamicemb_core: build finished in %.1f s", time.monotonic() - start)
+
+
+def ensure_loaded(verbose: bool = False) -> Path:
+    """Build (if needed) and load the ops library once per process; return the library's path.
+
+    After loading, imports :mod:`dynamicemb_core.ops.fake` so every op also has a fake kernel
+    (torch.compile / torch.export tracing).
+    """
+    global _loaded_path
+    if _loaded_path is not None:
+        return _loaded_path
+    with _lock:
+        if _loaded_path is not None:
+            return _loaded_path
+        plan = build_plan()
+        if not plan.library_path.is_file():
+            _compile(plan, verbose)
+        # cpp_extension.load may already have loaded the library from the temp folder; loading
+        # the same file again from its final path is then a no-op for the op registry.
+        if not _registered():
+            torch.ops.load_library(str(plan.library_path))
+        import dynamicemb_core.ops.fake  # noqa: F401  (registers fake kernels)
+
+        _loaded_path = plan.library_path
+        logger.debug("dynamicemb_core: loaded %s", _loaded_path)
+        return _loaded_path
+
+
+def _registered() -> bool:
+    try:
+        torch.ops.dynamicemb.find.default  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def is_loaded() -> bool:
+    """True once :func:`ensure_loaded` has run in this process."""
+    return _loaded_path is not None
