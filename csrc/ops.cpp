@@ -57,4 +57,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   // ---------------------------------------------------------------------------------------------
   // Lookup and training ops (owned by the lookup engineer; kernels in csrc/{cpu,cuda}/lookup.*).
   // ---------------------------------------------------------------------------------------------
+  // Pool bags of unique rows: (u, D) rows, (n,) inverse, (b+1,) offsets -> (b, D); mode 0 SUM, 1 MEAN.
+  m.def("pooled_gather(Tensor embeddings, Tensor inverse, Tensor offsets, Tensor? weights, int mode) -> Tensor");
+  // Adjoint of pooled_gather: (b, D) bag gradients -> (num_unique, D) gradient per unique key.
+  m.def("reduce_grads(Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int mode, int num_unique) -> Tensor");
+  // EXACT_SGD on value rows at slots (-1 skipped), in place.
+  m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr) -> ()");
+  // EXACT_ADAGRAD on rows [w | m(D)] at slots, in place.
+  m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps) -> ()");
+  // EXACT_ROWWISE_ADAGRAD on rows [w | m(1)] at slots, in place; weight_decay_mode 0 NONE, 1 L2, 2 DECOUPLE.
+  m.def("rowwise_adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float weight_decay, int weight_decay_mode) -> ()");
+  // FBGEMM ADAM on rows [w | m(D) | v(D)] at slots, in place; step >= 1 is the global step.
+  m.def("adam_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float beta1, float beta2, float weight_decay, int step) -> ()");
 }

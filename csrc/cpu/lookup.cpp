@@ -1,0 +1,279 @@
+// CPU kernels of the lookup ops: pooled gather, per-key gradient reduction and the fused optimizer
+// row updates. Schemas: the "lookup" section of csrc/ops.cpp. CUDA twins: csrc/cuda/lookup.cu.
+//
+// Row layout of the value buffers (see dynamicemb_core/optim/layout.py):
+//   [ embedding (D) | optimizer state ]   SGD: no state; ADAGRAD: m (D); ROWWISE_ADAGRAD: m (1);
+//                                         ADAM: m (D), v (D).
+// The update formulas are FBGEMM's (fbgemm_gpu/codegen/genscript/optimizers.py), written here per row.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+namespace dynamicemb {
+namespace {
+
+constexpr int64_t kPoolSum = 0;
+constexpr int64_t kPoolMean = 1;
+
+void check_bags(const at::Tensor& inverse, const at::Tensor& offsets,
+                const std::optional<at::Tensor>& weights, int64_t mode,
+                const char* op) {
+  TORCH_CHECK_TYPE(inverse.scalar_type() == at::kLong, op,
+                   ": inverse must be int64, got ", inverse.scalar_type());
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, op,
+                   ": offsets must be int64, got ", offsets.scalar_type());
+  TORCH_CHECK_VALUE(inverse.dim() == 1 && offsets.dim() == 1, op,
+                    ": inverse and offsets must be 1-D, got ", inverse.sizes(), " and ",
+                    offsets.sizes());
+  TORCH_CHECK_VALUE(offsets.numel() >= 1, op, ": offsets needs at least one element (b+1)");
+  TORCH_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op,
+                    ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
+  if (weights.has_value()) {
+    TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == inverse.numel(), op,
+                      ": weights must be (n,) = (", inverse.numel(), ",), got ",
+                      weights->sizes());
+    TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat, op,
+                     ": weights must be float32, got ", weights->scalar_type());
+  }
+}
+
+// Fills bag_of[i] with the bag of index i; validates offsets on the way.
+std::vector<int64_t> bag_of_indices(const int64_t* off, int64_t num_bags, int64_t n,
+                                    const char* op) {
+  TORCH_CHECK_VALUE(off[0] == 0 && off[num_bags] == n, op,
+                    ": offsets must start at 0 and end at n=", n, ", got [", off[0], ", ...,",
+                    off[num_bags], "]");
+  std::vector<int64_t> bag_of(n);
+  for (int64_t b = 0; b < num_bags; ++b) {
+    TORCH_CHECK_VALUE(off[b] <= off[b + 1], op, ": offsets must be non-decreasing; offsets[",
+                      b, "]=", off[b], " > offsets[", b + 1, "]=", off[b + 1]);
+    for (int64_t i = off[b]; i < off[b + 1]; ++i) bag_of[i] = b;
+  }
+  return bag_of;
+}
+
+at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inverse,
+                             const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                             int64_t mode) {
+  check_bags(inverse, offsets, weights, mode, "pooled_gather");
+  TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
+                    embeddings.sizes());
+  const auto emb = embeddings.contiguous();
+  const auto inv = inverse.contiguous();
+  const auto off = offsets.contiguous();
+  const int64_t num_bags = off.numel() - 1;
+  const int64_t D = emb.size(1);
+  const int64_t u = emb.size(0);
+  const int64_t* off_p = off.data_ptr<int64_t>();
+  const int64_t* inv_p = inv.data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(off_p[0] == 0 && off_p[num_bags] == inv.numel(),
+                    "pooled_gather: offsets must start at 0 and end at n=", inv.numel(),
+                    ", got first ", off_p[0], " last ", off_p[num_bags]);
+  const at::Tensor w_c = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const float* w_p = w_c.defined() ? w_c.data_ptr<float>() : nullptr;
+  auto out = at::zeros({num_bags, D}, emb.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, emb.scalar_type(), "pooled_gather", [&] {
+    using acc_t = at::acc_type<scalar_t, false>;
+    const scalar_t* e = emb.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, num_bags, 64, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> acc(D);
+      for (int64_t b = begin; b < end; ++b) {
+        std::fill(acc.begin(), acc.end(), acc_t(0));
+        const int64_t lo = off_p[b], hi = off_p[b + 1];
+        for (int64_t i = lo; i < hi; ++i) {
+          const int64_t r = inv_p[i];
+          TORCH_CHECK_INDEX(r >= 0 && r < u, "pooled_gather: inverse[", i, "]=", r,
+                            " out of range [0, ", u, ")");
+          const acc_t w = w_p ? acc_t(w_p[i]) : acc_t(1);
+          const scalar_t* row = e + r * D;
+          for (int64_t d = 0; d < D; ++d) acc[d] += w * acc_t(row[d]);
+        }
+        const acc_t scale = (mode == kPoolMean && hi > lo) ? acc_t(1) / acc_t(hi - lo) : acc_t(1);
+        for (int64_t d = 0; d < D; ++d) o[b * D + d] = scalar_t(acc[d] * scale);
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inverse,
+                            const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                            int64_t mode, int64_t num_unique) {
+  check_bags(inverse, offsets, weights, mode, "reduce_grads");
+  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1,
+                    "reduce_grads: grad_bags must be (b, D) with b = offsets.numel()-1 = ",
+                    offsets.numel() - 1, ", got ", grad_bags.sizes());
+  TORCH_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
+  const auto g = grad_bags.contiguous().to(at::kFloat);
+  const auto inv = inverse.contiguous();
+  const auto off = offsets.contiguous();
+  const int64_t n = inv.numel();
+  const int64_t num_bags = off.numel() - 1;
+  const int64_t D = g.size(1);
+  const int64_t* inv_p = inv.data_ptr<int64_t>();
+  const int64_t* off_p = off.data_ptr<int64_t>();
+  const at::Tensor w_c = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const float* w_p = w_c.defined() ? w_c.data_ptr<float>() : nullptr;
+  const auto bag_of = bag_of_indices(off_p, num_bags, n, "reduce_grads");
+
+  // CSR of index positions per unique key, in input order: the sum per key is then computed by one
+  // thread in a fixed order, which makes the result deterministic.
+  std::vector<int64_t> start(num_unique + 1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < num_unique, "reduce_grads: inverse[", i,
+                      "]=", inv_p[i], " out of range [0, ", num_unique, ")");
+    ++start[inv_p[i] + 1];
+  }
+  for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
+  std::vector<int64_t> pos(n), fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n; ++i) pos[fill[inv_p[i]]++] = i;
+
+  auto out = at::zeros({num_unique, D}, g.options());
+  const float* g_p = g.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, num_unique, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      float* row = o + k * D;
+      for (int64_t j = start[k]; j < start[k + 1]; ++j) {
+        const int64_t i = pos[j];
+        const int64_t b = bag_of[i];
+        float scale = w_p ? w_p[i] : 1.0f;
+        if (mode == kPoolMean) scale /= float(off_p[b + 1] - off_p[b]);
+        const float* src = g_p + b * D;
+        for (int64_t d = 0; d < D; ++d) row[d] += scale * src[d];
+      }
+    }
+  });
+  return out;
+}
+
+// Shared preconditions of the row updates; returns D.
+int64_t check_update(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                     int64_t state_per_dim, int64_t state_fixed, const char* op) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, op, ": values must be float32, got ",
+                   values.scalar_type());
+  TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, op, ": grads must be float32, got ",
+                   grads.scalar_type());
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
+                   slots.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), op,
+                    ": values must be a contiguous (capacity, row_width) tensor, got ",
+                    values.sizes());
+  TORCH_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
+                    ": grads must be (n, D) and slots (n,), got ", grads.sizes(), " and ",
+                    slots.sizes());
+  const int64_t D = grads.size(1);
+  const int64_t need = D + state_per_dim * D + state_fixed;
+  TORCH_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
+                    " is too small for dim ", D, " and its optimizer state (needs ", need, ")");
+  return D;
+}
+
+// Runs f(row pointer, grad pointer) for every slot >= 0, in parallel (slots are unique).
+template <typename F>
+void for_each_row(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                  const char* op, F f) {
+  const auto s = slots.contiguous();
+  const auto g = grads.contiguous();
+  const int64_t* s_p = s.data_ptr<int64_t>();
+  const float* g_p = g.data_ptr<float>();
+  float* v_p = values.data_ptr<float>();
+  const int64_t cap = values.size(0), W = values.size(1), D = g.size(1);
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    TORCH_CHECK_INDEX(s_p[i] < cap, op, ": slot ", s_p[i], " out of range [0, ", cap, ")");
+  }
+  at::parallel_for(0, s.numel(), 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (s_p[i] < 0) continue;
+      f(v_p + s_p[i] * W, g_p + i * D, D);
+    }
+  });
+}
+
+void sgd_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                    double lr) {
+  check_update(values, slots, grads, 0, 0, "sgd_update");
+  const float lr_f = float(lr);
+  for_each_row(values, slots, grads, "sgd_update", [&](float* w, const float* g, int64_t D) {
+    for (int64_t d = 0; d < D; ++d) w[d] -= lr_f * g[d];
+  });
+}
+
+void adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                        double lr, double eps) {
+  check_update(values, slots, grads, 1, 0, "adagrad_update");
+  const float lr_f = float(lr), eps_f = float(eps);
+  for_each_row(values, slots, grads, "adagrad_update", [&](float* w, const float* g, int64_t D) {
+    float* m = w + D;
+    for (int64_t d = 0; d < D; ++d) {
+      m[d] += g[d] * g[d];
+      w[d] -= lr_f * g[d] / (std::sqrt(m[d]) + eps_f);
+    }
+  });
+}
+
+void rowwise_adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots,
+                                const at::Tensor& grads, double lr, double eps,
+                                double weight_decay, int64_t weight_decay_mode) {
+  check_update(values, slots, grads, 0, 1, "rowwise_adagrad_update");
+  TORCH_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
+                    "rowwise_adagrad_update: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 "
+                    "(DECOUPLE), got ", weight_decay_mode);
+  const float lr_f = float(lr), eps_f = float(eps), wd = float(weight_decay);
+  for_each_row(values, slots, grads, "rowwise_adagrad_update",
+               [&](float* w, const float* g, int64_t D) {
+                 float sum_sq = 0.0f;
+                 for (int64_t d = 0; d < D; ++d) {
+                   const float gd = weight_decay_mode == 1 ? g[d] + wd * w[d] : g[d];
+                   sum_sq += gd * gd;
+                 }
+                 float* m = w + D;
+                 m[0] += D > 0 ? sum_sq / float(D) : 0.0f;
+                 const float mult = lr_f / (std::sqrt(m[0]) + eps_f);
+                 float correction = 1.0f;
+                 if (weight_decay_mode == 1) correction = 1.0f - mult * wd;
+                 if (weight_decay_mode == 2) correction = 1.0f - lr_f * wd;
+                 for (int64_t d = 0; d < D; ++d) w[d] = correction * w[d] - mult * g[d];
+               });
+}
+
+void adam_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                     double lr, double eps, double beta1, double beta2, double weight_decay,
+                     int64_t step) {
+  check_update(values, slots, grads, 2, 0, "adam_update");
+  TORCH_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
+  const float lr_f = float(lr), eps_f = float(eps), b1 = float(beta1), b2 = float(beta2);
+  const float wd = float(weight_decay);
+  const float bc1 = 1.0f - std::pow(b1, float(step));
+  const float bc2 = 1.0f - std::pow(b2, float(step));
+  for_each_row(values, slots, grads, "adam_update", [&](float* w, const float* g, int64_t D) {
+    float* m = w + D;
+    float* v = w + 2 * D;
+    for (int64_t d = 0; d < D; ++d) {
+      m[d] = b1 * m[d] + (1.0f - b1) * g[d];
+      v[d] = b2 * v[d] + (1.0f - b2) * g[d] * g[d];
+      w[d] -= lr_f * (m[d] / bc1 / (std::sqrt(v[d] / bc2) + eps_f) + wd * w[d]);
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("pooled_gather", &pooled_gather_cpu);
+  m.impl("reduce_grads", &reduce_grads_cpu);
+  m.impl("sgd_update", &sgd_update_cpu);
+  m.impl("adagrad_update", &adagrad_update_cpu);
+  m.impl("rowwise_adagrad_update", &rowwise_adagrad_update_cpu);
+  m.impl("adam_update", &adam_update_cpu);
+}
+
+}  // namespace dynamicemb

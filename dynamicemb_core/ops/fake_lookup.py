@@ -1,0 +1,81 @@
+"""Fake (meta) kernels of the lookup and optimizer ops; imported by :mod:`dynamicemb_core.ops.fake`.
+
+Shapes only: no kernel reads tensor data. The in-place optimizer updates return nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+__all__: list = []
+
+_NS = "dynamicemb::"
+
+
+@torch.library.register_fake(_NS + "pooled_gather")
+def _pooled_gather_fake(
+    embeddings: Tensor, inverse: Tensor, offsets: Tensor, weights: Optional[Tensor], mode: int
+) -> Tensor:
+    torch._check(embeddings.dim() == 2, lambda: "pooled_gather: embeddings must be (u, D)")
+    torch._check(offsets.dim() == 1 and offsets.shape[0] >= 1, lambda: "offsets must be (b+1,)")
+    return embeddings.new_empty(offsets.shape[0] - 1, embeddings.shape[1])
+
+
+@torch.library.register_fake(_NS + "reduce_grads")
+def _reduce_grads_fake(
+    grad_bags: Tensor,
+    inverse: Tensor,
+    offsets: Tensor,
+    weights: Optional[Tensor],
+    mode: int,
+    num_unique: int,
+) -> Tensor:
+    torch._check(grad_bags.dim() == 2, lambda: "reduce_grads: grad_bags must be (b, D)")
+    return grad_bags.new_empty(num_unique, grad_bags.shape[1], dtype=torch.float32)
+
+
+def _check_update(values: Tensor, slots: Tensor, grads: Tensor) -> None:
+    torch._check(values.dim() == 2, lambda: "values must be (capacity, row_width)")
+    torch._check(grads.dim() == 2 and slots.dim() == 1, lambda: "grads (n, D), slots (n,)")
+    torch._check(grads.shape[0] == slots.shape[0], lambda: "grads and slots differ in length")
+
+
+@torch.library.register_fake(_NS + "sgd_update")
+def _sgd_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float) -> None:
+    _check_update(values, slots, grads)
+
+
+@torch.library.register_fake(_NS + "adagrad_update")
+def _adagrad_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float) -> None:
+    _check_update(values, slots, grads)
+
+
+@torch.library.register_fake(_NS + "rowwise_adagrad_update")
+def _rowwise_adagrad_update_fake(
+    values: Tensor,
+    slots: Tensor,
+    grads: Tensor,
+    lr: float,
+    eps: float,
+    weight_decay: float,
+    weight_decay_mode: int,
+) -> None:
+    _check_update(values, slots, grads)
+
+
+@torch.library.register_fake(_NS + "adam_update")
+def _adam_update_fake(
+    values: Tensor,
+    slots: Tensor,
+    grads: Tensor,
+    lr: float,
+    eps: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    _check_update(values, slots, grads)

@@ -1,0 +1,124 @@
+"""Typed wrappers over the lookup ops (``torch.ops.dynamicemb.*``, "lookup" section of csrc/ops.cpp).
+
+Each wrapper documents shapes, dtypes and devices and calls the registered op. The ops are:
+
+- ``pooled_gather``: bags of unique embeddings -> pooled rows (forward of SUM/MEAN; NONE uses a plain
+  index gather).
+- ``reduce_grads``: gradients of bags -> one gradient row per unique key (the backward's reduction).
+- ``sgd_update``, ``adagrad_update``, ``rowwise_adagrad_update``, ``adam_update``: fused in-place
+  optimizer steps on value rows addressed by slot.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "POOL_MEAN",
+    "POOL_SUM",
+    "adagrad_update",
+    "adam_update",
+    "pooled_gather",
+    "reduce_grads",
+    "rowwise_adagrad_update",
+    "sgd_update",
+]
+
+# Pooling codes passed to the ops (DynamicEmbPoolingMode values).
+POOL_SUM = 0
+POOL_MEAN = 1
+
+
+def _ops():
+    from dynamicemb_core.ops import loader
+
+    loader.ensure_loaded()
+    return torch.ops.dynamicemb
+
+
+def pooled_gather(
+    embeddings: torch.Tensor,
+    inverse: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    mode: int,
+) -> torch.Tensor:
+    """Pool bags of rows of ``embeddings``.
+
+    Args:
+        embeddings: (u, D) float, one row per unique key.
+        inverse: (n,) int64, the unique row of each index (values in [0, u)).
+        offsets: (b+1,) int64, bag ``i`` covers ``inverse[offsets[i]:offsets[i+1]]``.
+        weights: optional (n,) float per-sample weights (SUM only).
+        mode: POOL_SUM or POOL_MEAN (MEAN divides by the bag length; empty bags give zeros).
+
+    Returns:
+        (b, D) float32 on the inputs' device.
+    """
+    return _ops().pooled_gather.default(embeddings, inverse, offsets, weights, mode)
+
+
+def reduce_grads(
+    grad_bags: torch.Tensor,
+    inverse: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    mode: int,
+    num_unique: int,
+) -> torch.Tensor:
+    """Sum the gradient reaching each unique key (the adjoint of :func:`pooled_gather`).
+
+    Args:
+        grad_bags: (b, D) float, gradient of each bag's pooled row.
+        inverse, offsets, weights, mode: as in :func:`pooled_gather`.
+        num_unique: u, the number of unique keys.
+
+    Returns:
+        (u, D) float32: for key k, ``sum over indices i with inverse[i] == k`` of
+        ``grad_bags[bag(i)] * weight_i`` (``/ len(bag)`` for MEAN). Deterministic.
+    """
+    return _ops().reduce_grads.default(grad_bags, inverse, offsets, weights, mode, num_unique)
+
+
+def sgd_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+    """In place: ``values[s, :D] -= lr * g`` for each slot ``s >= 0`` (D = grads.size(1))."""
+    _ops().sgd_update.default(values, slots, grads, lr)
+
+
+def adagrad_update(
+    values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, lr: float, eps: float
+) -> None:
+    """In place EXACT_ADAGRAD on rows ``[w (D) | m (D)]`` at ``slots`` (-1 skipped)."""
+    _ops().adagrad_update.default(values, slots, grads, lr, eps)
+
+
+def rowwise_adagrad_update(
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    eps: float,
+    weight_decay: float,
+    weight_decay_mode: int,
+) -> None:
+    """In place EXACT_ROWWISE_ADAGRAD on rows ``[w (D) | m (1)]`` at ``slots`` (-1 skipped)."""
+    _ops().rowwise_adagrad_update.default(
+        values, slots, grads, lr, eps, weight_decay, weight_decay_mode
+    )
+
+
+def adam_update(
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    eps: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    step: int,
+) -> None:
+    """In place FBGEMM ADAM on rows ``[w (D) | m (D) | v (D)]`` at ``slots``; ``step`` >= 1."""
+    _ops().adam_update.default(values, slots, grads, lr, eps, beta1, beta2, weight_decay, step)

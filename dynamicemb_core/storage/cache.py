@@ -1,0 +1,269 @@
+"""CachedStorage: a device cache table in front of a next tier (a host table or any Storage).
+
+Training lookups make keys resident in the cache in one table call (hits keep their slots); misses
+are read from the next tier, or initialized when no tier has them. Keys the cache evicts to make
+room are written to the next tier with their rows and scores (spill), so only the last tier ever
+drops a key. A key the cache cannot place (its bucket is taken by this batch) lives in the next tier
+for this step and is updated there. ``flush()`` writes every cached row back.
+
+The next tier is addressed only through the :class:`~dynamicemb_core.types.Storage` ABC, so any
+third-party storage works here.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.storage.device import DeviceStorage
+from dynamicemb_core.storage.tier import (
+    HOME_BACKING,
+    HOME_NONE,
+    LookupTier,
+    RowInit,
+    RowUpdate,
+    TierRows,
+)
+from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
+
+__all__ = ["CachedStorage"]
+
+
+class CachedStorage(LookupTier):
+    """A cache of ``cache_capacities[t]`` rows per table on ``device`` over ``backing``.
+
+    Args:
+        tables: the logical tables, in table-id order (same rows as in ``backing``).
+        device: the cache's device.
+        backing: the next tier; ``backing_ids[t]`` is table t's id in it.
+        cache_capacities: slots of the cache per table (0: no cache, every key goes to ``backing``).
+        table_options: per table options for the cache's bucket layout and score strategy.
+        backing_ids: table ids in ``backing`` (default: the same ids).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[StorageTableSpec],
+        device: torch.device | str,
+        backing: Storage,
+        cache_capacities: Sequence[int],
+        *,
+        table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
+        backing_ids: Optional[Sequence[int]] = None,
+    ) -> None:
+        super().__init__(tables, torch.device(device))
+        n = len(self.tables)
+        self.backing = backing
+        self.backing_ids = list(backing_ids) if backing_ids is not None else list(range(n))
+        self.cache_capacities = [int(c) for c in cache_capacities]
+        if len(self.cache_capacities) != n or len(self.backing_ids) != n:
+            raise ValueError(
+                f"CachedStorage: cache_capacities and backing_ids need one entry per table ({n})"
+            )
+        self.cache: Optional[DeviceStorage] = None
+        if all(c > 0 for c in self.cache_capacities):
+            self.cache = DeviceStorage(
+                tables,
+                self.device,
+                table_options=table_options,
+                evicted_item_mode=EvictedItemMode.DISCARD,
+                capacities=self.cache_capacities,
+            )
+        elif any(c > 0 for c in self.cache_capacities):
+            raise ValueError(
+                "CachedStorage: either every table has a cache (capacity > 0) or none, got "
+                f"{self.cache_capacities}"
+            )
+        self._spilled = [0] * n
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _backing_find(self, table_id: int, keys: torch.Tensor):  # noqa: ANN202
+        found, rows, scores = self.backing.find(self.backing_ids[table_id], keys)
+        return found.to(self.device), rows.to(self.device), scores.to(self.device)
+
+    def _backing_insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        if keys.numel() == 0:
+            return
+        dev = self.backing.device
+        self.backing.insert(self.backing_ids[table_id], keys.to(dev), rows.to(dev), scores.to(dev))
+
+    def _now_scores(self, table_id: int, n: int) -> torch.Tensor:
+        """Scores for rows written straight to the next tier: the cache's current score, else 0."""
+        num = self.tables[table_id].num_scores
+        value = 0
+        if self.cache is not None:
+            value = int(self.cache.table.get_score(table_id))
+        return torch.full((n, num), value, dtype=torch.int64, device=self.device)
+
+    def _spill(self, table_id: int, result) -> None:  # noqa: ANN001
+        ev = getattr(result, "evicted", None)
+        if ev is None or ev.keys is None or ev.keys.numel() == 0:
+            return
+        self._spilled[table_id] += int(ev.keys.numel())
+        self._backing_insert(table_id, ev.keys, ev.rows, ev.scores)
+
+    # ---- LookupTier -------------------------------------------------------------------------
+    def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
+        n = keys.numel()
+        spec = self.tables[table_id]
+        rows = torch.zeros((n, spec.row_width), dtype=spec.dtype, device=self.device)
+        homes = torch.full((n,), HOME_NONE, dtype=torch.int64, device=self.device)
+        found = torch.zeros(n, dtype=torch.bool, device=self.device)
+        if self.cache is not None:
+            hit = self.cache.lookup(table_id, keys, touch=touch)
+            rows, found = hit.rows, hit.found.clone()
+            homes = torch.where(hit.found, hit.homes, HOME_NONE)
+        miss = (~found).nonzero().squeeze(1)
+        if miss.numel():
+            bfound, brows, _ = self._backing_find(table_id, keys[miss])
+            got = miss[bfound]
+            rows[got] = brows[bfound].to(rows.dtype)
+            found[got] = True
+            homes[got] = HOME_BACKING
+        return TierRows(homes=homes, found=found, rows=rows)
+
+    def acquire(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+        if self.cache is None:
+            return self._acquire_in_backing(table_id, keys, init)
+        res = self.cache.table.find_or_insert(keys, table_id)
+        slots, is_new = res.slots, res.is_new
+        rows = self.cache.read_rows(table_id, slots)
+        found = ~is_new
+        need = (is_new | (slots < 0)).nonzero().squeeze(1)
+        homes = slots.clone()
+        if need.numel():
+            # Read misses from the next tier before spilling, so a spill that makes the next tier
+            # evict cannot drop a key this call is about to read.
+            bfound, brows, _ = self._backing_find(table_id, keys[need])
+            fresh_idx = need[~bfound]
+            need_rows = brows.to(rows.dtype)
+            if fresh_idx.numel():
+                need_rows[~bfound] = init(keys[fresh_idx]).to(rows.dtype)
+            rows[need] = need_rows
+            found[need] = bfound
+            placed = slots[need] >= 0
+            self.cache.write_rows(table_id, slots[need][placed], need_rows[placed])
+            unplaced = need[~placed]
+            if unplaced.numel():
+                # No room in the cache for these: they stay in (or enter) the next tier.
+                homes[unplaced] = HOME_BACKING
+                self._backing_insert(
+                    table_id,
+                    keys[unplaced],
+                    rows[unplaced],
+                    self._now_scores(table_id, unplaced.numel()),
+                )
+        self._spill(table_id, res)
+        return TierRows(homes=homes, found=found, rows=rows)
+
+    def _acquire_in_backing(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+        found, rows, _ = self._backing_find(table_id, keys)
+        fresh = (~found).nonzero().squeeze(1)
+        rows = rows.clone()
+        if fresh.numel():
+            new_rows = init(keys[fresh]).to(rows.dtype)
+            rows[fresh] = new_rows
+            self._backing_insert(
+                table_id, keys[fresh], new_rows, self._now_scores(table_id, fresh.numel())
+            )
+        homes = torch.full_like(keys, HOME_BACKING)
+        return TierRows(homes=homes, found=found, rows=rows)
+
+    def update(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        homes: torch.Tensor,
+        grads: torch.Tensor,
+        apply: RowUpdate,
+    ) -> None:
+        if self.cache is not None:
+            self.cache.update(table_id, keys, torch.where(homes >= 0, homes, HOME_NONE), grads, apply)
+        backed = (homes == HOME_BACKING).nonzero().squeeze(1)
+        if backed.numel() == 0:
+            return
+        bkeys = keys[backed]
+        found, rows, scores = self._backing_find(table_id, bkeys)
+        ok = found.nonzero().squeeze(1)
+        if ok.numel() == 0:
+            return
+        rows = rows[ok].contiguous()
+        apply(rows, torch.arange(ok.numel(), device=self.device), grads[backed][ok].contiguous())
+        self._backing_insert(table_id, bkeys[ok], rows, scores[ok])
+
+    def prefetch(self, table_id: int, keys: torch.Tensor, init: RowInit) -> None:
+        self.acquire(table_id, keys, init)
+
+    def flush(self) -> None:
+        """Write every cached row back to the next tier, then flush it."""
+        if self.cache is not None:
+            for t in range(len(self.tables)):
+                for keys, rows, scores in self.cache.export(t):
+                    self._backing_insert(t, keys, rows, scores)
+        self.backing.flush()
+
+    def evictions(self, table_id: int) -> int:
+        counter = getattr(self.backing, "evictions", None)
+        return int(counter(self.backing_ids[table_id])) if callable(counter) else 0
+
+    def spills(self, table_id: int) -> int:
+        """Keys the cache has written to the next tier to make room."""
+        return self._spilled[table_id]
+
+    def capacity(self, table_id: int) -> int:
+        return self.cache.capacity(table_id) if self.cache is not None else 0
+
+    def pop_evicted_keys(self, table_id: int) -> torch.Tensor:
+        pop = getattr(self.backing, "pop_evicted_keys", None)
+        if callable(pop):
+            return pop(self.backing_ids[table_id])
+        return super().pop_evicted_keys(table_id)
+
+    def device_table(self):  # noqa: ANN201
+        return self.cache.table if self.cache is not None else None
+
+    # ---- Storage ABC (the union of both tiers; the cache holds the fresher row) --------------
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        num = self.tables[table_id].num_scores
+        res = self.lookup(table_id, keys, touch=False)
+        scores = torch.zeros((keys.numel(), num), dtype=torch.int64, device=self.device)
+        if self.cache is not None:
+            c = self.cache.table.find(keys, table_id)
+            scores[c.found] = c.scores[c.found]
+        return res.found, res.rows, scores
+
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        if self.cache is not None:
+            self.cache.erase(table_id, keys)
+        self._backing_insert(table_id, keys, rows, scores)
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        if self.cache is not None:
+            self.cache.erase(table_id, keys)
+        self.backing.erase(self.backing_ids[table_id], keys.to(self.backing.device))
+
+    def size(self, table_id: int) -> int:
+        """Distinct keys over both tiers (flushes the cache's view into the count)."""
+        self.flush()
+        return self.backing.size(self.backing_ids[table_id])
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        self.flush()
+        yield from self.backing.export(self.backing_ids[table_id], batch_size)
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        mine = self.cache.memory_usage(mem_type) if self.cache is not None else 0
+        return mine + self.backing.memory_usage(mem_type)
+
+    def close(self) -> None:
+        self.backing.close()

@@ -1,0 +1,243 @@
+"""DeviceStorage: one ScoredHashTable whose keys and value rows all live on the table's device.
+
+This is the default tier (``caching=False``, no external storage) and, built on the CPU, the host
+table behind a device cache. It is both a plugin ``Storage`` (find / insert / erase / export by table
+id) and a :class:`LookupTier` the batched module trains through by slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from dynamicemb_core.config import DynamicEmbCheckMode, DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.storage.tier import HOME_NONE, LookupTier, RowInit, RowUpdate, TierRows
+from dynamicemb_core.types import MemoryType, StorageTableSpec
+
+__all__ = ["DeviceStorage", "table_spec_for"]
+
+
+def table_spec_for(
+    spec: StorageTableSpec,
+    options: Optional[DynamicEmbTableOptions],
+    *,
+    row_width: Optional[int] = None,
+    capacity: Optional[int] = None,
+    evicted_item_mode: Optional[EvictedItemMode] = None,
+    fixed_capacity: bool = False,
+) -> Any:
+    """The hash table's TableSpec for one logical table.
+
+    Args:
+        spec: the storage-level description (name, row width, dtype, capacity hint).
+        options: the table's options (bucket layout, score strategy); None uses TableSpec defaults.
+        row_width: override of ``spec.row_width`` (0 for a keys-only table).
+        capacity: override of the capacity (a cache's size); else options' / spec's.
+        evicted_item_mode: override (intermediate tiers always DISCARD: they spill instead).
+        fixed_capacity: start at the maximum capacity (no expansion; used when rows live outside
+            the table, which moves only its own buffer on expansion).
+
+    The table never applies ``safe_check_mode`` itself: the lookup does, once, for keys that found
+    no home in any tier.
+    """
+    from dynamicemb_core.table import TableSpec
+
+    kwargs: dict = {
+        "name": spec.name,
+        "row_width": spec.row_width if row_width is None else row_width,
+        "dtype": spec.dtype,
+        "safe_check_mode": DynamicEmbCheckMode.IGNORE,
+    }
+    max_cap = capacity or (options.max_capacity if options is not None else None) or spec.capacity
+    if max_cap:
+        init_cap = max_cap
+        if capacity is None and options is not None and options.init_capacity and not fixed_capacity:
+            init_cap = min(options.init_capacity, max_cap)
+        kwargs["max_capacity"] = int(max_cap)
+        kwargs["init_capacity"] = int(init_cap)
+    if options is not None:
+        bucket = options.bucket_capacity
+        if max_cap and bucket > max_cap:
+            bucket = _fit_bucket(int(max_cap))
+        kwargs.update(
+            bucket_capacity=bucket,
+            max_load_factor=options.max_load_factor,
+            score_strategy=options.score_strategy,
+            evicted_item_mode=options.evicted_item_mode,
+        )
+        if options.score_function is not None and callable(options.score_function):
+            kwargs["score_function"] = options.score_function
+    if evicted_item_mode is not None:
+        kwargs["evicted_item_mode"] = evicted_item_mode
+    return TableSpec(**kwargs)
+
+
+def _fit_bucket(capacity: int) -> int:
+    """Largest multiple of 16 not above ``capacity`` (a small cache still gets whole buckets)."""
+    from dynamicemb_core.config import BUCKET_ALIGNMENT
+
+    return max(BUCKET_ALIGNMENT, (capacity // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT)
+
+
+class DeviceStorage(LookupTier):
+    """Keys, scores and value rows of several logical tables in one ScoredHashTable on ``device``.
+
+    Args:
+        tables: the logical tables, in table-id order.
+        device: where keys and rows live.
+        table_options: per table, the options giving bucket layout, capacities and score strategy
+            (None: the capacity hint of each spec and TableSpec's defaults).
+        evicted_item_mode: override for every table (a cache passes DISCARD).
+        capacities: per table, a fixed capacity overriding the options (a cache's size).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[StorageTableSpec],
+        device: torch.device | str,
+        *,
+        table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
+        evicted_item_mode: Optional[EvictedItemMode] = None,
+        capacities: Optional[Sequence[Optional[int]]] = None,
+    ) -> None:
+        super().__init__(tables, torch.device(device))
+        from dynamicemb_core.table import ScoredHashTable
+
+        n = len(self.tables)
+        opts = list(table_options) if table_options is not None else [None] * n
+        caps = list(capacities) if capacities is not None else [None] * n
+        if len(opts) != n or len(caps) != n:
+            raise ValueError(
+                f"DeviceStorage: table_options ({len(opts)}) and capacities ({len(caps)}) must have "
+                f"one entry per table ({n})"
+            )
+        self.table_options = opts
+        specs = [
+            self._table_spec(spec, o, c, evicted_item_mode)
+            for spec, o, c in zip(self.tables, opts, caps)
+        ]
+        self.table = ScoredHashTable(specs, device=self.device)
+        self._evicted_counts: List[int] = [0] * n
+
+    def _table_spec(self, spec, options, capacity, evicted_item_mode):  # noqa: ANN001, ANN202
+        return table_spec_for(spec, options, capacity=capacity, evicted_item_mode=evicted_item_mode)
+
+    # ---- rows (overridden by HybridStorage) -------------------------------------------------
+    def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """(n, row_width) rows at local slots; slot -1 gives zeros."""
+        return self.table.read_rows(table_id, slots)
+
+    def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write rows at local slots; slot -1 skipped."""
+        self.table.write_rows(table_id, slots, rows)
+
+    def row_blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
+        """The value buffers holding the rows, as ``(buffer, first_slot)`` pairs."""
+        return [(self.table.values(table_id), 0)]
+
+    # ---- LookupTier ---------------------------------------------------------------------------
+    def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
+        res = self.table.find(keys, table_id, update_score=touch)
+        return TierRows(homes=res.slots, found=res.found, rows=self.read_rows(table_id, res.slots))
+
+    def acquire(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+        res = self.table.find_or_insert(keys, table_id)
+        self._count_evictions(table_id, res)
+        slots, is_new = res.slots, res.is_new
+        rows = self.read_rows(table_id, slots)
+        missing = is_new | (slots < 0)
+        if bool(missing.any()):
+            idx = missing.nonzero().squeeze(1)
+            fresh = init(keys[idx])
+            rows[idx] = fresh
+            self.write_rows(table_id, slots[idx], fresh)
+        found = ~missing
+        return TierRows(homes=torch.where(slots >= 0, slots, HOME_NONE), found=found, rows=rows)
+
+    def update(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        homes: torch.Tensor,
+        grads: torch.Tensor,
+        apply: RowUpdate,
+    ) -> None:
+        blocks = self.row_blocks(table_id)
+        if len(blocks) == 1:
+            apply(blocks[0][0], torch.where(homes >= 0, homes, HOME_NONE), grads)
+            return
+        for buffer, first in blocks:
+            inside = (homes >= first) & (homes < first + buffer.size(0))
+            idx = inside.nonzero().squeeze(1)
+            if idx.numel():
+                local = (homes[idx] - first).to(buffer.device)
+                apply(buffer, local, grads[idx].to(buffer.device))
+
+    def _count_evictions(self, table_id: int, result: Any) -> None:
+        ev = getattr(result, "evicted", None)
+        if ev is not None and ev.keys is not None:
+            self._evicted_counts[table_id] += int(ev.keys.numel())
+
+    def evictions(self, table_id: int) -> int:
+        return self._evicted_counts[table_id]
+
+    def capacity(self, table_id: int) -> int:
+        return self.table.capacity(table_id)
+
+    def pop_evicted_keys(self, table_id: int) -> torch.Tensor:
+        return self.table.pop_evicted_keys(table_id)
+
+    def device_table(self) -> Any:
+        return self.table
+
+    # ---- Storage ABC --------------------------------------------------------------------------
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        res = self.table.find(keys, table_id)
+        return res.found, self.read_rows(table_id, res.slots), res.scores
+
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        self.insert_evicting(table_id, keys, rows, scores)
+
+    def insert_evicting(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: Optional[torch.Tensor],
+    ) -> Any:
+        """Insert-or-assign rows with given scores; return the table's InsertResult (evictions)."""
+        if keys.numel() == 0:
+            return None
+        res = self.table.insert_and_evict(keys, table_id, rows=None, scores=scores)
+        self._count_evictions(table_id, res)
+        self.write_rows(table_id, res.slots, rows)
+        return res
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        self.table.erase(keys, table_id)
+
+    def size(self, table_id: int) -> int:
+        return self.table.size(table_id)
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        res = self.table.export(table_id)
+        for start in range(0, res.keys.numel(), batch_size):
+            sl = slice(start, start + batch_size)
+            yield res.keys[sl], self.read_rows(table_id, res.slots[sl]), res.scores[sl]
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        want = MemoryType.HOST if self.device.type == "cpu" else MemoryType.DEVICE
+        if mem_type is not want:
+            return 0
+        return sum(
+            buf.numel() * buf.element_size()
+            for t in range(len(self.tables))
+            for buf, _ in self.row_blocks(t)
+        )
