@@ -1,0 +1,143 @@
+"""The planner's checks and preparation of one dynamic table's options, in the spec's order.
+
+:func:`prepare_table_options` is what ``DynamicEmbeddingShardingPlanner`` runs for every table whose
+constraints say ``use_dynamicemb=True``:
+
+1. ``initializer_args``: :func:`complete_initializer_args` fills missing UNIFORM bounds.
+2. ``bucket_capacity`` / ``max_capacity`` / ``init_capacity``: the per-rank bucket layout of
+   :mod:`dynamicemb_core.planner.capacity` (the same numbers the public helpers return).
+3. ``local_hbm_for_values``: ``ceil(global_hbm_for_values / world_size)``.
+
+Every check runs first (:func:`validate_table_options`), so bad options raise at planning, naming
+the table and the value, before any process allocates a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+
+from dynamicemb_core.config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbTableOptions,
+    ceil_div,
+)
+from dynamicemb_core.planner.capacity import (
+    _sharded_table_bucket_layout,
+    align_up,
+    table_dtype,
+)
+from dynamicemb_core.shard.ownership import validate_dist_type
+
+__all__ = ["complete_initializer_args", "prepare_table_options", "validate_table_options"]
+
+
+def complete_initializer_args(
+    initializer_args: DynamicEmbInitializerArgs,
+    embedding_config: Optional[BaseEmbeddingConfig] = None,
+) -> DynamicEmbInitializerArgs:
+    """Return initializer args with missing UNIFORM bounds filled in; other modes unchanged.
+
+    With a TorchRec ``embedding_config`` the bounds are ``±sqrt(1 / num_embeddings)`` (TorchRec's
+    own default for its tables, so a dynamic table starts like the table it replaces); without one
+    they are 0.0 and 1.0. A new object is returned when anything is filled; the input is not changed.
+    """
+    if initializer_args.mode != DynamicEmbInitializerMode.UNIFORM:
+        return initializer_args
+    if initializer_args.lower is not None and initializer_args.upper is not None:
+        return initializer_args
+    if embedding_config is not None:
+        bound = math.sqrt(1.0 / int(embedding_config.num_embeddings))
+        lower, upper = -bound, bound
+    else:
+        lower, upper = 0.0, 1.0
+    return dataclasses.replace(
+        initializer_args,
+        lower=lower if initializer_args.lower is None else initializer_args.lower,
+        upper=upper if initializer_args.upper is None else initializer_args.upper,
+    )
+
+
+def _embedding_row_bytes(embedding_config: BaseEmbeddingConfig, options: DynamicEmbTableOptions) -> int:
+    dtype = options.embedding_dtype or table_dtype(embedding_config)
+    return int(embedding_config.embedding_dim) * torch.empty((), dtype=dtype).element_size()
+
+
+def validate_table_options(
+    options: DynamicEmbTableOptions, embedding_config: BaseEmbeddingConfig, world_size: int
+) -> None:
+    """Check one dynamic table's options against its TorchRec config and the world size.
+
+    Raises:
+        ValueError: naming the table and the offending value: an option the dataclass rejects,
+            an unknown ``dist_type``, a ``dim`` that disagrees with ``embedding_dim``, or a
+            ``global_hbm_for_values`` smaller than one bucket of embeddings per rank.
+    """
+    name = embedding_config.name
+    try:
+        options.validate()
+    except ValueError as err:
+        raise ValueError(f"table {name!r}: {err}") from err
+    validate_dist_type(options.dist_type, table=name)
+    if options.dim is not None and options.dim != embedding_config.embedding_dim:
+        raise ValueError(
+            f"table {name!r}: dynamicemb_options.dim={options.dim} disagrees with the "
+            f"EmbeddingConfig's embedding_dim={embedding_config.embedding_dim}; leave dim unset "
+            f"and the planner fills it"
+        )
+    _, width = _sharded_table_bucket_layout(embedding_config, world_size, options.bucket_capacity)
+    if options.global_hbm_for_values > 0:
+        per_rank = ceil_div(options.global_hbm_for_values, world_size)
+        # Embeddings only: the optimizer (and so the state width) is chosen later, in the sharder's
+        # fused_params, so this is the least one bucket can need.
+        one_bucket = width * _embedding_row_bytes(embedding_config, options)
+        if per_rank < one_bucket:
+            raise ValueError(
+                f"table {name!r}: global_hbm_for_values={options.global_hbm_for_values} bytes gives "
+                f"{per_rank} bytes per rank over {world_size} ranks, less than one bucket "
+                f"({width} rows x {_embedding_row_bytes(embedding_config, options)} bytes = "
+                f"{one_bucket} bytes); raise it to at least {one_bucket * world_size} or set 0 "
+                f"(values in host memory)"
+            )
+
+
+def prepare_table_options(
+    options: DynamicEmbTableOptions, embedding_config: BaseEmbeddingConfig, world_size: int
+) -> DynamicEmbTableOptions:
+    """Return a copy of ``options`` filled in for one rank's shard (the planner's three steps).
+
+    Preparing already prepared options gives the same options again, so planning twice is safe.
+
+    Raises:
+        ValueError: as :func:`validate_table_options`.
+    """
+    validate_table_options(options, embedding_config, world_size)
+    # step 1: initializer bounds
+    initializer_args = complete_initializer_args(options.initializer_args, embedding_config)
+    # step 2: bucket layout, max_capacity and init_capacity per rank
+    num_buckets, width = _sharded_table_bucket_layout(
+        embedding_config, world_size, options.bucket_capacity
+    )
+    max_capacity = num_buckets * width
+    if options.init_capacity is None:
+        init_capacity = max_capacity
+    else:
+        init_capacity = min(align_up(options.init_capacity, width), max_capacity)
+    # step 3: each rank's equal share of the value budget
+    local_hbm = ceil_div(options.global_hbm_for_values, world_size)
+    return dataclasses.replace(
+        options,
+        dim=int(embedding_config.embedding_dim),
+        embedding_dtype=options.embedding_dtype or table_dtype(embedding_config),
+        initializer_args=initializer_args,
+        bucket_capacity=width,
+        max_capacity=max_capacity,
+        init_capacity=init_capacity,
+        local_hbm_for_values=local_hbm,
+    )
+

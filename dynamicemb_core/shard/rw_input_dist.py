@@ -1,0 +1,144 @@
+"""Row-wise input distribution by ``dist_type``: bucketize each feature's keys by owner, then all-to-all.
+
+TorchRec's row-wise input dist (``bucketize_kjt_before_all2all``) splits a table into contiguous
+blocks and rewrites keys as rows local to the block. Dynamic tables keep their raw keys (the hash
+table on the owner maps them to slots) and may route by ``roundrobin`` or ``hash_roundrobin``, so
+this module bucketizes with :func:`~dynamicemb_core.shard.ownership.owner_rank` instead. Native
+row-wise tables that share the sharding keep TorchRec's rule (continuous blocks, local rows), so both
+kinds travel in one all-to-all.
+
+The bucketized KJT has the layout TorchRec's ``KJTAllToAll`` expects: keys repeated once per rank,
+lengths ordered ``[rank][feature][sample]``. For sequence (unpooled) sharding the inverse permutation
+is kept in ``unbucketize_permute_tensor``, which TorchRec's sequence output dist uses to put the
+returned rows back in input order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.dist_data import KJTAllToAll
+from torchrec.distributed.embedding_sharding import BaseSparseFeaturesDist
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dynamicemb_core.shard.ownership import block_size, owner_rank, validate_dist_type
+
+__all__ = ["FeatureRoute", "RwDynamicSparseFeaturesDist", "bucketize_kjt_by_owner"]
+
+
+@dataclass(frozen=True)
+class FeatureRoute:
+    """How one feature's keys reach their ranks.
+
+    Attributes:
+        dist_type: the table's ``dist_type`` (native tables: ``"continuous"``).
+        num_embeddings: the table's TorchRec ``num_embeddings`` (block size for ``continuous``).
+        local_rows: rewrite keys as rows local to the owner's block (native TorchRec tables); dynamic
+            tables keep raw keys.
+    """
+
+    dist_type: str
+    num_embeddings: int
+    local_rows: bool = False
+
+    def __post_init__(self) -> None:
+        validate_dist_type(self.dist_type)
+        if self.local_rows and self.dist_type != "continuous":
+            raise ValueError(f"local_rows needs dist_type 'continuous', got {self.dist_type!r}")
+
+
+def _route_keys(
+    keys: torch.Tensor, route: FeatureRoute, world_size: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Owner of each key and the key as the owner will look it up."""
+    owners = owner_rank(keys, route.dist_type, world_size, num_embeddings=route.num_embeddings)
+    if not route.local_rows:
+        return owners, keys
+    block = block_size(route.num_embeddings, world_size)
+    # FBGEMM's block bucketization: in-range keys become block-local rows; others key // world_size.
+    in_range = (keys >= 0) & (keys < block * world_size)
+    local = torch.where(in_range, keys - owners * block, torch.div(keys, world_size, rounding_mode="floor"))
+    return owners, local
+
+
+def bucketize_kjt_by_owner(
+    kjt: KeyedJaggedTensor, routes: List[FeatureRoute], world_size: int
+) -> Tuple[KeyedJaggedTensor, torch.Tensor]:
+    """Reorder a KJT's values by owning rank.
+
+    Args:
+        kjt: F features, stride B (variable batch per feature is not supported).
+        routes: one :class:`FeatureRoute` per feature, in the KJT's key order.
+        world_size: number of ranks.
+
+    Returns:
+        ``(bucketized, unbucketize_permute)``: a KJT with ``F * world_size`` keys whose lengths are
+        ordered ``[rank][feature][sample]``, and the (n,) int64 permutation with
+        ``original[i] = bucketized_values[unbucketize_permute[i]]``.
+
+    Raises:
+        ValueError: when ``routes`` does not have one entry per feature.
+        NotImplementedError: for a variable-batch KJT.
+    """
+    keys = kjt.keys()
+    if len(routes) != len(keys):
+        raise ValueError(f"bucketize: {len(keys)} features {keys} but {len(routes)} routes")
+    if kjt.variable_stride_per_key():
+        raise NotImplementedError("dynamic row-wise sharding does not support variable batch per feature")
+    values = kjt.values()
+    device = values.device
+    key_values = values.to(torch.int64)
+    lengths = kjt.lengths().view(-1)
+    num_segments = lengths.numel()  # F * B
+    owners = torch.empty_like(key_values)
+    routed = torch.empty_like(key_values)
+    start = 0
+    for route, count in zip(routes, kjt.length_per_key()):
+        end = start + int(count)
+        owners[start:end], routed[start:end] = _route_keys(key_values[start:end], route, world_size)
+        start = end
+    segment = torch.repeat_interleave(
+        torch.arange(num_segments, device=device, dtype=torch.int64), lengths.to(torch.int64)
+    )
+    order_key = owners * num_segments + segment
+    permute = torch.sort(order_key, stable=True).indices
+    unbucketize = torch.empty_like(permute)
+    unbucketize[permute] = torch.arange(permute.numel(), device=device, dtype=permute.dtype)
+    new_lengths = torch.bincount(order_key, minlength=world_size * num_segments)
+    weights = kjt.weights_or_none()
+    bucketized = KeyedJaggedTensor(
+        keys=keys * world_size,
+        values=routed[permute].to(values.dtype),
+        weights=weights[permute] if weights is not None else None,
+        lengths=new_lengths.to(lengths.dtype),
+        stride=kjt.stride(),
+    )
+    return bucketized, unbucketize
+
+
+class RwDynamicSparseFeaturesDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+    """Bucketizes features by owner (:func:`bucketize_kjt_by_owner`) and redistributes them.
+
+    Args:
+        pg: process group of the sharding.
+        routes: one route per feature, in the order of the sharding's ``feature_names()``.
+        is_sequence: keep ``unbucketize_permute_tensor`` for the sequence output dist.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, routes: List[FeatureRoute], is_sequence: bool) -> None:
+        super().__init__()
+        self._world_size: int = pg.size()
+        self._routes = list(routes)
+        self._is_sequence = is_sequence
+        self._dist = KJTAllToAll(pg=pg, splits=[len(self._routes)] * self._world_size)
+        self.unbucketize_permute_tensor: Optional[torch.Tensor] = None
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+        """Bucketize ``sparse_features`` and start the all-to-all."""
+        bucketized, unbucketize = bucketize_kjt_by_owner(sparse_features, self._routes, self._world_size)
+        self.unbucketize_permute_tensor = unbucketize if self._is_sequence else None
+        return self._dist(bucketized)

@@ -1,0 +1,183 @@
+"""Sharders for EmbeddingCollection and EmbeddingBagCollection with dynamic tables.
+
+Used exactly like TorchRec's ``EmbeddingCollectionSharder`` / ``EmbeddingBagCollectionSharder``
+(``fused_params`` names the optimizer and its hyper-parameters). Each builds TorchRec's sharded module
+with one change: a row-wise group that holds a dynamic table is sharded by
+:mod:`dynamicemb_core.shard.rw_sharding`. Native tables keep every TorchRec sharding, and the sharders
+offer row-wise sharding on CPU too (TorchRec's EBC sharder does not), since that is the only way a
+dynamic table is sharded.
+
+state_dict: dynamic tables contribute no entries (they are not dense tensors); save and restore them
+with ``DynamicEmbDump`` / ``DynamicEmbLoad``. Native tables and dense weights behave as in TorchRec.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Dict, List, Optional, Type
+
+import torch
+from torch import nn
+from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionSharder,
+    ShardedEmbeddingBagCollection,
+)
+from torchrec.distributed.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from dynamicemb_core.shard.rw_sharding import (
+    RwPooledDynamicEmbeddingSharding,
+    RwSequenceDynamicEmbeddingSharding,
+    has_dynamic_tables,
+)
+
+__all__ = [
+    "DynamicEmbeddingBagCollectionSharder",
+    "DynamicEmbeddingCollectionSharder",
+    "ShardedDynamicEmbeddingBagCollection",
+    "ShardedDynamicEmbeddingCollection",
+    "default_sharders",
+]
+
+
+def _construct(cls: type, **kwargs: Any) -> Any:
+    """Call ``cls`` with the keyword arguments its TorchRec version accepts (1.6 lacks some)."""
+    accepted = inspect.signature(cls.__init__).parameters
+    return cls(**{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def _with_row_wise(types: List[str]) -> List[str]:
+    return types if ShardingType.ROW_WISE.value in types else types + [ShardingType.ROW_WISE.value]
+
+
+class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
+    """TorchRec's sharded EmbeddingCollection whose row-wise dynamic tables use our sharding."""
+
+    @classmethod
+    def create_embedding_sharding(  # type: ignore[override]
+        cls,
+        sharding_type: str,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> Any:
+        if sharding_type == ShardingType.ROW_WISE.value and has_dynamic_tables(sharding_infos):
+            return RwSequenceDynamicEmbeddingSharding(
+                sharding_infos=sharding_infos,
+                env=env,
+                device=device,
+                qcomm_codecs_registry=qcomm_codecs_registry,
+            )
+        return super().create_embedding_sharding(
+            sharding_type=sharding_type,
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+            **kwargs,
+        )
+
+
+class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """TorchRec's sharded EmbeddingBagCollection whose row-wise dynamic tables use our sharding."""
+
+    @classmethod
+    def create_embedding_bag_sharding(  # type: ignore[override]
+        cls,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> Any:
+        sharding_type = sharding_infos[0].param_sharding.sharding_type
+        if sharding_type == ShardingType.ROW_WISE.value and has_dynamic_tables(sharding_infos):
+            return RwPooledDynamicEmbeddingSharding(
+                sharding_infos=sharding_infos,
+                env=env,
+                device=device,
+                qcomm_codecs_registry=qcomm_codecs_registry,
+            )
+        return super().create_embedding_bag_sharding(
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            permute_embeddings=permute_embeddings,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+            **kwargs,
+        )
+
+
+class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """``EmbeddingCollectionSharder`` for collections holding dynamic tables (sequence lookup)."""
+
+    def shard(  # type: ignore[override]
+        self,
+        module: EmbeddingCollection,
+        params: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        module_fqn: Optional[str] = None,
+    ) -> ShardedEmbeddingCollection:
+        return _construct(
+            ShardedDynamicEmbeddingCollection,
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            use_index_dedup=getattr(self, "_use_index_dedup", False),
+            module_fqn=module_fqn,
+        )
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return _with_row_wise(super().sharding_types(compute_device_type))
+
+    @property
+    def sharded_module_type(self) -> Type[ShardedEmbeddingCollection]:
+        return ShardedDynamicEmbeddingCollection
+
+
+class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """``EmbeddingBagCollectionSharder`` for collections holding dynamic tables (pooled lookup)."""
+
+    def shard(  # type: ignore[override]
+        self,
+        module: EmbeddingBagCollection,
+        params: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        module_fqn: Optional[str] = None,
+    ) -> ShardedEmbeddingBagCollection:
+        return _construct(
+            ShardedDynamicEmbeddingBagCollection,
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+        )
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return _with_row_wise(super().sharding_types(compute_device_type))
+
+    @property
+    def sharded_module_type(self) -> Type[ShardedEmbeddingBagCollection]:
+        return ShardedDynamicEmbeddingBagCollection
+
+
+def default_sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[ModuleSharder[nn.Module]]:
+    """One EC and one EBC sharder sharing ``fused_params``."""
+    return [
+        DynamicEmbeddingCollectionSharder(fused_params=fused_params),
+        DynamicEmbeddingBagCollectionSharder(fused_params=fused_params),
+    ]
+
