@@ -1,8 +1,9 @@
 // CPU kernels of the scored hash table (docs/table_design.md): find, insert, find_or_insert,
 // insert_and_evict, erase, export_if, insert_at, gather_rows, scatter_rows.
 //
-// Inserting ops give the contract's input-order semantics while running in parallel: the table's
-// buckets are split into one contiguous range per worker, every worker scans the keys in input
+// Inserting ops give the contract's input-order semantics while running in parallel: first every
+// present key is touched (and its slot protected), then absent keys are placed in input order. The
+// table's buckets are split into one contiguous range per worker, every worker scans the keys in input
 // order and handles only those whose home bucket is in its range. Each bucket therefore sees its
 // keys in input order on exactly one thread, and the result is the same for any thread count.
 #include <ATen/ATen.h>
@@ -250,18 +251,46 @@ int64_t pick_victim(const State& s, const Home& home, const WrittenSlots& writte
   return best;
 }
 
-/** Place or touch key i; the caller guarantees no other thread touches its home bucket. */
-void insert_one(State& s, int64_t i, int64_t key, const Home& home, const int64_t* now,
-                const int64_t* score_fns, const int64_t* input_scores, WrittenSlots& written,
-                int64_t* size_delta, InsertOutputs& out) {
+/** Write the call's score into slot g: input_scores[i] when given, else the policy's touch. */
+void write_score(State& s, int64_t g, int64_t i, int64_t t, const int64_t* now,
+                 const int64_t* input_scores) {
+  int64_t* w = s.scores + 2 * g;
+  if (input_scores != nullptr) {
+    w[0] = input_scores[2 * i];
+    w[1] = input_scores[2 * i + 1];
+  } else {
+    apply_touch(s.policies[t], now[t], w);
+  }
+}
+
+/**
+ * Phase 1 for key i: if it is already in its bucket, touch it and protect its slot (rule 2: a
+ * present key keeps its slot, even when a new key of the same call comes earlier). Returns false
+ * when the key is absent and waits for phase 2.
+ */
+bool touch_present(State& s, int64_t i, int64_t key, const Home& home, const int64_t* now,
+                   const int64_t* input_scores, WrittenSlots& written, InsertOutputs& out) {
+  const int64_t g = probe(s, home, key, nullptr);
+  if (g < 0) return false;
+  write_score(s, g, i, home.table, now, input_scores);
+  written.set(g, 1);
+  out.slots[i] = g - s.offsets[home.table];
+  if (out.is_new) out.is_new[i] = false;
+  return true;
+}
+
+/**
+ * Phase 2 for an absent key i: first empty slot of its bucket, else the lowest-ranked slot this
+ * call has not written (unless NO_EVICTION), else slot -1. A later duplicate finds the placed key.
+ */
+void place_absent(State& s, int64_t i, int64_t key, const Home& home, const int64_t* now,
+                  const int64_t* score_fns, const int64_t* input_scores, WrittenSlots& written,
+                  int64_t* size_delta, InsertOutputs& out) {
   const int64_t t = home.table;
   const int64_t policy = s.policies[t];
   int64_t empty = -1;
   int64_t g = probe(s, home, key, &empty);
-  bool fresh = false;
-  if (g >= 0) {
-    fresh = written.get(g) == 2;
-  } else {
+  if (g < 0) {
     if (empty >= 0) {
       g = empty;
       size_delta[t] += 1;
@@ -284,23 +313,16 @@ void insert_one(State& s, int64_t i, int64_t key, const Home& home, const int64_
     s.digests[g] = home.digest;
     s.scores[2 * g] = 0;
     s.scores[2 * g + 1] = 0;
-    fresh = true;
+    written.set(g, 2);
   }
-  int64_t* w = s.scores + 2 * g;
-  if (input_scores != nullptr) {
-    w[0] = input_scores[2 * i];
-    w[1] = input_scores[2 * i + 1];
-  } else {
-    apply_touch(policy, now[t], w);
-  }
-  written.set(g, fresh ? 2 : 1);
+  write_score(s, g, i, t, now, input_scores);
   out.slots[i] = g - s.offsets[t];
-  if (out.is_new) out.is_new[i] = fresh;
+  if (out.is_new) out.is_new[i] = true;  // placed by this call (possibly by an earlier duplicate)
 }
 
 /**
- * Run insert_one over all keys: workers own contiguous ranges of global buckets and each scans the
- * keys in input order, so a bucket's keys are handled in input order whatever the thread count.
+ * Run both phases over all keys: workers own contiguous ranges of global buckets and each scans
+ * the keys in input order, so a bucket's keys are handled in input order whatever the thread count.
  */
 void insert_all(State& s, const Tensor& keys, const Tensor& table_ids, const int64_t* now,
                 const int64_t* score_fns, const int64_t* input_scores, InsertOutputs& out) {
@@ -315,6 +337,7 @@ void insert_all(State& s, const Tensor& keys, const Tensor& table_ids, const int
   const int64_t workers =
       std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kGrain));
   std::vector<std::vector<int64_t>> deltas(workers, std::vector<int64_t>(s.num_tables, 0));
+  std::vector<uint8_t> present(n, 0);
   // Global slot where a global bucket id starts (bucket ids are contiguous in slot order).
   auto bucket_slot = [&](int64_t gb) -> int64_t {
     if (gb >= total_buckets) return s.total_slots;
@@ -330,8 +353,13 @@ void insert_all(State& s, const Tensor& keys, const Tensor& table_ids, const int
       for (int64_t i = 0; i < n; ++i) {
         const int64_t gb = homes[i].global_bucket;
         if (gb < lo || gb >= hi) continue;
-        insert_one(s, i, k[i], homes[i], now, score_fns, input_scores, written, deltas[p].data(),
-                   out);
+        present[i] = touch_present(s, i, k[i], homes[i], now, input_scores, written, out);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t gb = homes[i].global_bucket;
+        if (gb < lo || gb >= hi || present[i]) continue;
+        place_absent(s, i, k[i], homes[i], now, score_fns, input_scores, written,
+                     deltas[p].data(), out);
       }
     }
   });
