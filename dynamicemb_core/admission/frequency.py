@@ -1,0 +1,35 @@
+"""FrequencyAdmissionStrategy: admit a key once it has been seen ``threshold`` times."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from dynamicemb_core.config import DynamicEmbInitializerArgs
+from dynamicemb_core.types import AdmissionStrategy
+
+__all__ = ["FrequencyAdmissionStrategy"]
+
+
+class FrequencyAdmissionStrategy(AdmissionStrategy):
+    """Admit keys whose accumulated frequency is at least ``threshold``.
+
+    Args:
+        threshold: minimum count (>= 1).
+        initializer_args: embedding of keys not admitted (None: the table's initializer).
+    """
+
+    def __init__(
+        self, threshold: int, initializer_args: Optional[DynamicEmbInitializerArgs] = None
+    ) -> None:
+        if int(threshold) < 1:
+            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 1, got {threshold}")
+        self.threshold = int(threshold)
+        self.initializer_args = initializer_args
+
+    def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+        return frequencies >= self.threshold
+
+    def get_initializer_args(self) -> Optional[DynamicEmbInitializerArgs]:
+        return self.initializer_args

@@ -1,0 +1,341 @@
+"""BatchedDynamicEmbeddingTables: FBGEMM TBE's interface over dynamic (hash-table) tables.
+
+One module serves several tables and features, like ``SplitTableBatchedEmbeddingBagsCodegen``:
+``forward(indices, offsets, per_sample_weights)`` in TBE's feature-major layout returns
+(B, sum of feature dims) for SUM/MEAN or (N, D) for NONE. Keys are deduplicated per table before the
+table is touched. Training goes through autograd: the backward reduces gradients per unique key and
+applies the fused optimizer in place to the stored rows; there is no dense weight.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from dynamicemb_core.config import (
+    DynamicEmbCheckMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+)
+from dynamicemb_core.lookup.autograd import LookupFunction, TableLookup
+from dynamicemb_core.lookup.features import split_by_table, validate_inputs
+from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
+from dynamicemb_core.lookup.tiers import build_tier
+from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.optim import (
+    OptimizerArgs,
+    apply_update,
+    initial_state_value,
+    optimizer_args_from_kwargs,
+    optimizer_kind,
+    row_width,
+)
+from dynamicemb_core.storage import HOME_NONE, LookupTier
+from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
+
+__all__ = ["BatchedDynamicEmbeddingTables"]
+
+
+class BatchedDynamicEmbeddingTables(nn.Module):
+    """Several dynamic embedding tables behind one TBE-style forward.
+
+    Args:
+        table_options: one ``DynamicEmbTableOptions`` per table (``dim`` and ``max_capacity`` set).
+        table_names: unique name per table (used in errors, stats and checkpoints).
+        feature_table_map: for each feature, the index of its table.
+        pooling_mode: SUM, MEAN (mixed dims allowed) or NONE (all dims equal).
+        optimizer: an ``fbgemm_gpu`` ``EmbOptimType``: EXACT_SGD, EXACT_ADAGRAD,
+            EXACT_ROWWISE_ADAGRAD or ADAM.
+        device: where the tables and the outputs live.
+        output_dtype: dtype of the output (computation is float32).
+        **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
+            weight_decay, weight_decay_mode, initial_accumulator_value).
+
+    Attributes:
+        tables: per table, its storage (a :class:`~dynamicemb_core.storage.LookupTier`, which is a
+            plugin ``Storage`` holding that one table as table id 0).
+        optimizer_args: the hyper-parameters; ``set_learning_rate`` changes the rate between steps.
+    """
+
+    def __init__(
+        self,
+        table_options: List[DynamicEmbTableOptions],
+        table_names: List[str],
+        feature_table_map: List[int],
+        pooling_mode: DynamicEmbPoolingMode,
+        optimizer: Any,
+        device: torch.device | str,
+        output_dtype: torch.dtype = torch.float32,
+        **optimizer_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+        self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
+        self.optimizer = optimizer
+        self._kind = optimizer_kind(optimizer)
+        self.optimizer_args: OptimizerArgs = optimizer_args_from_kwargs(optimizer, optimizer_kwargs)
+        self.output_dtype = output_dtype
+        self.table_names = list(table_names)
+        self.table_options = list(table_options)
+        self.feature_table_map = list(feature_table_map)
+        self.dims = self._validate_tables()
+        self._features_of_table = [
+            [f for f, t in enumerate(self.feature_table_map) if t == table]
+            for table in range(len(self.table_names))
+        ]
+        self._columns = self._feature_columns()
+        self.tables: List[LookupTier] = []
+        self._admission: List[Optional[tuple]] = []
+        for t, (name, opts) in enumerate(zip(self.table_names, self.table_options)):
+            spec = StorageTableSpec(
+                name=name,
+                dim=self.dims[t],
+                row_width=row_width(self._kind, self.dims[t], opts.training),
+                dtype=torch.float32,
+                num_scores=opts.num_scores,
+                capacity=int(opts.max_capacity),
+            )
+            self.tables.append(build_tier(opts, spec, self.device))
+            self._admission.append(self._build_admission(opts))
+        # Autograd calls the backward only if an input requires grad; this one carries no gradient.
+        self._dummy = torch.zeros(1, device=self.device, requires_grad=True)
+        self._step = 0
+
+    # ---- construction -------------------------------------------------------------------------
+    def _validate_tables(self) -> List[int]:
+        n = len(self.table_names)
+        if n == 0 or len(self.table_options) != n:
+            raise ValueError(
+                f"BatchedDynamicEmbeddingTables: table_options ({len(self.table_options)}) and "
+                f"table_names ({n}) must be non-empty and of equal length"
+            )
+        if len(set(self.table_names)) != n:
+            raise ValueError(f"BatchedDynamicEmbeddingTables: table_names must be unique, got {self.table_names}")
+        if not self.feature_table_map:
+            raise ValueError("BatchedDynamicEmbeddingTables: feature_table_map is empty")
+        for f, t in enumerate(self.feature_table_map):
+            if not isinstance(t, int) or not 0 <= t < n:
+                raise ValueError(
+                    f"BatchedDynamicEmbeddingTables: feature {f} maps to table {t!r}, expected an "
+                    f"index in [0, {n})"
+                )
+        dims = []
+        for name, opts in zip(self.table_names, self.table_options):
+            if opts.dim is None or opts.dim <= 0:
+                raise ValueError(f"table {name!r}: dim must be a positive int, got {opts.dim}")
+            if not opts.max_capacity:
+                raise ValueError(
+                    f"table {name!r}: max_capacity must be set (the planner sets it; got "
+                    f"{opts.max_capacity})"
+                )
+            if opts.embedding_dtype not in (None, torch.float32):
+                raise ValueError(
+                    f"table {name!r}: embedding_dtype must be torch.float32 (or None), got "
+                    f"{opts.embedding_dtype}"
+                )
+            validate_initializer(opts.initializer_args, f"table {name!r}: initializer_args")
+            validate_initializer(opts.eval_initializer_args, f"table {name!r}: eval_initializer_args")
+            dims.append(int(opts.dim))
+        if self.pooling_mode is DynamicEmbPoolingMode.NONE and len(set(dims)) != 1:
+            raise ValueError(
+                "BatchedDynamicEmbeddingTables: pooling_mode NONE needs one embedding dim for all "
+                f"tables, got {dict(zip(self.table_names, dims))}"
+            )
+        return dims
+
+    def _feature_columns(self) -> List[List[int]]:
+        cols, start = [[] for _ in self.table_names], 0
+        for t in self.feature_table_map:
+            cols[t].append(start)
+            start += self.dims[t]
+        self._total_dim = start
+        return cols
+
+    def _build_admission(self, opts: DynamicEmbTableOptions) -> Optional[tuple]:
+        if opts.admit_strategy is None:
+            return None
+        from dynamicemb_core.plugins import resolve_admission_strategy, resolve_counter
+
+        strategy = resolve_admission_strategy(opts)
+        counter = resolve_counter(opts)
+        if counter is None:
+            from dynamicemb_core.admission import KVCounter
+
+            counter = KVCounter(capacity=int(opts.max_capacity), device=self.device)
+        return strategy, counter
+
+    # ---- hyper-parameters and stats -----------------------------------------------------------
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the learning rate used by the next backward."""
+        if lr < 0:
+            raise ValueError(f"BatchedDynamicEmbeddingTables: learning_rate must be >= 0, got {lr}")
+        self.optimizer_args.learning_rate = float(lr)
+
+    def get_learning_rate(self) -> float:
+        """The current learning rate."""
+        return self.optimizer_args.learning_rate
+
+    @property
+    def step(self) -> int:
+        """Backward passes applied so far (Adam's bias-correction step)."""
+        return self._step
+
+    def table_stats(self) -> List[Dict[str, int]]:
+        """Per table: ``name``, ``size`` (keys stored), ``capacity`` (device slots), ``evictions``."""
+        stats = []
+        for name, tier in zip(self.table_names, self.tables):
+            table = tier.device_table()
+            size = table.size(0) if table is not None else tier.size(0)
+            stats.append(
+                {"name": name, "size": int(size), "capacity": int(tier.capacity(0)),
+                 "evictions": int(tier.evictions(0))}
+            )
+        return stats
+
+    # ---- forward ------------------------------------------------------------------------------
+    def _new_rows(self, t: int, keys: torch.Tensor) -> torch.Tensor:
+        """Rows for new keys: embedding from the initializer, then the optimizer's fresh state."""
+        opts, dim = self.table_options[t], self.dims[t]
+        width = self.tables[t].tables[0].row_width
+        rows = torch.full(
+            (keys.numel(), width),
+            initial_state_value(self._kind, self.optimizer_args),
+            dtype=torch.float32,
+            device=self.device,
+        )
+        rows[:, :dim] = initialize_embeddings(opts.initializer_args, keys, dim)
+        return rows
+
+    def _safe_check(self, t: int, failed: int) -> None:
+        if failed == 0:
+            return
+        mode = self.table_options[t].safe_check_mode
+        msg = (
+            f"table {self.table_names[t]!r}: {failed} key(s) of this batch could not be inserted "
+            "(their bucket is full of keys used in the same batch); they read their initial "
+            "embedding and get no update. Raise max_capacity or bucket_capacity."
+        )
+        if mode == DynamicEmbCheckMode.ERROR:
+            raise DynamicEmbError(msg)
+        if mode == DynamicEmbCheckMode.WARNING:
+            warnings.warn(msg, DynamicEmbWarning, stacklevel=4)
+
+    def _lookup_table(self, t: int, keys: torch.Tensor, counts: torch.Tensor):  # noqa: ANN202
+        """Embeddings (u, D) for unique keys and their homes (None when the table does not train)."""
+        opts, dim, tier = self.table_options[t], self.dims[t], self.tables[t]
+        if not (self.training and opts.training):
+            res = tier.lookup(0, keys, touch=False)
+            emb = res.rows[:, :dim].clone()
+            missing = (~res.found).nonzero().squeeze(1)
+            if missing.numel():
+                emb[missing] = initialize_embeddings(opts.eval_initializer_args, keys[missing], dim)
+            return emb, None
+        admitted = torch.ones_like(keys, dtype=torch.bool)
+        if self._admission[t] is not None:
+            strategy, counter = self._admission[t]
+            missing = (~tier.lookup(0, keys, touch=False).found).nonzero().squeeze(1)
+            if missing.numel():
+                mkeys = keys[missing]
+                freq = counter.add(mkeys, counts[missing], True).to(self.device)
+                ok = strategy.admit(mkeys, freq).to(self.device, torch.bool)
+                counter.erase(mkeys[ok])
+                admitted[missing[~ok]] = False
+        take = admitted.nonzero().squeeze(1)
+        res = tier.acquire(0, keys[take], lambda k: self._new_rows(t, k))
+        emb = torch.empty((keys.numel(), dim), dtype=torch.float32, device=self.device)
+        emb[take] = res.rows[:, :dim].to(torch.float32)
+        homes = torch.full_like(keys, HOME_NONE)
+        homes[take] = res.homes
+        rejected = (~admitted).nonzero().squeeze(1)
+        if rejected.numel():
+            init_args = self._admission[t][0].get_initializer_args() or opts.initializer_args
+            emb[rejected] = initialize_embeddings(init_args, keys[rejected], dim)
+        self._safe_check(t, int((res.homes == HOME_NONE).sum()))
+        return emb.contiguous(), homes
+
+    def _grad_applier(self, t: int, keys: torch.Tensor, homes: torch.Tensor):  # noqa: ANN202
+        tier = self.tables[t]
+
+        def apply(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor) -> None:
+            apply_update(self._kind, self.optimizer_args, self._step, values, slots, grads)
+
+        return lambda grads: tier.update(0, keys, homes, grads, apply)
+
+    def _advance_step(self) -> None:
+        self._step += 1
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Look up and pool.
+
+        Args:
+            indices: (N,) int64 keys on the module's device, feature after feature.
+            offsets: (F*B+1,) int64 bag boundaries, feature-major.
+            per_sample_weights: optional (N,) float weights (SUM only).
+
+        Returns:
+            (B, sum of feature dims) for SUM/MEAN, (N, D) for NONE, of ``output_dtype``.
+        """
+        pooled = self.pooling_mode is not DynamicEmbPoolingMode.NONE
+        B = validate_inputs(
+            indices, offsets, per_sample_weights, len(self.feature_table_map), self.device,
+            self.pooling_mode is DynamicEmbPoolingMode.SUM,
+        )
+        segments = split_by_table(
+            indices, offsets, per_sample_weights, self._features_of_table, B, not pooled
+        )
+        parts = []
+        for seg in segments:
+            t = seg.table
+            if seg.indices.numel() == 0:
+                continue
+            keys, inverse, counts = torch.unique(seg.indices, return_inverse=True, return_counts=True)
+            emb, homes = self._lookup_table(t, keys, counts)
+            parts.append(
+                TableLookup(
+                    table=t,
+                    embeddings=emb,
+                    inverse=inverse,
+                    offsets=seg.offsets if pooled else None,
+                    weights=seg.weights,
+                    positions=seg.positions,
+                    columns=self._columns[t],
+                    apply_grads=self._grad_applier(t, keys, homes) if homes is not None else None,
+                )
+            )
+        mode = None
+        shape = (indices.numel(), self.dims[0])
+        if pooled:
+            mode = lookup_ops.POOL_SUM
+            if self.pooling_mode is DynamicEmbPoolingMode.MEAN:
+                mode = lookup_ops.POOL_MEAN
+            shape = (B, self._total_dim)
+        out = LookupFunction.apply(self._dummy, parts, mode, shape, B, self._advance_step)
+        return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
+
+    # ---- cache control ------------------------------------------------------------------------
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Bring the batch's keys into the device tier ahead of its forward (training tables)."""
+        B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
+        segments = split_by_table(indices, offsets, None, self._features_of_table, B, False)
+        for seg in segments:
+            t = seg.table
+            if seg.indices.numel() == 0 or not (self.training and self.table_options[t].training):
+                continue
+            keys = torch.unique(seg.indices)
+            if self._admission[t] is not None:
+                # Only keys already stored somewhere: admission decides about new ones in forward.
+                keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
+            self.tables[t].prefetch(0, keys, lambda k, t=t: self._new_rows(t, k))
+
+    def flush(self) -> None:
+        """Write cached rows back to their next tier and flush external storages."""
+        for tier in self.tables:
+            tier.flush()

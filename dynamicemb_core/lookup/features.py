@@ -1,0 +1,137 @@
+"""Input layout of the batched module: FBGEMM TBE's (indices, offsets) split per table.
+
+``offsets`` is feature-major, as TorchRec's KeyedJaggedTensor values/offsets: bag ``f * B + b`` is
+sample ``b`` of feature ``f``. All features of one table are looked up together, so each table sees
+one list of indices and one list of bags (its features' bags one after another).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+__all__ = ["TableSegment", "split_by_table", "validate_inputs"]
+
+
+@dataclass
+class TableSegment:
+    """The part of a batch one table serves.
+
+    Attributes:
+        table: table index.
+        features: the features mapped to this table, in feature order.
+        indices: (n_t,) int64 keys of those features, feature after feature.
+        offsets: (len(features) * B + 1,) int64 bag boundaries into ``indices``.
+        weights: (n_t,) float32 per-sample weights or None.
+        positions: (n_t,) int64 position of each index in the module's input (sequence output).
+    """
+
+    table: int
+    features: List[int]
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    weights: Optional[torch.Tensor]
+    positions: Optional[torch.Tensor]
+
+
+def validate_inputs(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    num_features: int,
+    device: torch.device,
+    weights_allowed: bool,
+) -> int:
+    """Check the batch and return B (samples per feature).
+
+    Raises:
+        TypeError: wrong dtype.
+        ValueError: wrong device, shape, or offsets that do not describe ``indices``.
+    """
+    for name, t in (("indices", indices), ("offsets", offsets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"BatchedDynamicEmbeddingTables: {name} must be a tensor, got {type(t)}")
+        if t.dtype != torch.int64:
+            raise TypeError(
+                f"BatchedDynamicEmbeddingTables: {name} must be int64 on {device}, got {t.dtype} "
+                f"on {t.device}"
+            )
+        if t.device != device:
+            raise ValueError(
+                f"BatchedDynamicEmbeddingTables: {name} must be on {device}, got {t.device}"
+            )
+        if t.dim() != 1:
+            raise ValueError(f"BatchedDynamicEmbeddingTables: {name} must be 1-D, got {tuple(t.shape)}")
+    bags = offsets.numel() - 1
+    if bags < 0 or bags % num_features != 0:
+        raise ValueError(
+            f"BatchedDynamicEmbeddingTables: offsets must have F*B+1 elements with F={num_features} "
+            f"features, got {offsets.numel()}"
+        )
+    ends = offsets[[0, -1]].tolist()
+    if ends[0] != 0 or ends[1] != indices.numel():
+        raise ValueError(
+            "BatchedDynamicEmbeddingTables: offsets must start at 0 and end at len(indices)="
+            f"{indices.numel()}, got first={ends[0]}, last={ends[1]}"
+        )
+    if per_sample_weights is not None:
+        if not weights_allowed:
+            raise ValueError(
+                "BatchedDynamicEmbeddingTables: per_sample_weights are only supported with "
+                "DynamicEmbPoolingMode.SUM"
+            )
+        if per_sample_weights.shape != indices.shape or not per_sample_weights.is_floating_point():
+            raise ValueError(
+                "BatchedDynamicEmbeddingTables: per_sample_weights must be a float tensor shaped like "
+                f"indices {tuple(indices.shape)}, got {per_sample_weights.dtype} "
+                f"{tuple(per_sample_weights.shape)}"
+            )
+        if per_sample_weights.device != device:
+            raise ValueError(
+                f"BatchedDynamicEmbeddingTables: per_sample_weights must be on {device}, got "
+                f"{per_sample_weights.device}"
+            )
+    return bags // num_features
+
+
+def split_by_table(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    features_of_table: Sequence[Sequence[int]],
+    batch_size: int,
+    with_positions: bool,
+) -> List[TableSegment]:
+    """Cut the batch into one :class:`TableSegment` per table (one host sync for the boundaries)."""
+    B = batch_size
+    num_features = sum(len(f) for f in features_of_table)
+    bounds = offsets[:: B].tolist() if B > 0 else [0] * (num_features + 1)
+    if len(bounds) < num_features + 1:
+        bounds = bounds + [int(offsets[-1])] * (num_features + 1 - len(bounds))
+    segments = []
+    for t, feats in enumerate(features_of_table):
+        idx_parts, off_parts, w_parts, pos_parts = [], [], [], []
+        base = 0
+        for f in feats:
+            lo, hi = bounds[f], bounds[f + 1]
+            idx_parts.append(indices[lo:hi])
+            off_parts.append(offsets[f * B : (f + 1) * B] - lo + base)
+            if per_sample_weights is not None:
+                w_parts.append(per_sample_weights[lo:hi])
+            if with_positions:
+                pos_parts.append(torch.arange(lo, hi, device=indices.device))
+            base += hi - lo
+        end = torch.tensor([base], dtype=torch.int64, device=indices.device)
+        segments.append(
+            TableSegment(
+                table=t,
+                features=list(feats),
+                indices=torch.cat(idx_parts) if idx_parts else indices[:0],
+                offsets=torch.cat(off_parts + [end]),
+                weights=(torch.cat(w_parts).float() if w_parts else None),
+                positions=(torch.cat(pos_parts) if pos_parts else None),
+            )
+        )
+    return segments
