@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Build (or reuse) the development environment of this clone and print its virtualenv's path.
+#
+#   bash scripts/bootstrap.sh [--redis]
+#
+# Idempotent and fast on reuse. Progress goes to stderr; stdout carries only the venv path, so
+# callers do `venv=$(bash scripts/bootstrap.sh)`. Steps:
+#   1. a virtualenv OUTSIDE the clone, named after a hash of requirements/*.txt and the Python
+#      version ($DEMB_HOME/venv-<hash>, DEMB_HOME defaulting to ~/.cache/dynamicemb-core): a change
+#      of pins builds a new one, and fresh clones (CI) reuse it;
+#   2. every pin of requirements/lock.txt with `pip install --no-deps` (torch from the local CPU
+#      wheel; nothing is ever resolved, so no CUDA torch and no CUDA fbgemm-gpu can sneak in);
+#   3. the core and every plugin under plugins/ (a folder with a pyproject.toml), editable, with
+#      --no-deps --no-build-isolation; redone when the clone's path or a pyproject.toml changes,
+#      after removing editable installs that point at another clone;
+#   4. `python -m dynamicemb_core build` (compiles csrc/ ahead of time) once that command exists;
+#   5. with --redis: scripts/install_redis.sh (the redis-server binary from apt when it is
+#      missing; nothing is started: the tests start their own server on a free port).
+# Environment: DEMB_HOME, DEMB_PYTHON (interpreter to build the venv from; default python3.11),
+# DEMB_ALLOW_TORCH_DOWNLOAD=1 (accept a torch wheel that is not on local disk).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log() { printf '[bootstrap] %s\n' "$*" >&2; }
+die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
+
+want_redis=0
+for arg in "$@"; do
+  case "$arg" in
+    --redis) want_redis=1 ;;
+    *) die "unknown argument '$arg' (expected: --redis)" ;;
+  esac
+done
+
+# --- the interpreter ------------------------------------------------------------------------------
+python="${DEMB_PYTHON:-}"
+if [[ -z "$python" ]]; then
+  if command -v python3.11 >/dev/null 2>&1; then python=python3.11; else python=python3; fi
+fi
+command -v "$python" >/dev/null 2>&1 || die "no Python interpreter '$python' (set DEMB_PYTHON)"
+py_version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+# The lock's binary wheels (torch 2.13.0+cpu from local disk among them) are built for CPython 3.11.
+[[ "$py_version" == "3.11" ]] || die "requirements/lock.txt is for Python 3.11, '$python' is $py_version (set DEMB_PYTHON)"
+
+venv="$("$python" "$repo/scripts/layout.py" venv-dir)"
+mkdir -p "$(dirname "$venv")"
+# One bootstrap at a time per venv (two clones, or demo and test started together).
+exec 9>"$venv.lock"
+flock 9
+
+vpy="$venv/bin/python"
+pip=("$vpy" -m pip --disable-pip-version-check)
+
+# --- 1 + 2: the pinned environment ----------------------------------------------------------------
+if [[ ! -f "$venv/.demb-lock-installed" ]]; then
+  start=$SECONDS
+  if ! "$vpy" -c '' >/dev/null 2>&1; then
+    log "creating $venv"
+    "$python" -m venv --clear "$venv"
+  fi
+  # Ask pip, without installing, which torch file it would take: the local CPU wheel, or refuse.
+  url="$("$vpy" "$repo/scripts/layout.py" check-torch "$vpy")" || die "refusing to download torch"
+  log "torch comes from $url"
+  log "installing requirements/lock.txt (--no-deps, every version pinned)"
+  # (This machine kind's pip config names index folders that do not all exist; pip warns once per
+  # package about them. Those lines are dropped, everything else pip says is kept.)
+  "${pip[@]}" install --quiet --no-deps -r "$repo/requirements/lock.txt" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  "$vpy" -c 'import torch, fbgemm_gpu, torchrec' || die "the pinned torch / fbgemm-gpu-cpu / torchrec set does not import"
+  touch "$venv/.demb-lock-installed"
+  log "pinned environment ready in $((SECONDS - start)) s"
+fi
+
+# --- 3: the core and the plugins, editable --------------------------------------------------------
+mapfile -t plugins < <("$vpy" "$repo/scripts/layout.py" plugins)
+editable_key="$(
+  {
+    echo "$repo"
+    for dir in "$repo" "${plugins[@]}"; do
+      echo "$dir"
+      sha256sum <"$dir/pyproject.toml"
+    done
+  } | sha256sum | cut -c1-16
+)"
+if [[ "$(cat "$venv/.demb-editables" 2>/dev/null || true)" != "$editable_key" ]]; then
+  start=$SECONDS
+  # Editable installs left by another clone (or a plugin folder since removed) would shadow ours.
+  mapfile -t stale < <("$vpy" - "$repo" <<'EOF'
+import json, subprocess, sys
+from pathlib import Path
+repo = Path(sys.argv[1]).resolve()
+rows = json.loads(subprocess.check_output(
+    [sys.executable, "-m", "pip", "list", "--editable", "--format=json", "--disable-pip-version-check"]))
+for row in rows:
+    location = Path(row.get("editable_project_location") or "/").resolve()
+    if location != repo and repo not in location.parents:
+        print(row["name"])
+EOF
+  )
+  if ((${#stale[@]})); then
+    log "removing editable installs of another clone: ${stale[*]}"
+    "${pip[@]}" uninstall --quiet --yes "${stale[@]}"
+  fi
+  editables=()
+  for dir in "$repo" "${plugins[@]}"; do editables+=(-e "$dir"); done
+  log "installing editable (--no-deps --no-build-isolation): core${plugins[*]:+ + ${#plugins[@]} plugin(s)}"
+  "${pip[@]}" install --quiet --no-deps --no-build-isolation "${editables[@]}"
+  echo "$editable_key" >"$venv/.demb-editables"
+  log "editable installs done in $((SECONDS - start)) s"
+fi
+
+# --- 4: the C++ extension, ahead of time ----------------------------------------------------------
+if "$vpy" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("dynamicemb_core.ops.build") is None)' 2>/dev/null; then
+  start=$SECONDS
+  "$vpy" -m dynamicemb_core build >&2 || die "python -m dynamicemb_core build failed"
+  log "extension ready in $((SECONDS - start)) s"
+else
+  log "no 'python -m dynamicemb_core build' in this tree yet; the extension is not prebuilt"
+fi
+
+# --- 5: redis-server (the binary only) ------------------------------------------------------------
+if ((want_redis)); then
+  bash "$repo/scripts/install_redis.sh"
+fi
+
+echo "$venv"

@@ -1,0 +1,186 @@
+"""Where things are in this repository and the development environment: one answer for all tools.
+
+scripts/bootstrap.sh, scripts/run_tests.py and noxfile.py all need the same few facts (which plugin
+folders exist, where their tests are, which virtualenv matches the lock, which version of a tool
+the lock pins). They ask this module, so a rule such as "a plugin is a folder under plugins/ with a
+pyproject.toml" is written once. Standard library only: bootstrap runs it before any venv exists.
+
+Command line (used by bootstrap.sh)::
+
+    python scripts/layout.py venv-dir   # the virtualenv for the current lock
+    python scripts/layout.py plugins    # one plugin folder per line
+    python scripts/layout.py pin NAME   # the version the lock pins for NAME
+    python scripts/layout.py check-torch PYTHON   # refuse a torch that pip would download
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+REQUIREMENTS = REPO / "requirements"
+LOCK = REQUIREMENTS / "lock.txt"
+TORCH_REQUIREMENTS = REQUIREMENTS / "torch.txt"
+PLUGINS = REPO / "plugins"
+
+
+class SuiteTarget(NamedTuple):
+    """One pytest run of the default test command: a name for the report and a tests folder."""
+
+    name: str
+    path: Path
+
+
+def plugin_dirs(repo: Path = REPO) -> List[Path]:
+    """Plugin packages: every folder directly under plugins/ that has a pyproject.toml, sorted."""
+    root = repo / "plugins"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and (p / "pyproject.toml").is_file())
+
+
+def suite_targets(repo: Path = REPO) -> List[SuiteTarget]:
+    """The core suite, then each plugin's tests/ folder (plugins without one are left out)."""
+    targets = [SuiteTarget("core", repo / "tests")]
+    for plugin in plugin_dirs(repo):
+        if (plugin / "tests").is_dir():
+            targets.append(SuiteTarget(plugin.name, plugin / "tests"))
+    return targets
+
+
+def _requirement_lines(path: Path) -> List[str]:
+    """Requirement lines of a pip requirements file, following `-r` includes, comments dropped."""
+    lines: List[str] = []
+    for raw in path.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.startswith(("-r ", "--requirement ")):
+            lines.extend(_requirement_lines(path.parent / line.split(None, 1)[1]))
+        else:
+            lines.append(line)
+    return lines
+
+
+def normalize(name: str) -> str:
+    """PEP 503 normalized project name (`fbgemm_gpu-cpu` -> `fbgemm-gpu-cpu`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def lock_pins(lock: Path = LOCK) -> Dict[str, str]:
+    """{normalized name: exact version} of every `name==version` line of the lock and its includes.
+
+    Raises:
+        ValueError: for a line that is not an exact `name==version` pin.
+    """
+    pins: Dict[str, str] = {}
+    for line in _requirement_lines(lock):
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;=<>!~]+)", line)
+        if match is None:
+            raise ValueError(f"{lock}: expected an exact `name==version` pin, found {line!r}")
+        pins[normalize(match.group(1))] = match.group(2)
+    return pins
+
+
+def pin(name: str) -> str:
+    """`name==version` as the lock pins it, for installing one tool alone (nox's lint session).
+
+    Raises:
+        ValueError: when the lock has no pin for ``name``.
+    """
+    pins = lock_pins()
+    key = normalize(name)
+    if key not in pins:
+        raise ValueError(f"{LOCK}: no pin for {name!r}; pinned: {', '.join(sorted(pins))}")
+    return f"{key}=={pins[key]}"
+
+
+def lock_hash(python_tag: Optional[str] = None) -> str:
+    """12 hex digits identifying the pinned environment: the lock files and the Python minor version."""
+    digest = hashlib.sha256()
+    digest.update((python_tag or f"{sys.version_info[0]}.{sys.version_info[1]}").encode())
+    for path in sorted(REQUIREMENTS.glob("*.txt")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def demb_home() -> Path:
+    """Root of everything the tools keep outside the clone (venvs, nox envs): $DEMB_HOME."""
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynamicemb-core"
+    return Path(os.environ.get("DEMB_HOME") or default)
+
+
+def venv_dir() -> Path:
+    """The virtualenv scripts/bootstrap.sh builds for the current lock (outside the clone)."""
+    return demb_home() / f"venv-{lock_hash()}"
+
+
+def torch_source(python: str) -> str:
+    """The URL of the file pip would install for requirements/torch.txt into ``python``'s env.
+
+    A dry run: nothing is downloaded or installed. On this machine kind the answer is the CPU wheel
+    on local disk (``file://...torch-2.13.0+cpu...whl``).
+
+    Raises:
+        RuntimeError: when pip cannot find a torch that matches the pin.
+    """
+    with tempfile.TemporaryDirectory(prefix="demb-torch-") as tmp:
+        report = Path(tmp) / "report.json"
+        command = [python, "-m", "pip", "install", "--quiet", "--dry-run", "--no-deps"]
+        command += ["--ignore-installed", "--report", str(report), "-r", str(TORCH_REQUIREMENTS)]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not report.is_file():
+            raise RuntimeError(f"pip finds no torch for {TORCH_REQUIREMENTS}:\n{done.stderr}")
+        return str(json.loads(report.read_text())["install"][0]["download_info"]["url"])
+
+
+def check_torch_is_local(python: str) -> str:
+    """Return torch's source URL if it is a local file; raise otherwise (unless allowed).
+
+    An unpinned or non-local torch is a CUDA build of several GB; we refuse to start that download
+    unless DEMB_ALLOW_TORCH_DOWNLOAD=1.
+
+    Raises:
+        RuntimeError: when torch would be downloaded and the download is not allowed.
+    """
+    url = torch_source(python)
+    if not url.startswith("file://") and os.environ.get("DEMB_ALLOW_TORCH_DOWNLOAD") != "1":
+        raise RuntimeError(
+            f"torch would be downloaded from {url} instead of taken from local disk (likely a CUDA "
+            "build of several GB); put the CPU wheel in pip's find-links, or set "
+            "DEMB_ALLOW_TORCH_DOWNLOAD=1 to accept the download"
+        )
+    return url
+
+
+def main(argv: List[str]) -> int:
+    """Answer one question on stdout (see the module docstring)."""
+    if argv == ["venv-dir"]:
+        print(venv_dir())
+    elif argv == ["plugins"]:
+        for plugin in plugin_dirs():
+            print(plugin)
+    elif len(argv) == 2 and argv[0] == "pin":
+        print(pin(argv[1]))
+    elif len(argv) == 2 and argv[0] == "check-torch":
+        try:
+            print(check_torch_is_local(argv[1]))
+        except RuntimeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
