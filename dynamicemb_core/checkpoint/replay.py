@@ -1,0 +1,275 @@
+"""replay_increment: write a delta back at its source slots, leaving the target layout-identical.
+
+The work is split in two so that "no table is written until every table has been checked" is a property
+of the control flow: :func:`plan_replay` resolves and checks every table of every collection and writes
+nothing; :func:`apply_replay` writes one already-checked table. Checks: the layout (capacity, row
+capacity, bucket width, score words, world size, score strategy by physical order, dim, dist_type), every
+tensor's shape, and for every owned key that its slot lies in its home bucket and no other key claims it;
+after that the kernel's own per-key check cannot fail.
+
+Ownership comes from the global rank and the table's own shard world size, never from a process group:
+the delta may have been gathered over any group, but the table was sharded over its own ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from dynamicemb_core.checkpoint.discovery import find_tables
+from dynamicemb_core.checkpoint.errors import IncompatibleDeltaError
+from dynamicemb_core.checkpoint.layout import bucket_capacity, check_layout
+from dynamicemb_core.checkpoint.ownership import check_dist_type_supported, owned_mask
+from dynamicemb_core.checkpoint.progress import row_bar
+from dynamicemb_core.checkpoint.scores import clock_columns, default_scores, from_ages
+from dynamicemb_core.checkpoint.table_io import assemble_rows, table_now
+from dynamicemb_core.checkpoint.types import DeltaDumpResult, ReplayContent, TableHandle
+
+__all__ = ["apply_replay", "plan_replay", "replay_increment"]
+
+_CHUNK = 1 << 18
+
+
+@dataclass
+class ReplayJob:
+    """Everything the write of one table needs, already filtered to the keys this shard owns."""
+
+    handle: TableHandle
+    keys: torch.Tensor  # (n,) int64 on the table's device
+    slots: torch.Tensor  # (n,) int64
+    values: torch.Tensor  # (n, dim)
+    states: Optional[torch.Tensor]  # (n, w) when OPTIMIZER_STATE was asked for and the target has state
+    ages: Optional[torch.Tensor]  # (n, num_scores) when SCORE was asked for
+    erased: torch.Tensor  # owned erased keys
+    evicted: torch.Tensor  # owned evicted keys (dropped from the cache only)
+    current_score: int
+
+
+def _fail(handle: TableHandle, message: str) -> IncompatibleDeltaError:
+    return IncompatibleDeltaError(
+        f"replay_increment: table '{handle.qualified_name}': {message} (nothing was written to any table)"
+    )
+
+
+def _check_tensor(handle, name, tensor, shape, dtypes) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise _fail(handle, f"{name} must be a tensor, got {type(tensor).__name__}")
+    if tuple(tensor.shape) != tuple(shape) or tensor.dtype not in dtypes:
+        raise _fail(
+            handle,
+            f"{name} must be {'/'.join(str(d) for d in dtypes)} of shape {tuple(shape)}, "
+            f"got {tensor.dtype} of shape {tuple(tensor.shape)}",
+        )
+    return tensor
+
+
+def _home_buckets(keys: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    from dynamicemb_core.table.hashing import bucket_index
+
+    return bucket_index(keys, num_buckets)
+
+
+def _check_slots(handle: TableHandle, keys: torch.Tensor, slots: torch.Tensor) -> None:
+    capacity = int(handle.table.capacity(handle.table_id))
+    bad = (slots < 0) | (slots >= capacity)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise _fail(handle, f"key {int(keys[i])} has slot {int(slots[i])} outside [0, {capacity})")
+    width = bucket_capacity(handle)
+    home = _home_buckets(keys, capacity // width)
+    wrong = torch.div(slots, width, rounding_mode="floor") != home
+    if bool(wrong.any()):
+        i = int(wrong.nonzero()[0])
+        raise _fail(
+            handle,
+            f"key {int(keys[i])} cannot be placed at slot {int(slots[i])}: its home bucket is "
+            f"{int(home[i])} (slots {int(home[i]) * width}..{int(home[i]) * width + width - 1})",
+        )
+    order = torch.argsort(slots, stable=True)
+    s, k = slots[order], keys[order]
+    clash = (s[1:] == s[:-1]) & (k[1:] != k[:-1])
+    if bool(clash.any()):
+        i = int(clash.nonzero()[0])
+        raise _fail(handle, f"keys {int(k[i])} and {int(k[i + 1])} both claim slot {int(s[i])}")
+    korder = torch.argsort(keys, stable=True)
+    ks, ss = keys[korder], slots[korder]
+    split = (ks[1:] == ks[:-1]) & (ss[1:] != ss[:-1])
+    if bool(split.any()):
+        i = int(split.nonzero()[0])
+        raise _fail(handle, f"key {int(ks[i])} appears at two slots ({int(ss[i])} and {int(ss[i + 1])})")
+
+
+def _owned(handle: TableHandle, keys: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+    if keys is None:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    keys = keys.to(device)
+    return keys[owned_mask(keys, handle)]
+
+
+def _plan_table(handle: TableHandle, delta: DeltaDumpResult, i: int, content: ReplayContent) -> ReplayJob:
+    check_dist_type_supported(handle, "replay_increment")
+    meta = delta.meta[i]
+    check_layout(handle, meta)
+    keys = _check_tensor(handle, "keys", delta.keys[i], (delta.keys[i].shape[0],), (torch.int64,))
+    n = keys.shape[0]
+    slots = _check_tensor(handle, "meta['slot_index']", meta.get("slot_index"), (n,), (torch.int64,))
+    floats = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    values = _check_tensor(handle, "values", delta.values[i], (n, handle.dim), floats)
+    states = None
+    if ReplayContent.OPTIMIZER_STATE in content and handle.state_width > 0:
+        given = delta.optimizer_states[i] if i < len(delta.optimizer_states) else None
+        if given is None or given.shape[-1] == 0:
+            raise _fail(handle, "ReplayContent.OPTIMIZER_STATE asked for, but the delta carries no optimizer state")
+        states = _check_tensor(handle, "optimizer_states", given, (n, handle.optimizer_width), floats)
+    ages = None
+    if ReplayContent.SCORE in content:
+        given = delta.scores[i] if i < len(delta.scores) else None
+        ages = _check_tensor(handle, "scores", given, (n, handle.options.num_scores), (torch.int64,))
+    device = handle.device
+    keep = owned_mask(keys.to(device), handle)
+    keys, slots = keys.to(device)[keep], slots.to(device)[keep]
+    _check_slots(handle, keys, slots)
+    return ReplayJob(
+        handle=handle,
+        keys=keys,
+        slots=slots,
+        values=values.to(device)[keep],
+        states=None if states is None else states.to(device)[keep],
+        ages=None if ages is None else ages.to(device)[keep],
+        erased=_owned(handle, delta.erased_keys[i] if i < len(delta.erased_keys) else None, device),
+        evicted=_owned(handle, delta.evicted_keys[i] if i < len(delta.evicted_keys) else None, device),
+        current_score=int(meta.get("current_score", 0)),
+    )
+
+
+def plan_replay(
+    handles: Sequence[TableHandle], deltas: Dict[str, DeltaDumpResult], content: ReplayContent
+) -> List[ReplayJob]:
+    """Resolve and check every table of every collection in ``deltas``; write nothing.
+
+    Raises:
+        TypeError: ``deltas`` or ``content`` of the wrong type.
+        ValueError: a collection or table the model does not have.
+        IncompatibleDeltaError: a layout, shape or slot that does not fit.
+        NotImplementedError: a table sharded with ``dist_type="continuous"``.
+    """
+    if not isinstance(content, ReplayContent):
+        raise TypeError(f"replay_increment: content must be a ReplayContent, got {type(content).__name__}")
+    if not isinstance(deltas, dict):
+        raise TypeError(f"replay_increment: deltas must be Dict[str, DeltaDumpResult], got {type(deltas).__name__}")
+    by_name = {(h.collection, h.name): h for h in handles}
+    collections = sorted({h.collection for h in handles})
+    jobs = []
+    for collection, delta in deltas.items():
+        if not isinstance(delta, DeltaDumpResult):
+            raise TypeError(
+                f"replay_increment: deltas['{collection}'] must be a DeltaDumpResult, got {type(delta).__name__}"
+            )
+        if collection not in collections:
+            raise ValueError(f"replay_increment: the model has no collection '{collection}'; it has {collections}")
+        for field in ("keys", "values", "meta"):
+            if len(getattr(delta, field)) != len(delta.table_names):
+                raise ValueError(
+                    f"replay_increment: deltas['{collection}'].{field} has {len(getattr(delta, field))} "
+                    f"entries for {len(delta.table_names)} tables"
+                )
+        for i, name in enumerate(delta.table_names):
+            handle = by_name.get((collection, name))
+            if handle is None:
+                have = sorted(n for c, n in by_name if c == collection)
+                raise ValueError(f"replay_increment: collection '{collection}' has no table '{name}'; it has {have}")
+            jobs.append(_plan_table(handle, delta, i, content))
+    return jobs
+
+
+def _evict_displaced(job: ReplayJob) -> torch.Tensor:
+    """Erase keys that stand where the delta's keys go; return (n,) bool "slot held this very key"."""
+    handle, table, t = job.handle, job.handle.table, job.handle.table_id
+    capacity = int(table.capacity(t))
+    present = table.export(t, None)
+    occupant = torch.zeros(capacity, dtype=torch.int64, device=job.keys.device)
+    used = torch.zeros(capacity, dtype=torch.bool, device=job.keys.device)
+    occupant[present.slots] = present.keys
+    used[present.slots] = True
+    same = used[job.slots] & (occupant[job.slots] == job.keys)
+    other = used[job.slots] & ~same
+    found = table.find(job.keys, t)
+    moved = found.found & (found.slots != job.slots)
+    doomed = torch.cat([occupant[job.slots][other], job.keys[moved]])
+    if doomed.numel():
+        table.erase(torch.unique(doomed), t)
+    del handle
+    return same
+
+
+def apply_replay(job: ReplayJob, content: ReplayContent, bar=None) -> None:
+    """Write one checked table: erase its erased keys, displace occupants, place every key at its slot."""
+    handle, table, t = job.handle, job.handle.table, job.handle.table_id
+    if job.erased.numel():
+        table.erase(job.erased, t)
+    same = _evict_displaced(job)
+    now = table_now(handle)
+    columns = clock_columns(handle.options)
+    for lo in range(0, job.keys.numel(), _CHUNK):
+        hi = lo + _CHUNK
+        keys, slots = job.keys[lo:hi], job.slots[lo:hi]
+        previous = handle.storage.read_rows(t, slots) if job.states is None else None
+        states = None if job.states is None else job.states[lo:hi]
+        rows = assemble_rows(handle, job.values[lo:hi], states, previous, same[lo:hi])
+        if job.ages is not None:
+            scores = from_ages(job.ages[lo:hi], columns, now)
+        else:
+            current = int(table.get_score(t))
+            scores = default_scores(handle.options, keys.numel(), now=now, current=current, device=keys.device)
+        table.insert_at(t, keys, slots, scores=scores)
+        handle.storage.write_rows(t, slots, rows)
+        if bar is not None:
+            bar.update(keys.numel())
+    if handle.drop_from_cache is not None:
+        handle.drop_from_cache(torch.cat([job.keys, job.erased, job.evicted]))
+
+
+def replay_increment(
+    model: nn.Module,
+    deltas: Dict[str, DeltaDumpResult],
+    content: ReplayContent = ReplayContent.EMBEDDING_ONLY,
+    *,
+    show_progress: Optional[bool] = None,
+) -> None:
+    """Apply deltas from :func:`incremental_dump` to a model whose tables share the source's layout.
+
+    Every key goes to the slot and value row it held in the source. Keys that this process does not own
+    (by the global rank and the table's shard world size) are skipped. The target's cache is flushed,
+    then the delta's keys, its erased keys and its evicted keys are dropped from it; erased keys are
+    removed from the table, evicted keys are not (whoever took their slot is in the same delta).
+
+    Args:
+        model: the target model (a replica with ``training=False`` stores embeddings only; optimizer state
+            in the delta is then dropped).
+        deltas: ``{collection_path: DeltaDumpResult}`` as returned by ``incremental_dump``.
+        content: what comes along with each embedding: ``OPTIMIZER_STATE``, ``SCORE``, both (``ALL``) or
+            neither (``EMBEDDING_ONLY``: a fresh optimizer state for keys new to their slot, and every
+            restored key scored alike: the target's clock, step or custom score; LFU count 1).
+        show_progress: force the progress bar on or off.
+
+    Raises:
+        IncompatibleDeltaError: a table's layout or the delta's shapes do not fit, or a key cannot be
+            placed at its slot; raised before any table is written.
+    """
+    from dynamicemb_core.checkpoint.collectives import global_rank
+
+    handles = find_tables(model, None)
+    jobs = plan_replay(handles, deltas, content)
+    flushed = set()
+    for job in jobs:
+        flush = job.handle.flush_cache
+        if flush is not None and id(flush) not in flushed:
+            flush()
+            flushed.add(id(flush))
+    total = sum(job.keys.numel() for job in jobs)
+    with row_bar(total, "replay_increment", rank=global_rank(), show_progress=show_progress) as bar:
+        for job in jobs:
+            apply_replay(job, content, bar)

@@ -1,0 +1,164 @@
+"""Reading rows out of one table and writing them back: the table-level half of dump, load and replay.
+
+A stored row is ``[embedding (dim) | optimizer state (runtime width)]``. Files and deltas carry the
+embedding and, separately, the optimizer state at its *checkpoint* width (``handle.optimizer_width``):
+rowwise Adagrad reserves 16 bytes per row at runtime but fills one scalar, and shipping the padding would
+make a file's idea of a row depend on the runtime layout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from dynamicemb_core.checkpoint.scores import clock_columns, from_ages, to_ages
+from dynamicemb_core.checkpoint.types import TableHandle
+from dynamicemb_core.config import DynamicEmbCheckMode
+
+__all__ = ["TableRows", "assemble_rows", "export_rows", "insert_rows", "table_now"]
+
+_CHUNK = 1 << 17  # rows read or written per table call; bounds temporary memory and paces the bar
+
+
+@dataclass
+class TableRows:
+    """Rows exported from one table, in slot order, on the table's device.
+
+    Attributes:
+        keys: (n,) int64; slots: (n,) int64 local slots; embeddings: (n, dim);
+        optimizer_states: (n, optimizer_width); scores: (n, num_scores) int64, user order, as ages.
+        now: the table clock the ages are relative to.
+    """
+
+    keys: torch.Tensor
+    slots: torch.Tensor
+    embeddings: torch.Tensor
+    optimizer_states: torch.Tensor
+    scores: torch.Tensor
+    now: int
+
+
+def table_now(handle: TableHandle) -> int:
+    """The table's clock now, in the unit its timestamp scores use (ns).
+
+    A clock-scored table answers ``get_score`` with the time its next call would write; a negative answer
+    means "read the clock at the call", and on the CPU that clock is CLOCK_MONOTONIC (``steady_clock``).
+    """
+    if clock_columns(handle.options):
+        score = int(handle.table.get_score(handle.table_id))
+        if score >= 0:
+            return score
+    return time.monotonic_ns()
+
+
+def export_rows(handle: TableHandle, threshold: Optional[int] = None, bar=None) -> TableRows:
+    """Export every row (or those whose score passes ``threshold``) with embedding, state and scores.
+
+    Args:
+        handle: the table.
+        threshold: None exports all rows; otherwise the table's export threshold (time-based for a
+            clock-scored strategy, absolute score otherwise).
+        bar: an optional tqdm bar advanced by rows read.
+    """
+    now = table_now(handle)
+    exported = handle.table.export(handle.table_id, threshold)
+    keys, slots, scores = exported.keys, exported.slots, exported.scores
+    dim, width = handle.dim, handle.optimizer_width
+    emb_parts, opt_parts = [], []
+    for lo in range(0, keys.numel(), _CHUNK):
+        rows = handle.storage.read_rows(handle.table_id, slots[lo : lo + _CHUNK])
+        emb_parts.append(rows[:, :dim])
+        opt_parts.append(rows[:, dim : dim + width])
+        if bar is not None:
+            bar.update(rows.shape[0])
+    device, dtype = keys.device, handle.dtype
+    embeddings = torch.cat(emb_parts) if emb_parts else torch.empty(0, dim, dtype=dtype, device=device)
+    states = torch.cat(opt_parts) if opt_parts else torch.empty(0, width, dtype=dtype, device=device)
+    scores = to_ages(scores.to(torch.int64), clock_columns(handle.options), now)
+    return TableRows(keys, slots, embeddings, states, scores, now)
+
+
+def assemble_rows(
+    handle: TableHandle,
+    embeddings: torch.Tensor,
+    optimizer_states: Optional[torch.Tensor],
+    previous: Optional[torch.Tensor] = None,
+    keep_previous: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Build full stored rows from embeddings and (optionally) optimizer states.
+
+    Args:
+        handle: the target table.
+        embeddings: (n, dim).
+        optimizer_states: (n, w) at the checkpoint width, or None to not restore the state. Columns beyond
+            the target's runtime width are dropped (a training=False replica has no room for them).
+        previous: (n, row_width) rows currently at the target slots, used where ``keep_previous`` is true.
+        keep_previous: (n,) bool; rows whose optimizer state is kept when ``optimizer_states`` is None
+            (the same key already held that row). Other rows get a fresh state (``state_init``).
+
+    Returns:
+        (n, row_width) of the table's dtype on its device.
+    """
+    device, dtype = handle.device, handle.dtype
+    n = embeddings.shape[0]
+    rows = torch.zeros(n, handle.row_width, dtype=dtype, device=device)
+    rows[:, : handle.dim] = embeddings.to(device=device, dtype=dtype)
+    state_width = handle.state_width
+    if state_width == 0:
+        return rows
+    if optimizer_states is not None:
+        w = min(optimizer_states.shape[1], state_width)
+        rows[:, handle.dim : handle.dim + w] = optimizer_states[:, :w].to(device=device, dtype=dtype)
+        return rows
+    filled = min(handle.optimizer_width, state_width)
+    rows[:, handle.dim : handle.dim + filled] = handle.state_init
+    if previous is not None and keep_previous is not None and bool(keep_previous.any()):
+        keep = keep_previous.to(device)
+        rows[keep, handle.dim :] = previous[keep, handle.dim :].to(device=device, dtype=dtype)
+    return rows
+
+
+def insert_rows(
+    handle: TableHandle,
+    keys: torch.Tensor,
+    embeddings: torch.Tensor,
+    optimizer_states: Optional[torch.Tensor],
+    ages: torch.Tensor,
+    bar=None,
+) -> Tuple[int, int]:
+    """Insert (or overwrite) keys with their rows and scores, as a load does.
+
+    Keys already in the table keep their optimizer state when ``optimizer_states`` is None. Timestamp
+    columns of ``ages`` are re-based on this table's clock.
+
+    Returns:
+        ``(placed, unplaced)`` key counts; a key is unplaced when its bucket had no slot it could take.
+    """
+    device = handle.device
+    columns = clock_columns(handle.options)
+    placed = unplaced = 0
+    for lo in range(0, keys.numel(), _CHUNK):
+        k = keys[lo : lo + _CHUNK].to(device)
+        found = handle.table.find(k, handle.table_id)
+        previous = handle.storage.read_rows(handle.table_id, found.slots) if optimizer_states is None else None
+        opt = None if optimizer_states is None else optimizer_states[lo : lo + _CHUNK]
+        rows = assemble_rows(handle, embeddings[lo : lo + _CHUNK], opt, previous, found.found)
+        scores = from_ages(ages[lo : lo + _CHUNK].to(device), columns, table_now(handle))
+        slots = handle.table.insert(k, handle.table_id, scores=scores)
+        handle.storage.write_rows(handle.table_id, slots, rows)
+        missed = int((slots < 0).sum())
+        unplaced += missed
+        placed += k.numel() - missed
+        if bar is not None:
+            bar.update(k.numel())
+    if unplaced and handle.options.safe_check_mode == DynamicEmbCheckMode.ERROR:
+        from dynamicemb_core.types import DynamicEmbError
+
+        raise DynamicEmbError(
+            f"table '{handle.qualified_name}': {unplaced} loaded keys found no free slot in their bucket "
+            f"(capacity {handle.table.capacity(handle.table_id)}); raise max_capacity or bucket_capacity"
+        )
+    return placed, unplaced

@@ -1,0 +1,298 @@
+"""DynamicEmbDeltaTracker: TorchRec's ModelDeltaTracker semantics for dynamic tables, reporting raw keys.
+
+TorchRec's tracker records, per table, the ids each batch looked up, and answers "which ids (and which
+embeddings) changed since consumer X last asked". On native tables those ids are shard-local rows; a
+dynamic table is keyed by the raw feature id, so this tracker reports raw keys, which is what a replica or
+a top-k publisher needs.
+
+Semantics follow ``torchrec.distributed.model_tracker.ModelDeltaTrackerTrec``:
+
+- ``step()`` advances the batch index (DistributedModelParallel calls it before every forward once the
+  tracker is attached with :meth:`attach`); lookups are recorded under the current index.
+- Each consumer has its own read position: ``get_unique(consumer)`` returns what was recorded since that
+  consumer's previous read, compacting the unread window first.
+- ``delete_on_read`` drops batches every consumer has read; ``auto_compact`` merges them once per step.
+- ``ID_ONLY`` records keys; ``EMBEDDING`` also records each key's embedding as first looked up in the
+  window (UpdateMode.FIRST), which needs unpooled lookups, as in TorchRec.
+
+Recording goes through TorchRec's own hook, ``register_post_lookup_tracker_fn`` of a sharded collection,
+where the installed torchrec has it; local ``BatchedDynamicEmbeddingTables`` modules (and sharded ones on a
+torchrec without the hook) are recorded with a forward hook on the module.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from dynamicemb_core.config import DynamicEmbPoolingMode
+from dynamicemb_core.tracking.store import KeyDeltaStore
+from dynamicemb_core.tracking.types import DeltaTrackerConfig, TrackingMode, UniqueRows, UpdateMode
+
+try:  # TorchRec's abstract tracker: subclassing it makes DMP and TorchRec tools accept ours
+    from torchrec.distributed.model_tracker.model_delta_tracker import ModelDeltaTracker as _TrackerBase
+except ImportError:  # pragma: no cover
+    _TrackerBase = object  # type: ignore[misc,assignment]
+
+__all__ = ["DynamicEmbDeltaTracker"]
+
+logger = logging.getLogger(__name__)
+
+_UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: UpdateMode.FIRST}
+
+
+class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
+    """Tracks the raw keys (and optionally embeddings) each dynamic table looks up.
+
+    Args:
+        model: the model (plain or DMP-wrapped) holding dynamic tables.
+        consumers: names of the readers, each with its own read position (default: ``["default"]``).
+        delete_on_read: drop batches once every consumer has read them.
+        auto_compact: merge unread batches once per step instead of at read time.
+        mode: ``TrackingMode.ID_ONLY`` or ``TrackingMode.EMBEDDING``.
+        fqns_to_skip: module-path components whose tables are not tracked.
+        use_torchrec_hooks: record through sharded collections' ``register_post_lookup_tracker_fn`` where
+            available (False: always use forward hooks on the dynamic modules).
+
+    Tables are named ``"<collection>.<table>"`` (collection paths as in ``incremental_dump``).
+    """
+
+    DEFAULT_CONSUMER: str = "default"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        consumers: Optional[List[str]] = None,
+        delete_on_read: bool = True,
+        auto_compact: bool = False,
+        mode: TrackingMode = TrackingMode.ID_ONLY,
+        fqns_to_skip: Iterable[str] = (),
+        *,
+        use_torchrec_hooks: bool = True,
+    ) -> None:
+        if mode not in _UPDATE_MODE:
+            raise NotImplementedError(
+                f"DynamicEmbDeltaTracker: tracking mode {mode} is not supported for dynamic tables; "
+                f"supported: {[m.name for m in _UPDATE_MODE]}"
+            )
+        self._model = model
+        self._mode = mode
+        self._delete_on_read = delete_on_read
+        self._auto_compact = auto_compact
+        self._fqns_to_skip = set(fqns_to_skip)
+        consumers = list(consumers or [self.DEFAULT_CONSUMER])
+        self.per_consumer_batch_idx: Dict[str, int] = {c: -1 for c in consumers}
+        self.curr_batch_idx = 0
+        self.curr_compact_index = 0
+        self.store = KeyDeltaStore(_UPDATE_MODE[mode])
+        self.feature_to_fqn: Dict[str, str] = {}
+        self.tracked_fqns: List[str] = []
+        self._modules: Dict[str, nn.Module] = {}
+        self._handles: List[Any] = []
+        self._install(use_torchrec_hooks)
+
+    @classmethod
+    def from_config(cls, model: nn.Module, config: DeltaTrackerConfig) -> "DynamicEmbDeltaTracker":
+        """Build from TorchRec's ``DeltaTrackerConfig``."""
+        return cls(
+            model,
+            consumers=config.consumers,
+            delete_on_read=config.delete_on_read,
+            auto_compact=config.auto_compact,
+            mode=config.tracking_mode,
+            fqns_to_skip=config.fqns_to_skip,
+        )
+
+    # ---- installation -------------------------------------------------------------------------
+    def _skipped(self, fqn: str) -> bool:
+        return bool(self._fqns_to_skip.intersection(fqn.split(".")))
+
+    def _install(self, use_torchrec_hooks: bool) -> None:
+        from dynamicemb_core.checkpoint.discovery import clean_fqn
+        from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+
+        try:
+            from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
+        except ImportError:  # pragma: no cover
+            BatchedDynamicEmbeddingKernel = ()  # type: ignore[assignment,misc]
+        covered = set()
+        for fqn, module in self._model.named_modules():
+            if self._skipped(fqn):
+                continue
+            kernels = [m for m in module.modules() if isinstance(m, BatchedDynamicEmbeddingKernel)]
+            hook = getattr(module, "register_post_lookup_tracker_fn", None)
+            if use_torchrec_hooks and kernels and callable(hook):
+                collection = clean_fqn(fqn)
+                for kernel in kernels:
+                    covered.add(id(kernel.emb_module))
+                    for config in kernel.config.embedding_tables:
+                        table_fqn = f"{collection}.{config.name}" if collection else config.name
+                        self._add_table(table_fqn, kernel.emb_module)
+                        for feature in config.feature_names:
+                            self.feature_to_fqn[feature] = table_fqn
+                hook(self.record_lookup)
+                if self._auto_compact:
+                    getattr(module, "register_post_odist_tracker_fn", lambda fn: None)(self.trigger_compaction)
+        for fqn, module in self._model.named_modules():
+            if isinstance(module, BatchedDynamicEmbeddingTables) and id(module) not in covered:
+                if self._skipped(fqn):
+                    continue
+                collection = clean_fqn(fqn)  # a local module is its own collection (as in checkpoints)
+                fqns = [f"{collection}.{name}" if collection else name for name in module.table_names]
+                for table_fqn in fqns:
+                    self._add_table(table_fqn, module)
+                self._handles.append(module.register_forward_hook(self._forward_hook(fqns)))
+        logger.info("delta tracker: tracking %s", self.tracked_fqns)
+
+    def _add_table(self, table_fqn: str, module: nn.Module) -> None:
+        if self._mode == TrackingMode.EMBEDDING and module.pooling_mode != DynamicEmbPoolingMode.NONE:
+            raise ValueError(
+                f"DynamicEmbDeltaTracker: table '{table_fqn}' is pooled ({module.pooling_mode.name}); "
+                f"TrackingMode.EMBEDDING needs unpooled lookups (pooling NONE / EmbeddingCollection)"
+            )
+        if table_fqn not in self.tracked_fqns:
+            self.tracked_fqns.append(table_fqn)
+        self._modules[table_fqn] = module
+
+    def _forward_hook(self, fqns: List[str]):  # noqa: ANN202
+        def hook(module: nn.Module, args: Tuple[Any, ...], output: torch.Tensor) -> None:
+            indices, offsets = args[0], args[1]
+            self._record_batch(module, fqns, indices, offsets, output)
+
+        return hook
+
+    def detach(self) -> None:
+        """Remove the forward hooks this tracker installed."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def attach(self, dmp: nn.Module) -> None:
+        """Make DistributedModelParallel step this tracker before each forward and return it from
+        ``get_delta_tracker()`` (TorchRec's own slot for its delta tracker)."""
+        from torchrec.distributed.model_tracker.types import Trackers
+
+        dmp.model_trackers[Trackers.DELTA_TRACKER.name] = self
+
+    # ---- recording ----------------------------------------------------------------------------
+    def _append(self, fqn: str, ids: torch.Tensor, states: Optional[torch.Tensor]) -> None:
+        self.store.append(self.curr_batch_idx, fqn, ids.detach(), None if states is None else states.detach())
+
+    def _record_batch(
+        self, module: nn.Module, fqns: List[str], indices: torch.Tensor, offsets: torch.Tensor, output: torch.Tensor
+    ) -> None:
+        num_features = len(module.feature_table_map)
+        batch = (offsets.numel() - 1) // num_features
+        bounds = offsets[::batch].tolist() if batch > 0 else [0] * (num_features + 1)
+        per_table: Dict[int, List[Tuple[int, int]]] = {}
+        for f, t in enumerate(module.feature_table_map):
+            per_table.setdefault(t, []).append((bounds[f], bounds[f + 1]))
+        with_states = self._mode == TrackingMode.EMBEDDING
+        for t, ranges in per_table.items():
+            ids = torch.cat([indices[lo:hi] for lo, hi in ranges])
+            states = torch.cat([output[lo:hi] for lo, hi in ranges]) if with_states else None
+            if ids.numel():
+                self._append(fqns[t], ids, states)
+
+    def record_lookup(
+        self,
+        kjt: Any,
+        states: torch.Tensor,
+        emb_module: Optional[nn.Module] = None,
+        raw_ids: Optional[torch.Tensor] = None,
+    ) -> None:
+        """TorchRec's post-lookup hook: record the looked-up keys (and rows) of the KJT's dynamic features.
+
+        Args:
+            kjt: the KeyedJaggedTensor the lookup served (raw keys for dynamic tables).
+            states: the lookup's output, (n, D) row per id in EMBEDDING mode.
+            emb_module, raw_ids: unused (part of TorchRec's signature).
+        """
+        per_fqn_ids: Dict[str, List[torch.Tensor]] = {}
+        per_fqn_states: Dict[str, List[torch.Tensor]] = {}
+        with_states = self._mode == TrackingMode.EMBEDDING
+        rows = states.reshape(kjt.values().numel(), -1) if with_states else None
+        offset = 0
+        for key in kjt.keys():
+            ids = kjt[key].values()
+            fqn = self.feature_to_fqn.get(key)
+            if fqn is not None and ids.numel():
+                per_fqn_ids.setdefault(fqn, []).append(ids)
+                if rows is not None:
+                    per_fqn_states.setdefault(fqn, []).append(rows[offset : offset + ids.numel()])
+            offset += ids.numel()
+        for fqn, ids in per_fqn_ids.items():
+            self._append(fqn, torch.cat(ids), torch.cat(per_fqn_states[fqn]) if with_states else None)
+
+    # ---- batch index and compaction --------------------------------------------------------------
+    def step(self) -> None:
+        """Advance the batch index (compacting the unread window first with ``auto_compact``)."""
+        if self._auto_compact:
+            self.trigger_compaction()
+        self.curr_batch_idx += 1
+
+    def trigger_compaction(self) -> None:
+        """Merge every batch since the furthest consumer's position into one (at most once per step)."""
+        if self.curr_compact_index >= self.curr_batch_idx:
+            return
+        start = max(self.per_consumer_batch_idx.values())
+        end = self.curr_batch_idx
+        if start < end:
+            self.compact(start, end)
+            self.curr_compact_index = end
+
+    def compact(self, start_idx: int, end_idx: int) -> None:
+        """Merge recorded batches with ``start_idx <= batch < end_idx``."""
+        self.store.compact(start_idx, end_idx)
+
+    # ---- reading ------------------------------------------------------------------------------
+    def _consumer(self, consumer: Optional[str]) -> str:
+        consumer = consumer or self.DEFAULT_CONSUMER
+        if consumer not in self.per_consumer_batch_idx:
+            raise ValueError(
+                f"DynamicEmbDeltaTracker: unknown consumer '{consumer}'; consumers are "
+                f"{sorted(self.per_consumer_batch_idx)}"
+            )
+        return consumer
+
+    def get_unique(
+        self,
+        consumer: Optional[str] = None,
+        top_percentage: Optional[float] = 1.0,
+        per_table_percentage: Optional[Dict[str, Tuple[float, str]]] = None,
+        sorted_by_indices: Optional[bool] = True,
+    ) -> Dict[str, UniqueRows]:
+        """Per tracked table, the unique raw keys (and rows) recorded since ``consumer``'s last read.
+
+        Tables with nothing new report empty tensors. Top-k arguments are accepted for TorchRec
+        compatibility and ignored (every row is returned).
+        """
+        consumer = self._consumer(consumer)
+        end = self.curr_batch_idx + 1
+        start = max(self.per_consumer_batch_idx.values())
+        if start < end:
+            self.compact(start, end)
+        rows = self.store.get_unique(from_idx=self.per_consumer_batch_idx[consumer])
+        for fqn in self.tracked_fqns:
+            rows.setdefault(fqn, UniqueRows(ids=torch.empty(0, dtype=torch.int64), states=None))
+        self.per_consumer_batch_idx[consumer] = end
+        if self._delete_on_read:
+            self.store.delete(up_to_idx=min(self.per_consumer_batch_idx.values()))
+        return rows
+
+    def get_unique_ids(self, consumer: Optional[str] = None) -> Dict[str, torch.Tensor]:
+        """Per tracked table, the unique raw keys recorded since ``consumer``'s last read."""
+        return {fqn: rows.ids for fqn, rows in self.get_unique(consumer).items()}
+
+    def clear(self, consumer: Optional[str] = None) -> None:
+        """Drop recorded batches: all of them (None, or the only consumer)."""
+        if consumer is None or len(self.per_consumer_batch_idx) == 1:
+            self._consumer(consumer)
+            self.store.delete()
+
+    def get_tracked_modules(self) -> Dict[str, nn.Module]:
+        """TorchRec API: the tracked tables by name, each with the dynamic module serving it."""
+        return dict(self._modules)
