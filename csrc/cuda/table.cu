@@ -1,0 +1,400 @@
+// CUDA kernels of the scored hash table (docs/table_design.md): find, insert, find_or_insert,
+// insert_and_evict, erase, export_if, insert_at, gather_rows, scatter_rows. Same schemas, same
+// semantics and, for every op, the same results as csrc/cpu/table.cpp.
+//
+// Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
+//   table_find.cuh    find: a tile of 8 threads per key, 16-byte digest loads, no locks
+//   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: keys sorted
+//                     by home bucket, one warp per bucket, input order kept (deterministic)
+//   table_export.cuh  export_if: two-pass stream compaction in slot order
+//   table_rows.cuh    gather_rows / scatter_rows: dtype-free vector copies
+//   score_fn_launch.cuh  the compound score_function, compiled by numba-cuda, run before eviction
+// Everything runs on the caller's current stream. Checks that need the data (table id range,
+// slot range) would force a device synchronisation per call; the kernels instead treat such keys
+// as missing / not placed and never touch memory outside the table. The Python class validates
+// its inputs before calling (docs/table_design.md, "The Python class").
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "score_fn_launch.cuh"
+#include "table_common.cuh"
+#include "table_export.cuh"
+#include "table_find.cuh"
+#include "table_rows.cuh"
+#include "table_upsert.cuh"
+
+namespace dynamicemb {
+namespace {
+
+using at::Tensor;
+using namespace cuda_table;
+
+/** The table state, checked once per call, viewed through raw pointers. */
+struct StateView {
+  int64_t* table_keys;
+  uint8_t* digests;
+  int64_t* scores;
+  const int64_t* slot_offsets;
+  const int64_t* bucket_caps;
+  const int64_t* policies;
+  int64_t* sizes;
+  int64_t num_tables;
+  int64_t total_slots;
+};
+
+StateView check_state(const char* op, const Tensor& table_keys, const Tensor& digests,
+                      const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
+                      const Tensor& policies, const Tensor& sizes) {
+  const at::Device dev = table_keys.device();
+  TORCH_CHECK_VALUE(dev.is_cuda(), "dynamicemb.", op, " (CUDA): table_keys must be on a CUDA device");
+  check_state_tensor(table_keys, "table_keys", at::kLong, dev);
+  check_state_tensor(digests, "digests", at::kByte, dev);
+  check_state_tensor(scores, "scores", at::kLong, dev);
+  check_state_tensor(slot_offsets, "slot_offsets", at::kLong, dev);
+  check_state_tensor(bucket_caps, "bucket_caps", at::kLong, dev);
+  check_state_tensor(policies, "policies", at::kLong, dev);
+  check_state_tensor(sizes, "sizes", at::kLong, dev);
+  const int64_t total = table_keys.size(0);
+  const int64_t T = bucket_caps.numel();
+  TORCH_CHECK_VALUE(table_keys.dim() == 1 && digests.dim() == 1 && digests.size(0) == total &&
+                        scores.dim() == 2 && scores.size(0) == total && scores.size(1) == 2,
+                    "dynamicemb.", op, " (CUDA): table_keys and digests must be (", total,
+                    ",) and scores (", total, ", 2), got ", table_keys.sizes(), ", ",
+                    digests.sizes(), ", ", scores.sizes());
+  TORCH_CHECK_VALUE(slot_offsets.numel() == T + 1 && policies.numel() == T && sizes.numel() == T,
+                    "dynamicemb.", op, " (CUDA): slot_offsets must be (T+1,) and policies, sizes (T,)"
+                    " for T=", T, " tables, got ", slot_offsets.sizes(), ", ", policies.sizes(),
+                    ", ", sizes.sizes());
+  return StateView{table_keys.data_ptr<int64_t>(), digests.data_ptr<uint8_t>(),
+                   scores.data_ptr<int64_t>(), slot_offsets.data_ptr<int64_t>(),
+                   bucket_caps.data_ptr<int64_t>(), policies.data_ptr<int64_t>(),
+                   sizes.data_ptr<int64_t>(), T, total};
+}
+
+/** keys / table_ids: (n,) int64 on the table's device, contiguous copies returned. */
+std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys, const Tensor& table_ids,
+                                     const at::Device& dev) {
+  for (auto [x, name] : {std::pair<const Tensor*, const char*>{&keys, "keys"},
+                         {&table_ids, "table_ids"}}) {
+    TORCH_CHECK_TYPE(x->scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
+                     " must be int64, got ", x->scalar_type());
+    TORCH_CHECK_VALUE(x->device() == dev && x->dim() == 1, "dynamicemb.", op, " (CUDA): ", name,
+                      " must be 1-D on ", dev, " like the table, got shape ", x->sizes(), " on ",
+                      x->device());
+  }
+  TORCH_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
+                    " (CUDA): keys and table_ids must have the same length, got ", keys.size(0),
+                    " and ", table_ids.size(0));
+  return {keys.contiguous(), table_ids.contiguous()};
+}
+
+Tensor check_per_table(const char* op, const Tensor& x, const char* name, int64_t T,
+                       const at::Device& dev) {
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
+                   " must be int64, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.device() == dev && x.dim() == 1 && x.size(0) == T, "dynamicemb.", op,
+                    " (CUDA): ", name, " must be (", T, ",) on ", dev, ", one per table, got ",
+                    x.sizes(), " on ", x.device());
+  return x.contiguous();
+}
+
+Tensor check_input_scores(const char* op, const Tensor& s, int64_t n, const at::Device& dev) {
+  TORCH_CHECK_TYPE(s.scalar_type() == at::kLong, "dynamicemb.", op,
+                   " (CUDA): input_scores must be int64, got ", s.scalar_type());
+  TORCH_CHECK_VALUE(s.device() == dev && s.dim() == 2 && s.size(0) == n && s.size(1) == 2,
+                    "dynamicemb.", op, " (CUDA): input_scores must be (", n, ", 2) on ", dev,
+                    ", got ", s.sizes(), " on ", s.device());
+  return s.contiguous();
+}
+
+/** Params of the upsert engine with everything but mode-specific fields filled in. */
+UpsertParams upsert_params(UpsertMode mode, const Tensor& keys, const Tensor& table_ids,
+                           const StateView& s, Tensor& protect_bits) {
+  UpsertParams p{};
+  p.mode = mode;
+  p.keys = keys.data_ptr<int64_t>();
+  p.table_ids = table_ids.data_ptr<int64_t>();
+  p.n = keys.numel();
+  p.table_keys = s.table_keys;
+  p.digests = s.digests;
+  p.scores = s.scores;
+  p.slot_offsets = s.slot_offsets;
+  p.bucket_caps = s.bucket_caps;
+  p.policies = s.policies;
+  p.sizes = s.sizes;
+  p.num_tables = s.num_tables;
+  protect_bits = at::zeros({(s.total_slots + 31) / 32 + 1}, keys.options().dtype(at::kInt));
+  p.protect_bits = reinterpret_cast<uint32_t*>(protect_bits.data_ptr<int32_t>());
+  return p;
+}
+
+/** Outputs of one inserting call (ev_* only for insert_and_evict). */
+struct UpsertResult {
+  Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores;
+};
+
+/** The shared body of insert, find_or_insert and insert_and_evict. */
+UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
+                        const Tensor& table_ids_in, const Tensor& table_keys,
+                        const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
+                        const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
+                        const Tensor& sizes, const Tensor& cur_scores_in,
+                        const c10::optional<Tensor>& input_scores_in) {
+  const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
+                                  policies, sizes);
+  const at::Device dev = table_keys.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev);
+  const Tensor cur_scores = check_per_table(op, cur_scores_in, "cur_scores", s.num_tables, dev);
+  TORCH_CHECK_TYPE(score_fns.scalar_type() == at::kLong && score_fns.dim() == 1 &&
+                       score_fns.size(0) == s.num_tables,
+                   "dynamicemb.", op, " (CUDA): score_fns must be (", s.num_tables,
+                   ",) int64 kernel handles, got ", score_fns.sizes(), " ", score_fns.scalar_type());
+  Tensor input_scores;
+  if (input_scores_in.has_value()) {
+    input_scores = check_input_scores(op, *input_scores_in, keys.size(0), dev);
+  }
+  const int64_t n = keys.numel();
+  const auto opts = keys.options();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+
+  Tensor protect_bits;
+  UpsertParams p = upsert_params(mode, keys, table_ids, s, protect_bits);
+  const Tensor now = resolve_now_cuda(policies, cur_scores);
+  p.now = now.data_ptr<int64_t>();
+  p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
+
+  // Score functions: handles are read on the host (a CPU score_fns costs no synchronisation).
+  const Tensor fns_host = score_fns.device().is_cpu() ? score_fns.contiguous() : score_fns.cpu();
+  Tensor fn_ranks, has_fn;
+  if (n > 0 && fns_host.ne(0).any().item<bool>()) {
+    fn_ranks = at::empty({s.total_slots}, opts.dtype(at::kDouble));
+    has_fn = compute_fn_ranks(fns_host, scores, slot_offsets, now, fn_ranks, stream);
+    p.fn_scores = fn_ranks.data_ptr<double>();
+    p.has_fn = has_fn.data_ptr<uint8_t>();
+  }
+
+  UpsertResult r;
+  r.slots = at::empty({n}, opts);
+  r.flag = at::empty({n}, opts.dtype(at::kBool));
+  p.out_slots = r.slots.data_ptr<int64_t>();
+  p.out_flag = r.flag.data_ptr<bool>();
+  if (mode == UpsertMode::kInsertAndEvict) {
+    r.ev_flag = at::zeros({n}, opts.dtype(at::kBool));
+    r.ev_keys = at::empty({n}, opts);
+    r.ev_slots = at::empty({n}, opts);
+    r.ev_scores = at::empty({n, 2}, opts);
+    p.ev_flag = r.ev_flag.data_ptr<bool>();
+    p.ev_keys = r.ev_keys.data_ptr<int64_t>();
+    p.ev_slots = r.ev_slots.data_ptr<int64_t>();
+    p.ev_scores = r.ev_scores.data_ptr<int64_t>();
+  }
+  select_upsert(p, s.total_slots, opts, stream);
+  return r;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Ops
+// ------------------------------------------------------------------------------------------------
+
+std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor& table_ids_in,
+                                             const Tensor& table_keys, const Tensor& digests,
+                                             const Tensor& scores, const Tensor& slot_offsets,
+                                             const Tensor& bucket_caps, const Tensor& policies,
+                                             const Tensor& sizes, const Tensor& cur_scores_in,
+                                             bool update_score) {
+  const StateView s = check_state("find", table_keys, digests, scores, slot_offsets, bucket_caps,
+                                  policies, sizes);
+  const at::Device dev = table_keys.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  auto [keys, table_ids] = check_keys("find", keys_in, table_ids_in, dev);
+  const Tensor cur_scores = check_per_table("find", cur_scores_in, "cur_scores", s.num_tables, dev);
+  const int64_t n = keys.numel();
+  const auto opts = keys.options();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  Tensor slots = at::empty({n}, opts);
+  Tensor found = at::empty({n}, opts.dtype(at::kBool));
+  Tensor out_scores = at::empty({n, 2}, opts);
+  FindParams p{keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, s.table_keys,
+               s.digests, s.scores, s.slot_offsets, s.bucket_caps, s.policies, s.num_tables,
+               nullptr, update_score, slots.data_ptr<int64_t>(), found.data_ptr<bool>(),
+               out_scores.data_ptr<int64_t>(), nullptr};
+  Tensor now, global;
+  if (update_score) {
+    now = resolve_now_cuda(policies, cur_scores);
+    global = at::empty({n}, opts);
+    p.now = now.data_ptr<int64_t>();
+    p.out_global = global.data_ptr<int64_t>();
+  }
+  select_find(p, stream);
+  return {slots, found, out_scores};
+}
+
+Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys,
+                   const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
+                   const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
+                   const Tensor& sizes, const Tensor& cur_scores,
+                   const c10::optional<Tensor>& input_scores) {
+  return run_insert("insert", UpsertMode::kInsert, keys, table_ids, table_keys, digests, scores,
+                    slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
+                    input_scores)
+      .slots;
+}
+
+std::tuple<Tensor, Tensor> find_or_insert_cuda(const Tensor& keys, const Tensor& table_ids,
+                                               const Tensor& table_keys, const Tensor& digests,
+                                               const Tensor& scores, const Tensor& slot_offsets,
+                                               const Tensor& bucket_caps, const Tensor& policies,
+                                               const Tensor& score_fns, const Tensor& sizes,
+                                               const Tensor& cur_scores) {
+  UpsertResult r = run_insert("find_or_insert", UpsertMode::kFindOrInsert, keys, table_ids,
+                              table_keys, digests, scores, slot_offsets, bucket_caps, policies,
+                              score_fns, sizes, cur_scores, c10::nullopt);
+  return {r.slots, r.flag};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda(
+    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
+    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
+    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
+    const c10::optional<Tensor>& input_scores) {
+  UpsertResult r = run_insert("insert_and_evict", UpsertMode::kInsertAndEvict, keys, table_ids,
+                              table_keys, digests, scores, slot_offsets, bucket_caps, policies,
+                              score_fns, sizes, cur_scores, input_scores);
+  // Evictions in input order of the keys that caused them (one device sync: m depends on data).
+  const Tensor idx = r.ev_flag.nonzero().squeeze(1);
+  return {r.slots,
+          r.flag,
+          r.ev_keys.index_select(0, idx),
+          r.ev_slots.index_select(0, idx),
+          r.ev_scores.index_select(0, idx),
+          table_ids.contiguous().index_select(0, idx)};
+}
+
+Tensor erase_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
+                  const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
+                  const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes) {
+  const StateView s = check_state("erase", table_keys, digests, scores, slot_offsets, bucket_caps,
+                                  policies, sizes);
+  const at::Device dev = table_keys.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  auto [keys, table_ids] = check_keys("erase", keys_in, table_ids_in, dev);
+  const int64_t n = keys.numel();
+  Tensor protect_bits;
+  UpsertParams p = upsert_params(UpsertMode::kErase, keys, table_ids, s, protect_bits);
+  Tensor scratch = at::empty({n}, keys.options());
+  Tensor erased = at::empty({n}, keys.options().dtype(at::kBool));
+  p.out_slots = scratch.data_ptr<int64_t>();
+  p.out_flag = erased.data_ptr<bool>();
+  select_upsert(p, s.total_slots, keys.options(), c10::cuda::getCurrentCUDAStream());
+  return erased;
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> export_if_cuda(
+    const Tensor& table_keys, const Tensor& digests, const Tensor& scores,
+    const Tensor& slot_offsets, const Tensor& bucket_caps, const Tensor& policies,
+    const Tensor& sizes, const Tensor& thresholds_in, int64_t column) {
+  const StateView s = check_state("export_if", table_keys, digests, scores, slot_offsets,
+                                  bucket_caps, policies, sizes);
+  const at::Device dev = table_keys.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  const Tensor thresholds =
+      check_per_table("export_if", thresholds_in, "thresholds", s.num_tables, dev);
+  TORCH_CHECK_VALUE(column == 0 || column == 1,
+                    "dynamicemb.export_if (CUDA): column must be 0 or 1, got ", column);
+  ExportParams p{};
+  p.table_keys = s.table_keys;
+  p.digests = s.digests;
+  p.scores = s.scores;
+  p.slot_offsets = s.slot_offsets;
+  p.num_tables = s.num_tables;
+  p.total_slots = s.total_slots;
+  p.thresholds = thresholds.data_ptr<int64_t>();
+  p.column = column;
+  auto [k, sl, sc, t] = select_export(p, table_keys.options(), c10::cuda::getCurrentCUDAStream());
+  return {k, sl, sc, t};
+}
+
+Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& slots_in,
+                      const Tensor& table_keys, const Tensor& digests, const Tensor& scores,
+                      const Tensor& slot_offsets, const Tensor& bucket_caps,
+                      const Tensor& policies, const Tensor& sizes, const Tensor& input_scores_in,
+                      bool dry_run) {
+  const StateView s = check_state("insert_at", table_keys, digests, scores, slot_offsets,
+                                  bucket_caps, policies, sizes);
+  const at::Device dev = table_keys.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  auto [keys, table_ids] = check_keys("insert_at", keys_in, table_ids_in, dev);
+  TORCH_CHECK_TYPE(slots_in.scalar_type() == at::kLong, "dynamicemb.insert_at (CUDA): slots must "
+                   "be int64, got ", slots_in.scalar_type());
+  TORCH_CHECK_VALUE(slots_in.device() == dev && slots_in.dim() == 1 &&
+                        slots_in.size(0) == keys.size(0),
+                    "dynamicemb.insert_at (CUDA): slots must be (", keys.size(0), ",) on ", dev,
+                    " like keys, got ", slots_in.sizes(), " on ", slots_in.device());
+  const Tensor slots = slots_in.contiguous();
+  const Tensor input_scores = check_input_scores("insert_at", input_scores_in, keys.size(0), dev);
+  const int64_t n = keys.numel();
+  Tensor protect_bits;
+  UpsertParams p = upsert_params(UpsertMode::kInsertAt, keys, table_ids, s, protect_bits);
+  Tensor scratch = at::empty({n}, keys.options());
+  Tensor placed = at::empty({n}, keys.options().dtype(at::kBool));
+  p.in_slots = slots.data_ptr<int64_t>();
+  p.input_scores = input_scores.data_ptr<int64_t>();
+  p.dry_run = dry_run;
+  p.out_slots = scratch.data_ptr<int64_t>();
+  p.out_flag = placed.data_ptr<bool>();
+  select_upsert(p, s.total_slots, keys.options(), c10::cuda::getCurrentCUDAStream());
+  return placed;
+}
+
+void check_rows(const char* op, const Tensor& values, const Tensor& slots) {
+  TORCH_CHECK_VALUE(values.is_cuda() && values.dim() == 2 && values.is_contiguous(), "dynamicemb.",
+                    op, " (CUDA): values must be a contiguous (capacity, width) CUDA tensor, got ",
+                    values.sizes(), " on ", values.device());
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "dynamicemb.", op,
+                   " (CUDA): slots must be int64, got ", slots.scalar_type());
+  TORCH_CHECK_VALUE(slots.device() == values.device() && slots.dim() == 1, "dynamicemb.", op,
+                    " (CUDA): slots must be 1-D on ", values.device(), ", got ", slots.sizes(),
+                    " on ", slots.device());
+}
+
+Tensor gather_rows_cuda(const Tensor& values, const Tensor& slots_in) {
+  check_rows("gather_rows", values, slots_in);
+  const c10::cuda::CUDAGuard guard(values.device());
+  const Tensor slots = slots_in.contiguous();
+  Tensor out = at::empty({slots.numel(), values.size(1)}, values.options());
+  select_gather_rows(values, slots, out, c10::cuda::getCurrentCUDAStream());
+  return out;
+}
+
+void scatter_rows_cuda(const Tensor& values, const Tensor& slots_in, const Tensor& rows_in) {
+  check_rows("scatter_rows", values, slots_in);
+  TORCH_CHECK_TYPE(rows_in.scalar_type() == values.scalar_type(),
+                   "dynamicemb.scatter_rows (CUDA): rows must have the dtype of values (",
+                   values.scalar_type(), "), got ", rows_in.scalar_type());
+  TORCH_CHECK_VALUE(rows_in.device() == values.device() && rows_in.dim() == 2 &&
+                        rows_in.size(0) == slots_in.size(0) && rows_in.size(1) == values.size(1),
+                    "dynamicemb.scatter_rows (CUDA): rows must be (", slots_in.size(0), ", ",
+                    values.size(1), ") on ", values.device(), ", got ", rows_in.sizes(), " on ",
+                    rows_in.device());
+  const c10::cuda::CUDAGuard guard(values.device());
+  Tensor v = values;  // the schema declares the mutation (a!)
+  select_scatter_rows(v, slots_in.contiguous(), rows_in.contiguous(),
+                      c10::cuda::getCurrentCUDAStream());
+}
+
+}  // namespace
+}  // namespace dynamicemb
+
+TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("find", &dynamicemb::find_cuda);
+  m.impl("insert", &dynamicemb::insert_cuda);
+  m.impl("find_or_insert", &dynamicemb::find_or_insert_cuda);
+  m.impl("insert_and_evict", &dynamicemb::insert_and_evict_cuda);
+  m.impl("erase", &dynamicemb::erase_cuda);
+  m.impl("export_if", &dynamicemb::export_if_cuda);
+  m.impl("insert_at", &dynamicemb::insert_at_cuda);
+  m.impl("gather_rows", &dynamicemb::gather_rows_cuda);
+  m.impl("scatter_rows", &dynamicemb::scatter_rows_cuda);
+}

@@ -1,0 +1,209 @@
+/**
+ * @file table_common.cuh
+ * @brief Device helpers shared by the CUDA table kernels (csrc/cuda/table.cu): the clock, a key's
+ * home bucket, digest probes and score-word access.
+ *
+ * The rules themselves (hash, bucket, digest, how a touch changes the score words, victim order)
+ * come from csrc/include/dynamicemb/ so that the CPU and CUDA kernels cannot drift apart; this file
+ * only adds what is specific to running them on a GPU.
+ */
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContextLight.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cstdint>
+
+#include "dynamicemb/bucket_layout.h"
+#include "dynamicemb/hashing.h"
+#include "dynamicemb/score_policy.h"
+
+namespace dynamicemb {
+namespace cuda_table {
+
+constexpr int kWarp = 32;
+constexpr int kBlockThreads = 256;  // every table kernel uses 256-thread blocks
+constexpr unsigned kFullMask = 0xffffffffu;
+
+/** @brief Blocks needed for `work` items at `per_block` items per block (at least 1). */
+inline int64_t blocks_for(int64_t work, int64_t per_block) {
+  const int64_t b = (work + per_block - 1) / per_block;
+  return b > 0 ? b : 1;
+}
+
+/** @brief The device's nanosecond clock (%globaltimer), the CUDA side of "read the clock". */
+__device__ __forceinline__ int64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return static_cast<int64_t>(t);
+}
+
+/**
+ * @brief One thread reads the clock once and resolves every table's score for the call, so all
+ * keys of one call see the same time (the CPU kernels read steady_clock once per call too).
+ */
+__global__ void resolve_now_kernel(const int64_t* __restrict__ policies,
+                                   const int64_t* __restrict__ cur_scores, int64_t num_tables,
+                                   int64_t* __restrict__ now) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const int64_t clock = global_timer_ns();
+  for (int64_t t = 0; t < num_tables; ++t) now[t] = resolve_now(policies[t], cur_scores[t], clock);
+}
+
+/** @brief (T,) int64 on the device: each table's score for this call (see score_policy.h). */
+inline at::Tensor resolve_now_cuda(const at::Tensor& policies, const at::Tensor& cur_scores) {
+  const int64_t num_tables = policies.size(0);
+  at::Tensor now = at::empty({num_tables}, policies.options());
+  if (num_tables == 0) return now;
+  resolve_now_kernel<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      policies.data_ptr<int64_t>(), cur_scores.data_ptr<int64_t>(), num_tables,
+      now.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return now;
+}
+
+/** @brief Where a key may live: its table's layout, its bucket's global slot range and its digest. */
+struct KeyHome {
+  TableLayout layout;
+  int64_t begin;   ///< first global slot of the key's bucket
+  int64_t end;     ///< one past its last global slot
+  uint8_t digest;  ///< the key's digest, 1..255
+};
+
+/**
+ * @brief Home of `key` in table `t`; false when `t` is out of range or the table has no bucket
+ * (such a key is reported missing / not placed instead of touching memory it does not own).
+ */
+__device__ __forceinline__ bool key_home(int64_t key, int64_t t, int64_t num_tables,
+                                         const int64_t* slot_offsets, const int64_t* bucket_caps,
+                                         KeyHome* home) {
+  if (t < 0 || t >= num_tables) return false;
+  home->layout = table_layout(slot_offsets, bucket_caps, t);
+  if (home->layout.num_buckets <= 0) return false;
+  const uint64_t h = hash_key(key);
+  home->begin = bucket_begin(home->layout, bucket_of(h, home->layout.num_buckets));
+  home->end = home->begin + home->layout.bucket_cap;
+  home->digest = digest_of(h);
+  return true;
+}
+
+/**
+ * @brief Four digests starting at global slot `g` (a multiple of 4 relative to the bucket start)
+ * as one little-endian word; bytes at or past `end` read as 0 and are cleared from `*valid`.
+ *
+ * A word load is used when the four bytes are aligned and inside the bucket; otherwise bytes are
+ * read one by one (only possible for a single-bucket table whose region is not 4-aligned).
+ */
+__device__ __forceinline__ uint32_t load_digests4(const uint8_t* digests, int64_t g, int64_t end,
+                                                  uint32_t* valid) {
+  const uint8_t* p = digests + g;
+  if (g + 4 <= end && (reinterpret_cast<uintptr_t>(p) & 3u) == 0) {
+    *valid = 0xfu;
+    return *reinterpret_cast<const uint32_t*>(p);
+  }
+  uint32_t w = 0, v = 0;
+  for (int b = 0; b < 4; ++b) {
+    if (g + b < end) {
+      w |= static_cast<uint32_t>(p[b]) << (8 * b);
+      v |= 1u << b;
+    }
+  }
+  *valid = v;
+  return w;
+}
+
+/** @brief Bit b (0..3) set where byte b of `w` equals `d` (d != 0). */
+__device__ __forceinline__ uint32_t byte_matches(uint32_t w, uint8_t d) {
+  const uint32_t eq = __vcmpeq4(w, 0x01010101u * d);  // 0xff in each equal byte
+  return ((eq >> 7) & 1u) | ((eq >> 14) & 2u) | ((eq >> 21) & 4u) | ((eq >> 28) & 8u);
+}
+
+/**
+ * @brief Global slot of `key` in [begin, end) or -1, searched by a whole warp: each lane probes
+ * four digests per step and compares full keys only on a digest match. All lanes get the answer.
+ */
+__device__ __forceinline__ int64_t warp_locate(const int64_t* table_keys, const uint8_t* digests,
+                                               int64_t key, const KeyHome& home, int lane) {
+  for (int64_t base = home.begin; base < home.end; base += 4 * kWarp) {
+    const int64_t g = base + 4 * lane;
+    int64_t hit = -1;
+    if (g < home.end) {
+      uint32_t valid;
+      const uint32_t w = load_digests4(digests, g, home.end, &valid);
+      uint32_t m = byte_matches(w, home.digest) & valid;
+      while (m) {
+        const int b = __ffs(m) - 1;
+        m &= m - 1;
+        if (table_keys[g + b] == key) {
+          hit = g + b;
+          break;
+        }
+      }
+    }
+    const unsigned ballot = __ballot_sync(kFullMask, hit >= 0);
+    if (ballot) return __shfl_sync(kFullMask, hit, __ffs(ballot) - 1);
+  }
+  return -1;
+}
+
+/** @brief Lowest empty global slot of [begin, end) or -1, searched by a whole warp. */
+__device__ __forceinline__ int64_t warp_first_empty(const uint8_t* digests, const KeyHome& home,
+                                                    int lane) {
+  for (int64_t base = home.begin; base < home.end; base += 4 * kWarp) {
+    const int64_t g = base + 4 * lane;
+    int64_t hit = -1;
+    if (g < home.end) {
+      uint32_t valid;
+      const uint32_t w = load_digests4(digests, g, home.end, &valid);
+      const uint32_t m = byte_matches(w ^ 0x01010101u, 1) & valid;  // bytes equal to 0
+      if (m) hit = g + __ffs(m) - 1;
+    }
+    const unsigned ballot = __ballot_sync(kFullMask, hit >= 0);
+    if (ballot) return __shfl_sync(kFullMask, hit, __ffs(ballot) - 1);
+  }
+  return -1;
+}
+
+/** @brief The two score words of a global slot, internal order. */
+__device__ __forceinline__ void load_words(const int64_t* scores, int64_t g, int64_t* w) {
+  const longlong2 v = *reinterpret_cast<const longlong2*>(scores + 2 * g);
+  w[0] = v.x;
+  w[1] = v.y;
+}
+
+__device__ __forceinline__ void store_words(int64_t* scores, int64_t g, const int64_t* w) {
+  *reinterpret_cast<longlong2*>(scores + 2 * g) = make_longlong2(w[0], w[1]);
+}
+
+/** @brief Marks a global slot as written by this call (protected from eviction). */
+__device__ __forceinline__ void protect(uint32_t* bits, int64_t g) {
+  atomicOr(bits + (g >> 5), 1u << (g & 31));
+}
+
+/** @brief Reads through L2 (__ldcg): the bits are set with atomics, which bypass L1. */
+__device__ __forceinline__ bool is_protected(const uint32_t* bits, int64_t g) {
+  return (__ldcg(bits + (g >> 5)) >> (g & 31)) & 1u;
+}
+
+/** @brief Sum of a per-lane int64 over the warp; every lane gets it. */
+__device__ __forceinline__ int64_t warp_sum(int64_t v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+/** @brief Checks shared by every table op: dtype, device and contiguity of one state tensor. */
+inline void check_state_tensor(const at::Tensor& x, const char* name, at::ScalarType dtype,
+                               const at::Device& device) {
+  TORCH_CHECK_TYPE(x.scalar_type() == dtype, "dynamicemb table (CUDA): ", name, " must be ",
+                   dtype, ", got ", x.scalar_type());
+  TORCH_CHECK_VALUE(x.device() == device, "dynamicemb table (CUDA): ", name, " must be on ",
+                    device, " like the table, got ", x.device());
+  TORCH_CHECK_VALUE(x.is_contiguous(), "dynamicemb table (CUDA): ", name,
+                    " must be contiguous (call .contiguous() first)");
+}
+
+}  // namespace cuda_table
+}  // namespace dynamicemb

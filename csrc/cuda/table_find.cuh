@@ -1,0 +1,171 @@
+/**
+ * @file table_find.cuh
+ * @brief find on CUDA: params struct, kernels, launcher, selector (STYLE rule 7).
+ *
+ * A lookup never writes a key or digest, so keys are probed fully in parallel: a tile of 8 threads
+ * per key, each thread reading 16 digests with one 16-byte load (128 slots per step, one default
+ * bucket), comparing full keys only where the digest matches. With update_score the found slots'
+ * words are touched with atomics, which commute: a key that occurs c times in the call gains c
+ * counts whatever the order, so the result is deterministic and equals the CPU kernel's. The words
+ * reported are read by a second kernel, after every touch of the call.
+ */
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "table_common.cuh"
+
+namespace dynamicemb {
+namespace cuda_table {
+
+namespace cg = cooperative_groups;
+
+constexpr int kFindTile = 8;  // threads per key; 8 x 16 digests = one 128-slot bucket per step
+
+struct FindParams {
+  const int64_t* keys;
+  const int64_t* table_ids;
+  int64_t n;
+  const int64_t* table_keys;
+  const uint8_t* digests;
+  int64_t* scores;  // (total_slots, 2); written only with update_score
+  const int64_t* slot_offsets;
+  const int64_t* bucket_caps;
+  const int64_t* policies;
+  int64_t num_tables;
+  const int64_t* now;  // (T,) resolved score of the call; only with update_score
+  bool update_score;
+  int64_t* out_slots;   // (n,) local slot or -1
+  bool* out_found;      // (n,)
+  int64_t* out_scores;  // (n, 2) internal order
+  int64_t* out_global;  // (n,) global slot or -1, for the score read-back; only with update_score
+};
+
+/**
+ * @brief The concurrent form of apply_touch (score_policy.h) for one occurrence of a found key:
+ * counts grow with atomicAdd; time / step / custom words are the same value for every occurrence
+ * of the call, so plain stores agree. Keep in step with apply_touch.
+ */
+__device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_t* words) {
+  switch (policy) {
+    case kLfu:
+      atomicAdd(reinterpret_cast<unsigned long long*>(words), 1ull);
+      words[1] = 0;
+      break;
+    case kCompound:
+      atomicAdd(reinterpret_cast<unsigned long long*>(words), 1ull);
+      words[1] = now;
+      break;
+    default:
+      words[0] = now;
+      words[1] = 0;
+      break;
+  }
+}
+
+/** @brief Global slot of `key` or -1, probed by one tile of kFindTile threads (all get it). */
+template <typename Tile>
+__device__ __forceinline__ int64_t tile_locate(const Tile& tile, const int64_t* table_keys,
+                                               const uint8_t* digests, int64_t key,
+                                               const KeyHome& home) {
+  const int rank = tile.thread_rank();
+  for (int64_t base = home.begin; base < home.end; base += 16 * kFindTile) {
+    const int64_t g = base + 16 * rank;
+    int64_t hit = -1;
+    if (g < home.end) {
+      const uint8_t* p = digests + g;
+      if (g + 16 <= home.end && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 4 && hit < 0; ++q) {
+          uint32_t m = byte_matches(words[q], home.digest);
+          while (m) {
+            const int b = __ffs(m) - 1;
+            m &= m - 1;
+            if (table_keys[g + 4 * q + b] == key) {
+              hit = g + 4 * q + b;
+              break;
+            }
+          }
+        }
+      } else {
+        for (int q = 0; q < 4 && hit < 0 && g + 4 * q < home.end; ++q) {
+          uint32_t valid;
+          const uint32_t w = load_digests4(digests, g + 4 * q, home.end, &valid);
+          uint32_t m = byte_matches(w, home.digest) & valid;
+          while (m) {
+            const int b = __ffs(m) - 1;
+            m &= m - 1;
+            if (table_keys[g + 4 * q + b] == key) {
+              hit = g + 4 * q + b;
+              break;
+            }
+          }
+        }
+      }
+    }
+    const unsigned ballot = tile.ballot(hit >= 0);
+    if (ballot) return tile.shfl(hit, __ffs(ballot) - 1);
+  }
+  return -1;
+}
+
+__global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
+  auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kFindTile;
+  if (i >= p.n) return;  // whole tiles leave together: i is the same for a tile
+  const int64_t key = p.keys[i];
+  const int64_t t = p.table_ids[i];
+  KeyHome home;
+  int64_t g = -1;
+  if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
+    g = tile_locate(tile, p.table_keys, p.digests, key, home);
+  }
+  if (tile.thread_rank() != 0) return;
+  p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
+  p.out_found[i] = g >= 0;
+  if (p.update_score) {
+    p.out_global[i] = g;
+    if (g >= 0) touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+    return;
+  }
+  int64_t w[2] = {0, 0};
+  if (g >= 0) load_words(p.scores, g, w);
+  p.out_scores[2 * i] = w[0];
+  p.out_scores[2 * i + 1] = w[1];
+}
+
+/** @brief After the touches: the words each found key's slot now holds (zeros when missing). */
+__global__ void __launch_bounds__(kBlockThreads)
+    read_scores_kernel(const int64_t* __restrict__ global_slots, int64_t n,
+                       const int64_t* __restrict__ scores, int64_t* __restrict__ out_scores) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  if (i >= n) return;
+  const int64_t g = global_slots[i];
+  int64_t w[2] = {0, 0};
+  if (g >= 0) load_words(scores, g, w);
+  out_scores[2 * i] = w[0];
+  out_scores[2 * i + 1] = w[1];
+}
+
+/** @brief Launcher: one tile per key, then (with update_score) the score read-back. */
+inline void launch_find(const FindParams& p, cudaStream_t stream) {
+  const int64_t keys_per_block = kBlockThreads / kFindTile;
+  find_kernel<<<blocks_for(p.n, keys_per_block), kBlockThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (p.update_score) {
+    read_scores_kernel<<<blocks_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(
+        p.out_global, p.n, p.scores, p.out_scores);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+/** @brief Selector: find has one variant (the tile probe handles every bucket width). */
+inline void select_find(const FindParams& p, cudaStream_t stream) {
+  if (p.n == 0) return;
+  launch_find(p, stream);
+}
+
+}  // namespace cuda_table
+}  // namespace dynamicemb

@@ -1,0 +1,383 @@
+/**
+ * @file table_upsert.cuh
+ * @brief The bucket-grouped engine behind every op that writes keys: insert, find_or_insert,
+ * insert_and_evict, erase and insert_at. Params struct, kernels, launcher, selector (STYLE rule 7).
+ *
+ * Why grouped: the contract's outcome (docs/table_design.md, "Semantics shared by every inserting
+ * op") depends on the order in which a bucket's new keys take its empty slots and victims. The
+ * engine sorts the call's keys by home bucket with a stable radix sort, so each bucket's keys stay
+ * in input order, and gives each bucket to one warp. The warp runs the contract's two passes over
+ * its keys: (A) present keys keep their slots, are touched and protected; (B) new keys, in input
+ * order, take the lowest empty slot, else the unprotected slot of lowest rank. One owner per bucket
+ * means no locks, and the result is deterministic and slot-for-slot equal to the CPU kernels (so
+ * DEMB_DETERMINISM_MODE needs nothing extra on CUDA). The whole warp probes a bucket's digests, 4
+ * per lane per step; lane 0 does the few scalar writes.
+ */
+#pragma once
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "table_common.cuh"
+
+namespace dynamicemb {
+namespace cuda_table {
+
+/** @brief What one engine call does with its keys. */
+enum class UpsertMode : int {
+  kInsert = 0,          ///< insert-or-assign; victims discarded
+  kFindOrInsert = 1,    ///< like kInsert, is_new reported
+  kInsertAndEvict = 2,  ///< like kInsert, victims reported
+  kErase = 3,           ///< free the keys' slots
+  kInsertAt = 4,        ///< slot-exact placement (replay)
+};
+
+constexpr int64_t kPending = -2;       // pass A: "not present, pass B decides"
+constexpr int kSharedSizeTables = 16;  // tables whose size deltas a block sums in shared memory
+
+struct UpsertParams {
+  UpsertMode mode;
+  const int64_t* keys;
+  const int64_t* table_ids;
+  int64_t n;
+  int64_t* table_keys;
+  uint8_t* digests;
+  int64_t* scores;  // (total_slots, 2)
+  const int64_t* slot_offsets;
+  const int64_t* bucket_caps;
+  const int64_t* policies;
+  int64_t* sizes;
+  int64_t num_tables;
+  const int64_t* now;           // (T,) resolved score of the call; null for erase / insert_at
+  const int64_t* input_scores;  // (n, 2) internal order, or null
+  const int64_t* in_slots;      // kInsertAt: (n,) local slots
+  bool dry_run;                 // kInsertAt: check only
+  const double* fn_scores;      // (total_slots,) score-function ranks, or null
+  const uint8_t* has_fn;        // (T,) 1 where fn_scores ranks the table, or null
+  uint32_t* protect_bits;       // (ceil(total_slots / 32),) zeroed: slots written by this call
+  int64_t* out_slots;           // (n,) local slot or -1
+  bool* out_flag;               // (n,) is_new / erased / placed
+  bool* ev_flag;                // (n,) kInsertAndEvict: key i evicted someone (zeroed)
+  int64_t* ev_keys;             // (n,)
+  int64_t* ev_slots;            // (n,) local
+  int64_t* ev_scores;           // (n, 2) internal order
+};
+
+/** @brief Sort key of each key: its bucket's first global slot, or `sentinel` (sorted last). */
+template <typename KeyT>
+__global__ void __launch_bounds__(kBlockThreads)
+    home_kernel(UpsertParams p, KeyT sentinel, KeyT* __restrict__ home_out,
+                int32_t* __restrict__ index_out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  if (i >= p.n) return;
+  KeyHome home;
+  if (key_home(p.keys[i], p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
+    home_out[i] = static_cast<KeyT>(home.begin);
+  } else {  // bad table id or bucketless table: missing / not placed, nothing written
+    home_out[i] = sentinel;
+    p.out_slots[i] = -1;
+    p.out_flag[i] = false;
+  }
+  index_out[i] = static_cast<int32_t>(i);
+}
+
+/** @brief A victim candidate: global slot (-1: none), its words and its score-function rank. */
+struct Candidate {
+  int64_t g;
+  int64_t w0, w1;
+  double f;
+};
+
+/** @brief True when `a` is evicted before `b`: lower rank, then lower slot; no candidate is last. */
+__device__ __forceinline__ bool evicts_before(const Candidate& a, const Candidate& b,
+                                              int64_t policy, bool use_fn) {
+  if (a.g < 0) return false;
+  if (b.g < 0) return true;
+  if (use_fn) {
+    if (fn_ranks_below(a.f, b.f)) return true;
+    if (fn_ranks_below(b.f, a.f)) return false;
+  } else {
+    const int64_t wa[2] = {a.w0, a.w1}, wb[2] = {b.w0, b.w1};
+    if (ranks_below(policy, wa, wb)) return true;
+    if (ranks_below(policy, wb, wa)) return false;
+  }
+  return a.g < b.g;
+}
+
+/**
+ * @brief The unprotected occupied slot of [begin, end) that the contract evicts first, or -1;
+ * every lane scans a strided share of the bucket, then the warp reduces. All lanes get it.
+ */
+__device__ __forceinline__ int64_t warp_victim(const UpsertParams& p, const KeyHome& home,
+                                               int64_t policy, bool use_fn, int lane) {
+  Candidate best{-1, 0, 0, 0.0};
+  for (int64_t g = home.begin + lane; g < home.end; g += kWarp) {
+    if (p.digests[g] == 0 || is_protected(p.protect_bits, g)) continue;
+    Candidate c{g, 0, 0, use_fn ? p.fn_scores[g] : 0.0};
+    if (!use_fn) {
+      int64_t w[2];
+      load_words(p.scores, g, w);
+      c.w0 = w[0];
+      c.w1 = w[1];
+    }
+    if (evicts_before(c, best, policy, use_fn)) best = c;
+  }
+  for (int o = kWarp / 2; o > 0; o >>= 1) {
+    Candidate other;
+    other.g = __shfl_xor_sync(kFullMask, best.g, o);
+    other.w0 = __shfl_xor_sync(kFullMask, best.w0, o);
+    other.w1 = __shfl_xor_sync(kFullMask, best.w1, o);
+    other.f = __shfl_xor_sync(kFullMask, best.f, o);
+    if (evicts_before(other, best, policy, use_fn)) best = other;
+  }
+  return best.g;
+}
+
+/** @brief The words a touch leaves: the caller's input words, else the policy's rule. */
+__device__ __forceinline__ void touched_words(const UpsertParams& p, int64_t i, int64_t policy,
+                                              int64_t now, int64_t* w) {
+  if (p.input_scores != nullptr) {
+    w[0] = p.input_scores[2 * i];
+    w[1] = p.input_scores[2 * i + 1];
+  } else {
+    apply_touch(policy, now, w);
+  }
+}
+
+/** @brief Pass A for one key: present keys keep their slot (touched; or found, for erase). */
+__device__ __forceinline__ void pass_present(const UpsertParams& p, int64_t i, int64_t policy,
+                                             int64_t now, int lane) {
+  KeyHome home;
+  key_home(p.keys[i], p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home);
+  const int64_t g = warp_locate(p.table_keys, p.digests, p.keys[i], home, lane);
+  if (lane == 0) {
+    if (p.mode == UpsertMode::kErase) {
+      p.out_flag[i] = g >= 0;
+      p.out_slots[i] = g;  // global, consumed by pass B below
+    } else if (g >= 0) {
+      p.out_slots[i] = g - home.layout.offset;
+      p.out_flag[i] = false;
+      protect(p.protect_bits, g);
+      int64_t w[2];
+      load_words(p.scores, g, w);
+      touched_words(p, i, policy, now, w);
+      store_words(p.scores, g, w);
+    } else {
+      p.out_slots[i] = kPending;
+    }
+  }
+  __syncwarp();
+}
+
+/**
+ * @brief Pass B for one new key: a duplicate placed earlier in this call, else the lowest empty
+ * slot, else a victim. Returns the change in the table's size (lane 0 only).
+ */
+__device__ __forceinline__ int64_t pass_new(const UpsertParams& p, int64_t i, int64_t policy,
+                                            int64_t now, int lane) {
+  const int64_t key = p.keys[i];
+  KeyHome home;
+  key_home(key, p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home);
+  int64_t g = warp_locate(p.table_keys, p.digests, key, home, lane);
+  const bool again = g >= 0;  // an earlier occurrence of this key placed it in this call
+  bool was_empty = false, evicting = false;
+  if (!again) {
+    g = warp_first_empty(p.digests, home, lane);
+    was_empty = g >= 0;
+  }
+  if (g < 0 && policy_can_evict(policy)) {
+    const bool use_fn = p.has_fn != nullptr && p.has_fn[p.table_ids[i]] != 0;
+    g = warp_victim(p, home, policy, use_fn, lane);
+    evicting = g >= 0;
+  }
+  int64_t delta = 0;
+  if (lane == 0) {
+    p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
+    p.out_flag[i] = g >= 0;
+    if (g >= 0) {
+      int64_t w[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
+      if (again) load_words(p.scores, g, w);
+      if (evicting && p.mode == UpsertMode::kInsertAndEvict) {
+        int64_t old[2];
+        load_words(p.scores, g, old);
+        p.ev_flag[i] = true;
+        p.ev_keys[i] = p.table_keys[g];
+        p.ev_slots[i] = g - home.layout.offset;
+        p.ev_scores[2 * i] = old[0];
+        p.ev_scores[2 * i + 1] = old[1];
+      }
+      touched_words(p, i, policy, now, w);
+      store_words(p.scores, g, w);
+      p.table_keys[g] = key;
+      p.digests[g] = home.digest;
+      protect(p.protect_bits, g);
+      delta = was_empty ? 1 : 0;
+    }
+  }
+  __syncwarp();
+  return delta;
+}
+
+/** @brief erase, after pass A found every occurrence: free each slot once. */
+__device__ __forceinline__ int64_t pass_erase(const UpsertParams& p, int64_t i, int lane) {
+  int64_t delta = 0;
+  if (lane == 0) {
+    const int64_t g = p.out_slots[i];
+    if (g >= 0 && p.digests[g] != 0) {
+      p.digests[g] = 0;
+      delta = -1;
+    }
+    p.out_slots[i] = -1;  // erase reports only the flag; the buffer was scratch
+  }
+  __syncwarp();
+  return delta;
+}
+
+/**
+ * @brief insert_at for one key: its slot must lie in its bucket and either hold the key or be
+ * empty while the key lives nowhere else in the bucket (as the CPU kernel rules).
+ */
+__device__ __forceinline__ int64_t pass_insert_at(const UpsertParams& p, int64_t i, int lane) {
+  const int64_t key = p.keys[i];
+  KeyHome home;
+  key_home(key, p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home);
+  const int64_t at = warp_locate(p.table_keys, p.digests, key, home, lane);
+  int64_t delta = 0;
+  if (lane == 0) {
+    const int64_t local = p.in_slots[i];
+    const int64_t g = home.layout.offset + local;
+    const bool in_bucket =
+        local >= 0 && local < home.layout.capacity && g >= home.begin && g < home.end;
+    const bool holds_key = in_bucket && at == g;
+    const bool ok = holds_key || (in_bucket && at < 0 && p.digests[g] == 0);
+    p.out_flag[i] = ok;
+    if (ok && !p.dry_run) {
+      const int64_t w[2] = {p.input_scores[2 * i], p.input_scores[2 * i + 1]};
+      store_words(p.scores, g, w);
+      p.table_keys[g] = key;
+      p.digests[g] = home.digest;
+      delta = holds_key ? 0 : 1;
+    }
+  }
+  __syncwarp();
+  return delta;
+}
+
+/**
+ * @brief One warp per run of equal homes in the sorted keys (one bucket): both passes over the
+ * bucket's keys in input order, then the size change, summed per block for the first tables.
+ */
+template <typename KeyT>
+__global__ void __launch_bounds__(kBlockThreads)
+    upsert_kernel(UpsertParams p, const KeyT* __restrict__ sorted_home,
+                  const int32_t* __restrict__ order, KeyT sentinel) {
+  __shared__ unsigned long long block_delta[kSharedSizeTables];
+  if (threadIdx.x < kSharedSizeTables) block_delta[threadIdx.x] = 0;
+  __syncthreads();
+
+  const int lane = threadIdx.x % kWarp;
+  const int64_t w = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kWarp;
+  const KeyT home = w < p.n ? sorted_home[w] : sentinel;
+  const bool head = home != sentinel && (w == 0 || sorted_home[w - 1] != home);
+  if (head) {
+    int64_t end = w + 1;  // one past the run: first position whose home differs
+    for (;;) {
+      const int64_t j = end + lane;
+      const unsigned differs = __ballot_sync(kFullMask, j >= p.n || sorted_home[j] != home);
+      if (differs) {
+        end += __ffs(differs) - 1;
+        break;
+      }
+      end += kWarp;
+    }
+    const int64_t t = p.table_ids[order[w]];
+    const int64_t policy = p.policies[t];
+    const int64_t now = p.now != nullptr ? p.now[t] : 0;
+    int64_t delta = 0;
+    if (p.mode == UpsertMode::kInsertAt) {
+      for (int64_t j = w; j < end; ++j) delta += pass_insert_at(p, order[j], lane);
+    } else {
+      for (int64_t j = w; j < end; ++j) pass_present(p, order[j], policy, now, lane);
+      for (int64_t j = w; j < end; ++j) {
+        const int64_t i = order[j];
+        if (p.mode == UpsertMode::kErase) {
+          delta += pass_erase(p, i, lane);
+        } else if (p.out_slots[i] == kPending) {
+          delta += pass_new(p, i, policy, now, lane);
+        }
+      }
+    }
+    if (lane == 0 && delta != 0) {
+      if (t < kSharedSizeTables) {
+        atomicAdd(&block_delta[t], static_cast<unsigned long long>(delta));
+      } else {
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + t),
+                  static_cast<unsigned long long>(delta));
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kSharedSizeTables && threadIdx.x < p.num_tables &&
+      block_delta[threadIdx.x] != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + threadIdx.x),
+              block_delta[threadIdx.x]);
+  }
+}
+
+/** @brief Number of bits that hold every value in [0, total_slots] (the sentinel included). */
+inline int home_bits(int64_t total_slots) {
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= total_slots) ++bits;
+  return bits;
+}
+
+/**
+ * @brief Launcher: homes, a stable radix sort of (home, input index), then the bucket warps.
+ * Scratch comes from torch's caching allocator on the current stream.
+ */
+template <typename KeyT>
+void launch_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorOptions& dev,
+                   cudaStream_t stream) {
+  const int bits = home_bits(total_slots);
+  const KeyT sentinel = static_cast<KeyT>((uint64_t{1} << bits) - 1);
+  const auto key_dtype = sizeof(KeyT) == 4 ? at::kInt : at::kLong;
+  at::Tensor homes = at::empty({2, p.n}, dev.dtype(key_dtype));
+  at::Tensor index = at::empty({2, p.n}, dev.dtype(at::kInt));
+  KeyT* home_in = reinterpret_cast<KeyT*>(homes.data_ptr());
+  KeyT* home_out = home_in + p.n;
+  int32_t* index_in = index.data_ptr<int32_t>();
+  int32_t* index_out = index_in + p.n;
+
+  home_kernel<KeyT><<<blocks_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(
+      p, sentinel, home_in, index_in);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  size_t temp_bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, home_in, home_out, index_in,
+                                                 index_out, static_cast<int>(p.n), 0, bits,
+                                                 stream));
+  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, dev.dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, home_in, home_out,
+                                                 index_in, index_out, static_cast<int>(p.n), 0,
+                                                 bits, stream));
+
+  const int64_t warps_per_block = kBlockThreads / kWarp;
+  upsert_kernel<KeyT><<<blocks_for(p.n, warps_per_block), kBlockThreads, 0, stream>>>(
+      p, home_out, index_out, sentinel);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+/** @brief Selector: 32-bit sort keys when the table's slots fit (fewer radix passes), else 64. */
+inline void select_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorOptions& dev,
+                          cudaStream_t stream) {
+  if (p.n == 0) return;
+  TORCH_CHECK_VALUE(p.n <= INT32_MAX, "dynamicemb table (CUDA): at most 2^31-1 keys per call, got ",
+                    p.n, "; split the call");
+  if (total_slots < (int64_t{1} << 31)) {
+    launch_upsert<uint32_t>(p, total_slots, dev, stream);
+  } else {
+    launch_upsert<uint64_t>(p, total_slots, dev, stream);
+  }
+}
+
+}  // namespace cuda_table
+}  // namespace dynamicemb
