@@ -161,9 +161,9 @@ class RowCodec:
             self._raise(bad, keys, "stored header differs", values[bad])
         idx = found.nonzero().squeeze(1)
         body = arr[:, HEADER_BYTES + self.scores_bytes :]
-        rows[idx] = torch.from_numpy(np.ascontiguousarray(body)).view(self.spec.dtype).reshape(len(present), -1)
-        words = np.ascontiguousarray(arr[:, HEADER_BYTES : HEADER_BYTES + self.scores_bytes]).view("<i8")
-        scores[idx] = torch.from_numpy(words.copy()).reshape(len(present), -1)
+        rows[idx] = torch.from_numpy(body.copy(order="C")).view(self.spec.dtype).reshape(len(present), -1)
+        words = arr[:, HEADER_BYTES : HEADER_BYTES + self.scores_bytes].copy(order="C").view("<i8")
+        scores[idx] = torch.from_numpy(words).reshape(len(present), -1)
         return found, rows, scores
 
     def describe(self, value: bytes) -> str:

@@ -1,0 +1,121 @@
+"""A throw-away ``redis-server`` on a free loopback port, for tests and benchmarks.
+
+Started daemonized without persistence (``--save '' --appendonly no``) and stopped by the pid in
+its pidfile, so only the process this helper started is ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import List, Optional
+
+__all__ = ["LocalRedisServer", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped by init) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: fall back to signal 0
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+class LocalRedisServer:
+    """Start, stop or kill one local redis-server.
+
+    Args:
+        password: set ``requirepass``.
+        extra_args: more ``redis-server`` arguments.
+    """
+
+    def __init__(self, password: Optional[str] = None, extra_args: Optional[List[str]] = None) -> None:
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
+            raise FileNotFoundError(
+                "redis-server is not installed; install it with "
+                "`apt-get update && apt-get install -y redis-server`"
+            )
+        self.password = password
+        self.extra_args = list(extra_args or [])
+        self.port = 0
+        self.dir = tempfile.mkdtemp(prefix="demb-redis-")
+        self.pidfile = os.path.join(self.dir, "redis.pid")
+        self.pid: Optional[int] = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0`` (without the password)."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> "LocalRedisServer":
+        """Start on a free port and wait until it answers PING."""
+        self.port = free_port()
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--daemonize", "yes", "--pidfile", self.pidfile, "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")]
+        if self.password:
+            args += ["--requirepass", self.password]
+        subprocess.run(args + self.extra_args, check=True, capture_output=True, timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.pid is None and os.path.exists(self.pidfile):
+                with open(self.pidfile) as f:
+                    text = f.read().strip()
+                self.pid = int(text) if text else None
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    reply = s.recv(64)
+                if self.pid is not None and (reply.startswith(b"+PONG") or b"NOAUTH" in reply):
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"redis-server on port {self.port} did not start within {timeout_s}s")
+
+    def _signal(self, sig: int, timeout_s: float = 10.0) -> None:
+        if self.pid is None:
+            return
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            self.pid = None
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(self.pid):
+            time.sleep(0.01)
+        self.pid = None
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash, as the failure tests need)."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM the server and remove its directory."""
+        self._signal(signal.SIGTERM)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalRedisServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,263 @@
+"""``RedisStorage``: the rows of several tables in Redis hashes, read and written in batches.
+
+Layout in Redis: one hash per (model, table), named ``demb:{<model>:<table>}:rows``. The braces are a
+Redis Cluster hash tag, so every row of a table lives in one slot and a batched HMGET/HSET never
+crosses nodes; different tables spread over the cluster. Hash fields are the 8-byte little-endian
+keys; values are whole stored rows (header, score words, embedding and optimizer state) in the layout
+of :mod:`dynamicemb_core.plugins.row_codec`, which refuses to decode a row written for another dim,
+optimizer, dtype or score strategy.
+
+Every batch is split in ``chunk_size`` pieces sent in one pipeline (one round trip). A batch that
+fails on a broken connection or a timeout is retried ``retries`` times with exponential backoff
+(writes are idempotent: HSET of the same values); then :class:`RedisStorageError` says which table,
+which operation and which server. Nothing ever returns zeros in place of data it could not read.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+import torch
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, decode_keys, encode_keys
+from dynamicemb_core.plugins.storage_checks import (
+    check_erase,
+    check_find,
+    check_insert,
+    check_table_id,
+    check_table_specs,
+)
+from dynamicemb_core.types import DynamicEmbError, MemoryType, Storage, StorageTableSpec
+
+__all__ = ["RedisStorage", "RedisStorageError"]
+
+T = TypeVar("T")
+# Braces would break the hash tag and ':' the namespace; keep names to a plain alphabet.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-/]+$")
+_TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_PERMANENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+class RedisStorageError(DynamicEmbError):
+    """Redis could not be reached (after the bounded retries) or refused a command."""
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class RedisStorage(Storage):
+    """A Storage on one Redis server (or one cluster slot per table).
+
+    Args:
+        tables: the logical tables, in table-id order; names become part of the Redis key.
+        device: where ``find`` and ``export`` return tensors.
+        url: ``redis://[user:password@]host:port/db``; ``rediss://`` for TLS.
+        model: namespace shared by all tables of one model; two storages with the same model and
+            table name see the same rows (that is how a job resumes).
+        password: overrides the URL's password.
+        socket_timeout: seconds to wait for a reply before the attempt counts as failed.
+        socket_connect_timeout: seconds to wait for a connection.
+        retries: extra attempts after a connection error or timeout (0 = fail at once).
+        retry_backoff_s: first backoff; doubles per attempt.
+        chunk_size: keys per HMGET / HSET / HDEL command inside one pipeline.
+        client_options: passed through to ``redis.Redis.from_url`` (TLS files, ``username``,
+            ``ssl_cert_reqs``, ``health_check_interval``, ...).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[StorageTableSpec],
+        device: torch.device | str = "cpu",
+        *,
+        url: str = "redis://127.0.0.1:6379/0",
+        model: str = "default",
+        password: Optional[str] = None,
+        socket_timeout: float = 5.0,
+        socket_connect_timeout: float = 2.0,
+        retries: int = 3,
+        retry_backoff_s: float = 0.05,
+        chunk_size: int = 4096,
+        client_options: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        check_table_specs(type(self).__name__, tables)
+        for label, value in [("model", model)] + [("table name", t.name) for t in tables]:
+            if not isinstance(value, str) or not _NAME_RE.match(value):
+                raise ValueError(
+                    f"RedisStorage: {label} {value!r} must be non-empty and use only letters, digits "
+                    f"and '_.-/' (it becomes part of the Redis key demb:{{model:table}}:rows)"
+                )
+        if retries < 0 or chunk_size <= 0 or socket_timeout <= 0 or retry_backoff_s < 0:
+            raise ValueError(
+                f"RedisStorage: need retries >= 0, chunk_size > 0, socket_timeout > 0, "
+                f"retry_backoff_s >= 0; got {retries}, {chunk_size}, {socket_timeout}, {retry_backoff_s}"
+            )
+        super().__init__(tables, torch.device(device))
+        self.url = url
+        self.model = model
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self.chunk_size = chunk_size
+        options = dict(client_options or {})
+        if password is not None:
+            options["password"] = password
+        # Retries are ours (below), so that the attempt count and the final error are explicit.
+        self.client = redis.Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            retry=Retry(NoBackoff(), 0),
+            **options,
+        )
+        self._hash_keys = [f"demb:{{{model}:{t.name}}}:rows".encode() for t in self.tables]
+        self._codecs = [
+            RowCodec(t, context=f"demb-redis: table {t.name!r} (model {model!r})") for t in self.tables
+        ]
+        self._call("connect", None, self.client.ping)
+
+    # -- the one place that talks to Redis ---------------------------------------------------
+
+    def _call(self, op: str, table_id: Optional[int], fn: Callable[[], T]) -> T:
+        where = f"table {self.tables[table_id].name!r} " if table_id is not None else ""
+        start = time.monotonic()
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except _PERMANENT as exc:  # redis-py derives these from ConnectionError: never retry
+                raise RedisStorageError(
+                    f"demb-redis: {op} on {where}(model {self.model!r}) at {_redact(self.url)} was "
+                    f"refused: {type(exc).__name__}: {exc}"
+                ) from exc
+            except _TRANSIENT as exc:
+                if attempt == self.retries:
+                    raise RedisStorageError(
+                        f"demb-redis: {op} on {where}(model {self.model!r}) failed: Redis at "
+                        f"{_redact(self.url)} did not answer after {attempt + 1} attempts over "
+                        f"{time.monotonic() - start:.2f}s ({type(exc).__name__}: {exc}). No data was "
+                        f"returned in its place. Check that the server is up and reachable, or raise "
+                        f"retries / socket_timeout in external_storage_options"
+                    ) from exc
+                time.sleep(self.retry_backoff_s * (2**attempt))
+            except redis.exceptions.RedisError as exc:  # auth, OOM, wrong type: retrying won't help
+                raise RedisStorageError(
+                    f"demb-redis: {op} on {where}(model {self.model!r}) at {_redact(self.url)} was "
+                    f"refused: {type(exc).__name__}: {exc}"
+                ) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _pipelined(self, op: str, table_id: int, build: Callable[[Any, int, int], None], n: int) -> List[Any]:
+        def run() -> List[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for start in range(0, n, self.chunk_size):
+                build(pipe, start, min(start + self.chunk_size, n))
+            return pipe.execute()
+
+        return self._call(op, table_id, run)
+
+    # -- Storage ----------------------------------------------------------------------------
+
+    def find(self, table_id: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_find(self.tables, table_id, keys)
+        fields = encode_keys(keys)
+        name = self._hash_keys[table_id]
+        values: List[Optional[bytes]] = []
+        if fields:
+            for chunk in self._pipelined("find", table_id, lambda p, a, b: p.hmget(name, fields[a:b]), len(fields)):
+                values.extend(chunk)
+        found, rows, scores = self._codecs[table_id].decode(values, keys)
+        return found.to(self.device), rows.to(self.device), scores.to(self.device)
+
+    def insert(self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
+        check_insert(self.tables, table_id, keys, rows, scores)
+        if keys.numel() == 0:
+            return
+        fields = encode_keys(keys)
+        values = self._codecs[table_id].encode(rows, scores)
+        name = self._hash_keys[table_id]
+        self._pipelined(
+            "insert",
+            table_id,
+            lambda p, a, b: p.hset(name, mapping=dict(zip(fields[a:b], values[a:b]))),
+            len(fields),
+        )
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        check_erase(self.tables, table_id, keys)
+        fields = encode_keys(keys)
+        name = self._hash_keys[table_id]
+        if fields:
+            self._pipelined("erase", table_id, lambda p, a, b: p.hdel(name, *fields[a:b]), len(fields))
+
+    def size(self, table_id: int) -> int:
+        check_table_id(self.tables, table_id)
+        return int(self._call("size", table_id, lambda: self.client.hlen(self._hash_keys[table_id])))
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield every row once, by HSCAN.
+
+        HSCAN may return a field twice when Redis rehashes the hash mid-scan, so fields already
+        yielded are remembered (8 bytes plus Python overhead per key) and skipped.
+        """
+        spec = check_table_id(self.tables, table_id)
+        if batch_size <= 0:
+            raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
+        name, codec = self._hash_keys[table_id], self._codecs[table_id]
+        seen: set = set()
+        cursor = 0
+        pending: Dict[bytes, bytes] = {}
+        while True:
+            cursor, page = self._call(
+                "export", table_id, lambda c=cursor: self.client.hscan(name, c, count=batch_size)
+            )
+            for field, value in page.items():
+                if field not in seen:
+                    seen.add(field)
+                    pending[field] = value
+            while len(pending) >= batch_size or (cursor == 0 and pending):
+                items = list(pending.items())[:batch_size]
+                for field, _ in items:
+                    del pending[field]
+                yield self._decode_page(table_id, items)
+            if cursor == 0:
+                return
+
+    def _decode_page(self, table_id: int, items: List[Tuple[bytes, bytes]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        for field, _ in items:
+            if len(field) != KEY_BYTES:
+                raise RedisStorageError(
+                    f"demb-redis: table {self.tables[table_id].name!r}: field of {len(field)} bytes in "
+                    f"{self._hash_keys[table_id]!r}; something other than demb-redis wrote to this hash"
+                )
+        keys = decode_keys([f for f, _ in items])
+        _, rows, scores = self._codecs[table_id].decode([v for _, v in items], keys)
+        return keys.to(self.device), rows.to(self.device), scores.to(self.device)
+
+    def flush(self) -> None:
+        """Nothing is buffered: every call returns after Redis acknowledged it."""
+
+    def close(self) -> None:
+        """Close the connection pool. The data stays in Redis."""
+        self.client.close()
+
+    def clear(self) -> None:
+        """Delete every row of this storage's tables from Redis (not part of the Storage ABC)."""
+        self._call("clear", None, lambda: self.client.delete(*self._hash_keys))
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        """Payload bytes held in Redis (rows and keys, without Redis's own overhead)."""
+        if mem_type is not MemoryType.EXTERNAL:
+            return 0
+        return sum(self.size(t) * (KEY_BYTES + codec.value_bytes) for t, codec in enumerate(self._codecs))

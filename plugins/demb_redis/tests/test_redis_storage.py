@@ -1,0 +1,154 @@
+"""demb-redis against a real redis-server: discovery, the conformance suites, layout and failures."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Sequence
+
+import pytest
+import redis
+import torch
+
+from demb_redis import RedisStorage, RedisStorageError
+from demb_redis.server import LocalRedisServer
+from dynamicemb_core.config import DynamicEmbTableOptions
+from dynamicemb_core.plugins import PluginKind, PluginRegistry, resolve_storage
+from dynamicemb_core.plugins.row_codec import RowFormatError
+from dynamicemb_core.testing.storage_suite import StoragePersistenceSuite, StorageSuite, make_rows
+from dynamicemb_core.types import Storage, StorageTableSpec
+
+SPEC = StorageTableSpec("emb", dim=4, row_width=8)
+
+
+def test_entry_point_is_discovered_by_the_registry() -> None:
+    entry = PluginRegistry().get(PluginKind.STORAGE, "redis")
+    assert entry.distribution.startswith("demb-redis ")
+    assert entry.plugin == "redis" and entry.factory is RedisStorage
+
+
+def test_table_options_resolve_redis_by_name(redis_server: LocalRedisServer) -> None:
+    options = DynamicEmbTableOptions(
+        external_storage="redis",
+        external_storage_options={"url": redis_server.url, "model": "resolve-test"},
+    )
+    storage = resolve_storage(options, [SPEC], "cpu")
+    assert isinstance(storage, RedisStorage) and storage.model == "resolve-test"
+    storage.close()
+
+
+class TestRedisStorage(StorageSuite, StoragePersistenceSuite):
+    @pytest.fixture(autouse=True)
+    def _server(self, redis_server: LocalRedisServer) -> None:
+        self.server = redis_server
+
+    def make_storage(self, tables: Sequence[StorageTableSpec], device: torch.device) -> Storage:
+        # a fresh namespace per storage; chunk_size small enough that big batches span chunks
+        return RedisStorage(tables, device, url=self.server.url, model=uuid.uuid4().hex, chunk_size=1000)
+
+    def reopen_storage(self, storage: Storage) -> Storage:
+        assert isinstance(storage, RedisStorage)
+        storage.close()
+        return RedisStorage(storage.tables, storage.device, url=storage.url, model=storage.model)
+
+
+def test_rows_live_in_one_hash_per_model_and_table_with_a_cluster_hash_tag(redis_server: LocalRedisServer) -> None:
+    storage = RedisStorage([SPEC], url=redis_server.url, model="m1")
+    rows, scores = make_rows(SPEC, 2, seed=0)
+    storage.insert(0, torch.tensor([1, -1]), rows, scores)
+    raw = redis.Redis.from_url(redis_server.url)
+    stored = raw.hgetall(b"demb:{m1:emb}:rows")
+    assert set(stored) == {(1).to_bytes(8, "little"), (-1).to_bytes(8, "little", signed=True)}
+    value = stored[(1).to_bytes(8, "little")]
+    # header: version 1, float32 code 1, one score word, reserved, row_width 8 (LE u32)
+    assert value[:8] == bytes([1, 1, 1, 0, 8, 0, 0, 0])
+    assert int.from_bytes(value[8:16], "little", signed=True) == int(scores[0, 0])
+    assert value[16:] == rows[0].numpy().astype("<f4").tobytes()
+    storage.clear()
+    assert raw.exists(b"demb:{m1:emb}:rows") == 0
+
+
+def test_models_are_separate_namespaces(redis_server: LocalRedisServer) -> None:
+    a = RedisStorage([SPEC], url=redis_server.url, model="ns-a")
+    b = RedisStorage([SPEC], url=redis_server.url, model="ns-b")
+    rows, scores = make_rows(SPEC, 1, seed=1)
+    a.insert(0, torch.tensor([7]), rows, scores)
+    assert a.size(0) == 1 and b.size(0) == 0 and not b.find(0, torch.tensor([7]))[0].any()
+    a.clear()
+
+
+def test_reader_with_another_layout_refuses_the_rows(redis_server: LocalRedisServer) -> None:
+    writer = RedisStorage([SPEC], url=redis_server.url, model="layout")
+    rows, scores = make_rows(SPEC, 2, seed=2)
+    writer.insert(0, torch.tensor([10, 11]), rows, scores)
+    wider = StorageTableSpec("emb", dim=4, row_width=12)  # e.g. the optimizer changed to Adam
+    reader = RedisStorage([wider], url=redis_server.url, model="layout")
+    with pytest.raises(RowFormatError, match=r"table 'emb' \(model 'layout'\) key 11: .*row_width 8.*expects.*row_width 12"):
+        reader.find(0, torch.tensor([11]))
+    writer.clear()
+
+
+@pytest.mark.parametrize("bad", ["has{brace}", "a:b", ""])
+def test_names_that_would_break_the_key_are_rejected(redis_server: LocalRedisServer, bad: str) -> None:
+    with pytest.raises(ValueError, match="model"):
+        RedisStorage([SPEC], url=redis_server.url, model=bad)
+
+
+def test_password_is_passed_through_and_a_wrong_one_is_a_clear_error() -> None:
+    with LocalRedisServer(password="s3cret") as server:
+        with pytest.raises(RedisStorageError, match=r"connect .* was refused: AuthenticationError"):
+            RedisStorage([SPEC], url=server.url, password="wrong", retries=0)
+        storage = RedisStorage([SPEC], url=server.url, password="s3cret")
+        rows, scores = make_rows(SPEC, 1, seed=3)
+        storage.insert(0, torch.tensor([1]), rows, scores)
+        assert storage.find(0, torch.tensor([1]))[0].all()
+        url_with_password = server.url.replace("redis://", "redis://:s3cret@")
+        assert RedisStorage([SPEC], url=url_with_password).size(0) == 1
+
+
+def test_client_options_reach_the_connection() -> None:
+    with LocalRedisServer() as server:
+        storage = RedisStorage([SPEC], url=server.url, client_options={"client_name": "demb-test"})
+        assert storage.client.client_getname() == "demb-test"
+
+
+def test_unreachable_server_at_construction_is_a_clear_error() -> None:
+    with LocalRedisServer() as server:
+        url = server.url
+    start = time.monotonic()
+    with pytest.raises(RedisStorageError, match=r"connect on \(model 'default'\) failed: Redis at redis://127\.0\.0\.1:\d+/0 did not answer after 3 attempts"):
+        RedisStorage([SPEC], url=url, retries=2, retry_backoff_s=0.01)
+    assert time.monotonic() - start < 5
+
+
+def test_server_killed_mid_use_gives_a_clear_error_not_zeros() -> None:
+    server = LocalRedisServer().start()
+    try:
+        storage = RedisStorage([SPEC], url=server.url, retries=2, retry_backoff_s=0.02, socket_timeout=1.0)
+        rows, scores = make_rows(SPEC, 64, seed=4)
+        storage.insert(0, torch.arange(64), rows, scores)
+        assert storage.find(0, torch.arange(64))[0].all()
+        server.kill()
+        start = time.monotonic()
+        with pytest.raises(RedisStorageError) as info:
+            storage.find(0, torch.arange(64))
+        assert time.monotonic() - start < 10
+        message = str(info.value)
+        assert "find on table 'emb'" in message and server.url in message and "after 3 attempts" in message
+        assert "No data was returned in its place" in message
+        with pytest.raises(RedisStorageError, match="insert on table 'emb'"):
+            storage.insert(0, torch.arange(64), rows, scores)
+        with pytest.raises(RedisStorageError, match="size on table 'emb'"):
+            storage.size(0)
+    finally:
+        server.stop()
+
+
+def test_password_is_redacted_in_errors() -> None:
+    with LocalRedisServer(password="topsecret") as server:
+        url = server.url.replace("redis://", "redis://:topsecret@")
+        storage = RedisStorage([SPEC], url=url, retries=0)
+        server.kill()
+        with pytest.raises(RedisStorageError) as info:
+            storage.size(0)
+        assert "topsecret" not in str(info.value) and ":***@127.0.0.1" in str(info.value)
