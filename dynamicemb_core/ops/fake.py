@@ -119,7 +119,11 @@ def _import_sibling_fakes() -> None:
     """Import every ``fake_*.py`` beside this module (other op groups' fake kernels)."""
     for info in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if info.name.startswith("fake_"):
-            importlib.import_module(f"{__package__}.{info.name}")
+            module = importlib.import_module(f"{__package__}.{info.name}")
+            # Registered from here: torch checks the registering module against the library's
+            # m.set_python_module(...), which names this one.
+            for op_name, kernel in getattr(module, "FAKE_KERNELS", {}).items():
+                torch.library.register_fake(_NS + op_name)(kernel)
 
 
 _import_sibling_fakes()

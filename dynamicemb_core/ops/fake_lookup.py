@@ -1,5 +1,7 @@
-"""Fake (meta) kernels of the lookup and optimizer ops; imported by :mod:`dynamicemb_core.ops.fake`.
+"""Fake (meta) kernels of the lookup and optimizer ops.
 
+:mod:`dynamicemb_core.ops.fake` imports this module and registers ``FAKE_KERNELS`` itself (torch
+requires the registering module to be the one named by ``m.set_python_module`` in csrc/ops.cpp).
 Shapes only: no kernel reads tensor data. The in-place optimizer updates return nothing.
 """
 
@@ -10,12 +12,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__: list = []
-
-_NS = "dynamicemb::"
+__all__ = ["FAKE_KERNELS"]
 
 
-@torch.library.register_fake(_NS + "pooled_gather")
 def _pooled_gather_fake(
     embeddings: Tensor, inverse: Tensor, offsets: Tensor, weights: Optional[Tensor], mode: int
 ) -> Tensor:
@@ -24,7 +23,6 @@ def _pooled_gather_fake(
     return embeddings.new_empty(offsets.shape[0] - 1, embeddings.shape[1])
 
 
-@torch.library.register_fake(_NS + "reduce_grads")
 def _reduce_grads_fake(
     grad_bags: Tensor,
     inverse: Tensor,
@@ -43,17 +41,14 @@ def _check_update(values: Tensor, slots: Tensor, grads: Tensor) -> None:
     torch._check(grads.shape[0] == slots.shape[0], lambda: "grads and slots differ in length")
 
 
-@torch.library.register_fake(_NS + "sgd_update")
 def _sgd_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float) -> None:
     _check_update(values, slots, grads)
 
 
-@torch.library.register_fake(_NS + "adagrad_update")
 def _adagrad_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float) -> None:
     _check_update(values, slots, grads)
 
 
-@torch.library.register_fake(_NS + "rowwise_adagrad_update")
 def _rowwise_adagrad_update_fake(
     values: Tensor,
     slots: Tensor,
@@ -66,7 +61,6 @@ def _rowwise_adagrad_update_fake(
     _check_update(values, slots, grads)
 
 
-@torch.library.register_fake(_NS + "adam_update")
 def _adam_update_fake(
     values: Tensor,
     slots: Tensor,
@@ -79,3 +73,13 @@ def _adam_update_fake(
     step: int,
 ) -> None:
     _check_update(values, slots, grads)
+
+
+FAKE_KERNELS = {
+    "pooled_gather": _pooled_gather_fake,
+    "reduce_grads": _reduce_grads_fake,
+    "sgd_update": _sgd_update_fake,
+    "adagrad_update": _adagrad_update_fake,
+    "rowwise_adagrad_update": _rowwise_adagrad_update_fake,
+    "adam_update": _adam_update_fake,
+}
