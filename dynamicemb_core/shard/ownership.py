@@ -63,9 +63,9 @@ def _unsigned_mod(keys: torch.Tensor, m: int) -> torch.Tensor:
 
 def _fmix64(keys: torch.Tensor) -> torch.Tensor:
     # The table's finalizer, never a copy (ARCHITECTURE.md principle 3).
-    from dynamicemb_core.table.hashing import murmur3_fmix64
+    from dynamicemb_core.table.hashing import hash_keys_tensor
 
-    return murmur3_fmix64(keys)
+    return hash_keys_tensor(keys)
 
 
 def owner_rank(
