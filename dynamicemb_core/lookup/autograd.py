@@ -85,7 +85,6 @@ class LookupFunction(torch.autograd.Function):
         mode: Optional[int],
         out_shape: Tuple[int, int],
         batch_size: int,
-        on_backward: Callable[[], None],
     ) -> torch.Tensor:
         out = torch.zeros(out_shape, dtype=torch.float32, device=dummy.device)
         for part in parts:
@@ -97,19 +96,15 @@ class LookupFunction(torch.autograd.Function):
         ctx.parts = parts
         ctx.mode = mode
         ctx.batch_size = batch_size
-        ctx.on_backward = on_backward
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]  # noqa: ANN001, ANN205
-        trainable = [p for p in ctx.parts if p.apply_grads is not None]
-        if trainable:
-            ctx.on_backward()
-        for part in trainable:
+        for part in [p for p in ctx.parts if p.apply_grads is not None]:
             if ctx.mode is None:
                 grads = sequence_grads(part, grad_out)
             else:
                 grads = pooled_grads(part, ctx.mode, grad_out, ctx.batch_size)
             part.apply_grads(grads)
         ctx.parts = None
-        return None, None, None, None, None, None
+        return None, None, None, None, None

@@ -180,7 +180,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     @property
     def step(self) -> int:
-        """Backward passes applied so far (Adam's bias-correction step)."""
+        """Training forwards so far (FBGEMM's ``iter``: Adam's bias-correction step)."""
         return self._step
 
     def table_stats(self) -> List[Dict[str, int]]:
@@ -264,9 +264,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
         return lambda grads: tier.update(0, keys, homes, grads, apply)
 
-    def _advance_step(self) -> None:
-        self._step += 1
-
     def forward(
         self,
         indices: torch.Tensor,
@@ -317,7 +314,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             if self.pooling_mode is DynamicEmbPoolingMode.MEAN:
                 mode = lookup_ops.POOL_MEAN
             shape = (B, self._total_dim)
-        out = LookupFunction.apply(self._dummy, parts, mode, shape, B, self._advance_step)
+        if self.training and any(o.training for o in self.table_options):
+            # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
+            self._step += 1
+        out = LookupFunction.apply(self._dummy, parts, mode, shape, B)
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     # ---- cache control ------------------------------------------------------------------------

@@ -1,0 +1,293 @@
+// CUDA kernels of the lookup ops; same schemas (csrc/ops.cpp, "lookup" section) and the same
+// semantics as csrc/cpu/lookup.cpp, which documents the row layout and formulas.
+//
+// Layout: per op a kernel and a launcher; every launch runs on the current stream and is checked.
+// Rows are handled by one warp each (lanes stride over the embedding dim), so per-row reductions
+// (row-wise Adagrad's mean of g^2) are warp shuffles.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+namespace dynamicemb {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 4;  // warps per block
+constexpr int64_t kPoolMean = 1;
+
+inline int64_t blocks_for(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+
+__device__ inline float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- pooled_gather: one warp per bag ----
+template <typename scalar_t>
+__global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int64_t* __restrict__ inverse,
+                                     const int64_t* __restrict__ offsets, const float* __restrict__ weights,
+                                     int64_t num_bags, int64_t D, int64_t mode, scalar_t* __restrict__ out) {
+  const int64_t b = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (b >= num_bags) return;
+  const int64_t lo = offsets[b], hi = offsets[b + 1];
+  const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
+  for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+    float acc = 0.0f;
+    for (int64_t i = lo; i < hi; ++i) {
+      const float w = weights ? weights[i] : 1.0f;
+      acc += w * float(emb[inverse[i] * D + d]);
+    }
+    out[b * D + d] = scalar_t(acc * scale);
+  }
+}
+
+void check_bags_cuda(const at::Tensor& inverse, const at::Tensor& offsets,
+                     const std::optional<at::Tensor>& weights, int64_t mode, const char* op) {
+  TORCH_CHECK_TYPE(inverse.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong, op,
+                   ": inverse and offsets must be int64, got ", inverse.scalar_type(), " and ",
+                   offsets.scalar_type());
+  TORCH_CHECK_VALUE(inverse.dim() == 1 && offsets.dim() == 1 && offsets.numel() >= 1, op,
+                    ": inverse (n,) and offsets (b+1,) must be 1-D");
+  TORCH_CHECK_VALUE(mode == 0 || mode == 1, op, ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
+  if (weights.has_value()) {
+    TORCH_CHECK_VALUE(weights->numel() == inverse.numel() && weights->scalar_type() == at::kFloat,
+                      op, ": weights must be float32 (n,) = (", inverse.numel(), ",)");
+  }
+}
+
+at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& inverse,
+                              const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                              int64_t mode) {
+  check_bags_cuda(inverse, offsets, weights, mode, "pooled_gather");
+  TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D)");
+  const at::cuda::CUDAGuard guard(embeddings.device());
+  const auto emb = embeddings.contiguous();
+  const auto inv = inverse.contiguous();
+  const auto off = offsets.contiguous();
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const int64_t num_bags = off.numel() - 1, D = emb.size(1);
+  auto out = at::zeros({num_bags, D}, emb.options());
+  if (num_bags == 0 || D == 0) return out;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, emb.scalar_type(), "pooled_gather", [&] {
+    pooled_gather_kernel<scalar_t><<<blocks_for(num_bags), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+        emb.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
+        w.defined() ? w.data_ptr<float>() : nullptr, num_bags, D, mode, out.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+// ---- reduce_grads: one warp per unique key, positions in input order (deterministic) ----
+__global__ void bag_of_kernel(const int64_t* __restrict__ offsets, int64_t num_bags,
+                              int64_t* __restrict__ bag_of) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= num_bags) return;
+  for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
+}
+
+__global__ void reduce_grads_kernel(const float* __restrict__ grad_bags, const int64_t* __restrict__ perm,
+                                    const int64_t* __restrict__ starts, const int64_t* __restrict__ bag_of,
+                                    const int64_t* __restrict__ offsets, const float* __restrict__ weights,
+                                    int64_t num_unique, int64_t D, int64_t mode, float* __restrict__ out) {
+  const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (k >= num_unique) return;
+  for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+    float acc = 0.0f;
+    for (int64_t j = starts[k]; j < starts[k + 1]; ++j) {
+      const int64_t i = perm[j];
+      const int64_t b = bag_of[i];
+      float scale = weights ? weights[i] : 1.0f;
+      if (mode == kPoolMean) scale /= float(offsets[b + 1] - offsets[b]);
+      acc += scale * grad_bags[b * D + d];
+    }
+    out[k * D + d] = acc;
+  }
+}
+
+at::Tensor reduce_grads_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
+                             const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                             int64_t mode, int64_t num_unique) {
+  check_bags_cuda(inverse, offsets, weights, mode, "reduce_grads");
+  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1,
+                    "reduce_grads: grad_bags must be (b, D) with b = offsets.numel()-1");
+  TORCH_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
+  const at::cuda::CUDAGuard guard(grad_bags.device());
+  const auto g = grad_bags.contiguous().to(at::kFloat);
+  const auto inv = inverse.contiguous();
+  const auto off = offsets.contiguous();
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  const int64_t n = inv.numel(), num_bags = off.numel() - 1, D = g.size(1);
+  auto out = at::zeros({num_unique, D}, g.options());
+  if (n == 0 || num_unique == 0 || D == 0) return out;
+  auto stream = at::cuda::getCurrentCUDAStream();
+  // Stable sort keeps each key's positions in input order, so the sum order is fixed.
+  const auto sorted = at::sort(inv, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const auto perm = std::get<1>(sorted).contiguous();
+  const auto counts = at::bincount(inv, {}, num_unique);
+  auto starts = at::zeros({num_unique + 1}, inv.options());
+  starts.narrow(0, 1, num_unique).copy_(at::cumsum(counts, 0));
+  auto bag_of = at::empty({n}, inv.options());
+  const int threads = 256;
+  bag_of_kernel<<<(num_bags + threads - 1) / threads, threads, 0, stream>>>(
+      off.data_ptr<int64_t>(), num_bags, bag_of.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  reduce_grads_kernel<<<blocks_for(num_unique), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+      g.data_ptr<float>(), perm.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
+      bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(), w.defined() ? w.data_ptr<float>() : nullptr,
+      num_unique, D, mode, out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// ---- fused optimizer updates: one warp per slot ----
+struct UpdateParams {
+  float lr, eps, beta1, beta2, weight_decay, bc1, bc2;
+  int64_t weight_decay_mode;
+};
+
+enum class Opt { kSgd, kAdagrad, kRowwiseAdagrad, kAdam };
+
+template <Opt kOpt>
+__global__ void update_kernel(float* __restrict__ values, const int64_t* __restrict__ slots,
+                              const float* __restrict__ grads, int64_t n, int64_t W, int64_t D,
+                              UpdateParams p) {
+  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (i >= n) return;
+  const int64_t s = slots[i];
+  if (s < 0) return;
+  float* w = values + s * W;
+  const float* g = grads + i * D;
+  if constexpr (kOpt == Opt::kSgd) {
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) w[d] -= p.lr * g[d];
+  } else if constexpr (kOpt == Opt::kAdagrad) {
+    float* m = w + D;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+      m[d] += g[d] * g[d];
+      w[d] -= p.lr * g[d] / (sqrtf(m[d]) + p.eps);
+    }
+  } else if constexpr (kOpt == Opt::kRowwiseAdagrad) {
+    float local = 0.0f;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+      const float gd = p.weight_decay_mode == 1 ? g[d] + p.weight_decay * w[d] : g[d];
+      local += gd * gd;
+    }
+    const float sum_sq = warp_sum(local);
+    float* m = w + D;
+    const float new_m = m[0] + (D > 0 ? sum_sq / float(D) : 0.0f);
+    const float mult = p.lr / (sqrtf(new_m) + p.eps);
+    float correction = 1.0f;
+    if (p.weight_decay_mode == 1) correction = 1.0f - mult * p.weight_decay;
+    if (p.weight_decay_mode == 2) correction = 1.0f - p.lr * p.weight_decay;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) w[d] = correction * w[d] - mult * g[d];
+    __syncwarp();
+    if (threadIdx.x == 0) m[0] = new_m;
+  } else {
+    float* m = w + D;
+    float* v = w + 2 * D;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+      m[d] = p.beta1 * m[d] + (1.0f - p.beta1) * g[d];
+      v[d] = p.beta2 * v[d] + (1.0f - p.beta2) * g[d] * g[d];
+      w[d] -= p.lr * (m[d] / p.bc1 / (sqrtf(v[d] / p.bc2) + p.eps) + p.weight_decay * w[d]);
+    }
+  }
+}
+
+int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                          int64_t state_per_dim, int64_t state_fixed, const char* op) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat, op,
+                   ": values and grads must be float32, got ", values.scalar_type(), " and ",
+                   grads.scalar_type());
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
+                   slots.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), op,
+                    ": values must be a contiguous (capacity, row_width) tensor");
+  TORCH_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
+                    ": grads must be (n, D) and slots (n,)");
+  const int64_t D = grads.size(1);
+  const int64_t need = D + state_per_dim * D + state_fixed;
+  TORCH_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
+                    " is too small for dim ", D, " and its optimizer state (needs ", need, ")");
+  if (slots.numel() > 0) {
+    const int64_t hi = slots.max().item<int64_t>();
+    TORCH_CHECK_INDEX(hi < values.size(0), op, ": slot ", hi, " out of range [0, ", values.size(0), ")");
+  }
+  return D;
+}
+
+template <Opt kOpt>
+void launch_update(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                   const UpdateParams& p) {
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto s = slots.contiguous();
+  const auto g = grads.contiguous();
+  const int64_t n = s.numel();
+  if (n == 0) return;
+  update_kernel<kOpt><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), s.data_ptr<int64_t>(), g.data_ptr<float>(), n, values.size(1),
+      g.size(1), p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads, double lr) {
+  check_update_cuda(values, slots, grads, 0, 0, "sgd_update");
+  UpdateParams p{};
+  p.lr = float(lr);
+  launch_update<Opt::kSgd>(values, slots, grads, p);
+}
+
+void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                         double lr, double eps) {
+  check_update_cuda(values, slots, grads, 1, 0, "adagrad_update");
+  UpdateParams p{};
+  p.lr = float(lr);
+  p.eps = float(eps);
+  launch_update<Opt::kAdagrad>(values, slots, grads, p);
+}
+
+void rowwise_adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
+                                 double lr, double eps, double weight_decay, int64_t weight_decay_mode) {
+  check_update_cuda(values, slots, grads, 0, 1, "rowwise_adagrad_update");
+  TORCH_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
+                    "rowwise_adagrad_update: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 "
+                    "(DECOUPLE), got ", weight_decay_mode);
+  UpdateParams p{};
+  p.lr = float(lr);
+  p.eps = float(eps);
+  p.weight_decay = float(weight_decay);
+  p.weight_decay_mode = weight_decay_mode;
+  launch_update<Opt::kRowwiseAdagrad>(values, slots, grads, p);
+}
+
+void adam_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads, double lr,
+                      double eps, double beta1, double beta2, double weight_decay, int64_t step) {
+  check_update_cuda(values, slots, grads, 2, 0, "adam_update");
+  TORCH_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
+  UpdateParams p{};
+  p.lr = float(lr);
+  p.eps = float(eps);
+  p.beta1 = float(beta1);
+  p.beta2 = float(beta2);
+  p.weight_decay = float(weight_decay);
+  p.bc1 = 1.0f - powf(float(beta1), float(step));
+  p.bc2 = 1.0f - powf(float(beta2), float(step));
+  launch_update<Opt::kAdam>(values, slots, grads, p);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("pooled_gather", &pooled_gather_cuda);
+  m.impl("reduce_grads", &reduce_grads_cuda);
+  m.impl("sgd_update", &sgd_update_cuda);
+  m.impl("adagrad_update", &adagrad_update_cuda);
+  m.impl("rowwise_adagrad_update", &rowwise_adagrad_update_cuda);
+  m.impl("adam_update", &adam_update_cuda);
+}
+
+}  // namespace dynamicemb
