@@ -16,8 +16,8 @@ Command line (used by bootstrap.sh)::
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import re
 import subprocess
 import sys

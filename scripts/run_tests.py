@@ -69,6 +69,11 @@ def _timeout_args() -> List[str]:
     return [f"--timeout={_PER_TEST_TIMEOUT_S}"]
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it lies inside it (shorter test ids), else as is."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
 def run_suite(target: SuiteTarget, extra: List[str], workdir: Path) -> SuiteResult:
     """Run pytest on one tests folder from the repository root and return its counts."""
     report = workdir / f"{target.name}.xml"
@@ -76,7 +81,7 @@ def run_suite(target: SuiteTarget, extra: List[str], workdir: Path) -> SuiteResu
         sys.executable,
         "-m",
         "pytest",
-        str(target.path.relative_to(REPO)),
+        _shown(target.path),
         "-m",
         "not slow",
         "-p",
@@ -114,12 +119,18 @@ def summarize(results: List[SuiteResult]) -> int:
     return _OK if all(r.ok for r in results) else _TESTS_FAILED
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Run every suite (the core first), whatever the earlier ones did, and sum them up."""
+def main(argv: Optional[List[str]] = None, targets: Optional[List[SuiteTarget]] = None) -> int:
+    """Run every suite (the core first), whatever the earlier ones did, and sum them up.
+
+    Args:
+        argv: extra pytest arguments (default: this process's command line).
+        targets: the suites to run (default: :func:`layout.suite_targets`, core first).
+    """
     extra = list(sys.argv[1:] if argv is None else argv)
-    targets = suite_targets()
-    if not targets[0].path.is_dir():
-        print(f"error: no core test folder at {targets[0].path}", file=sys.stderr)
+    targets = suite_targets() if targets is None else targets
+    missing = [t for t in targets if not t.path.is_dir()]
+    if missing:
+        print(f"error: no tests folder for {missing[0].name} at {missing[0].path}", file=sys.stderr)
         return _NO_TESTS
     with tempfile.TemporaryDirectory(prefix="demb-junit-") as tmp:
         results = [run_suite(target, extra, Path(tmp)) for target in targets]

@@ -3,14 +3,15 @@
     python -m dynamicemb_core table-demo [--batches 4] [--fresh 24] [--hot 8] [--device cpu]
 
 One :class:`~dynamicemb_core.table.ScoredHashTable` holds one logical table per strategy (TIMESTAMP,
-STEP, CUSTOMIZED, LFU, NO_EVICTION, and the compound (TIMESTAMP, LFU) ranked by a score function).
-Every batch inserts the same few "hot" keys plus fresh ones, so the tables fill, grow to their
-``max_capacity`` and then evict. After each batch the demo prints size, capacity and the number of
-keys evicted; at the end, the first rows each table would export (key, slot, scores, value row).
+STEP, CUSTOMIZED, LFU, NO_EVICTION, and the compound (TIMESTAMP, LFU) ranked by a score function),
+each starting at 32 slots and allowed 64 (NO_EVICTION: unbounded). The first batch inserts a few
+"hot" keys three times each (LFU counts every occurrence) plus fresh keys; every later batch inserts
+only fresh keys. The tables fill, double to 64 and then evict. After each batch the demo prints
+size, capacity and the number of keys evicted; at the end, what each table exports.
 
-What to look for: LFU and the compound table keep the hot keys (their counts grow every batch);
-TIMESTAMP, STEP and CUSTOMIZED evict the oldest batch first; NO_EVICTION never evicts and keeps
-doubling instead.
+What to look for: TIMESTAMP, STEP and CUSTOMIZED evict the oldest keys, so the hot keys of the first
+batch go first; LFU and the compound table keep them (count 3 against 1); NO_EVICTION evicts
+nothing and keeps doubling instead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dynamicemb_core.config import DynamicEmbScoreStrategy, ScoreStrategySpec
 if TYPE_CHECKING:
     from dynamicemb_core.table import ScoredHashTable
 
-__all__ = ["decayed_lfu_score", "main", "run"]
+__all__ = ["DEMO_TABLES", "DemoTable", "batch_keys", "decayed_lfu_score", "main", "run"]
 
 _S = DynamicEmbScoreStrategy
 _ROW_WIDTH = 4  # elements per value row: small enough to print
@@ -64,10 +65,17 @@ DEMO_TABLES: List[DemoTable] = [
 ]
 
 
-def _batch_keys(batch: int, hot: int, fresh: int) -> torch.Tensor:
-    """Keys of one batch: the hot keys 0..hot-1, then `fresh` keys never seen before (int64)."""
-    first_fresh = 1_000 + batch * fresh
-    return torch.cat([torch.arange(hot), torch.arange(first_fresh, first_fresh + fresh)])
+HOT_REPEATS = 3  # occurrences of each hot key in the first batch
+FIRST_FRESH_KEY = 1_000  # fresh keys count up from here; hot keys are 0..hot-1
+
+
+def batch_keys(batch: int, hot: int, fresh: int) -> torch.Tensor:
+    """Keys of one batch (int64): fresh keys never seen before, after the repeated hot keys in batch 0."""
+    first_fresh = FIRST_FRESH_KEY + batch * fresh
+    fresh_keys = torch.arange(first_fresh, first_fresh + fresh)
+    if batch > 0:
+        return fresh_keys
+    return torch.cat([torch.arange(hot).repeat(HOT_REPEATS), fresh_keys])
 
 
 def _rows_for(keys: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
@@ -78,8 +86,13 @@ def _rows_for(keys: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tenso
     return rows
 
 
-def run(batches: int = 4, hot: int = 8, fresh: int = 24, device: str = "cpu") -> None:
-    """Build the demo tables on ``device``, insert ``batches`` batches and print what happens."""
+def run(batches: int = 4, hot: int = 8, fresh: int = 24, device: str = "cpu") -> "ScoredHashTable":
+    """Build the demo tables on ``device``, insert ``batches`` batches, print what happens.
+
+    Returns:
+        The table, one logical table per entry of :data:`DEMO_TABLES` in that order, so a test can
+        check what the demo claims.
+    """
     from dynamicemb_core.table import ScoredHashTable, TableSpec
 
     specs = [
@@ -97,14 +110,15 @@ def run(batches: int = 4, hot: int = 8, fresh: int = 24, device: str = "cpu") ->
     table = ScoredHashTable(specs, device=device)
     print(
         f"{len(specs)} tables in one ScoredHashTable on {device}: init_capacity 32, max_capacity 64, "
-        f"bucket_capacity 16; each batch = {hot} hot keys + {fresh} fresh keys\n"
+        f"bucket_capacity 16; batch 0 = {hot} hot keys x{HOT_REPEATS} + {fresh} fresh keys, "
+        f"later batches = {fresh} fresh keys\n"
     )
     print(f"{'batch':>5}  " + "  ".join(f"{t.name:>22}" for t in DEMO_TABLES))
     print(f"{'':>5}  " + "  ".join(f"{'size/cap (evicted)':>22}" for _ in DEMO_TABLES))
     for batch in range(batches):
         cells = []
         for t_id, demo in enumerate(DEMO_TABLES):
-            keys = _batch_keys(batch, hot, fresh).to(device)
+            keys = batch_keys(batch, hot, fresh).to(device)
             if demo.strategy == _S.CUSTOMIZED:
                 table.set_score(t_id, 100 * (batch + 1))  # later batches are worth more
             result = table.insert_and_evict(
@@ -119,13 +133,14 @@ def run(batches: int = 4, hot: int = 8, fresh: int = 24, device: str = "cpu") ->
     print()
     for t_id, demo in enumerate(DEMO_TABLES):
         _print_export(table, t_id, demo)
+    return table
 
 
 def _print_export(table: "ScoredHashTable", table_id: int, demo: DemoTable) -> None:
     """Print how many keys ``table_id`` exports, how many are hot, and its first rows."""
     exported = table.export(table_id)
     keys = exported.keys.cpu()
-    hot_kept = int((keys < 1_000).sum())
+    hot_kept = int((keys < FIRST_FRESH_KEY).sum())
     strategy = demo.strategy if isinstance(demo.strategy, tuple) else (demo.strategy,)
     columns = ", ".join(s.name for s in strategy)
     print(

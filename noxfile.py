@@ -1,0 +1,194 @@
+"""nox sessions: the suites one at a time, each plugin alone, lint, types, demo, benchmarks.
+
+    nox -l                          # list sessions
+    nox -s tests                    # core suite, no plugin installed
+    nox -s "plugin(demb_redis)"     # one plugin with the core, its own tests
+    PLUGINS=demb_redis nox -s plugin plugins_with_core
+    nox -s lint typecheck
+
+The quick path for day-to-day work is ./dev (README.md); nox is for checking one piece in a clean
+environment. Every session installs the pinned set from requirements/lock.txt with `--no-deps`
+(torch from torch.txt, which the lock includes: never resolved), the core editable with
+`--no-deps --no-build-isolation`, then what it tests. Virtualenvs live outside the clone, under
+$DEMB_HOME/nox (default ~/.cache/dynamicemb-core/nox), and are reused: the pinned set is reinstalled
+only when the lock changes. Plugins are the folders under plugins/ with a pyproject.toml, selected
+by PLUGINS=a,b and SKIP_PLUGINS=c (comma-separated folder names); each plugin left out is logged
+with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import nox
+from nox.logger import logger
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
+import layout
+
+PYTHON = "3.11"  # the lock's wheels are for CPython 3.11
+REPO = layout.REPO
+
+nox.options.reuse_venv = "yes"
+nox.options.envdir = str(layout.demb_home() / "nox")
+nox.options.sessions = ["tests", "plugin", "plugins_with_core", "lint"]
+
+
+def _names(variable: str) -> List[str]:
+    """Comma-separated folder names from an environment variable (empty when unset)."""
+    return [name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()]
+
+
+def select_plugins() -> Dict[str, Path]:
+    """{name: folder} of the plugins to test, after PLUGINS / SKIP_PLUGINS; log every one left out.
+
+    Raises:
+        ValueError: when PLUGINS or SKIP_PLUGINS names a folder that is not a plugin.
+    """
+    found = {path.name: path for path in layout.plugin_dirs()}
+    root = REPO / "plugins"
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
+        if folder.is_dir() and folder.name not in found:
+            logger.warning(
+                f"plugin {folder.name}: left out, plugins/{folder.name} has no pyproject.toml"
+            )
+    wanted, skipped = _names("PLUGINS"), _names("SKIP_PLUGINS")
+    for variable, names in (("PLUGINS", wanted), ("SKIP_PLUGINS", skipped)):
+        unknown = sorted(set(names) - set(found))
+        if unknown:
+            raise ValueError(
+                f"{variable}: no plugin folder named {', '.join(unknown)}; "
+                f"plugins: {', '.join(sorted(found)) or 'none'}"
+            )
+    selected: Dict[str, Path] = {}
+    for name, path in found.items():
+        if wanted and name not in wanted:
+            logger.info(f"plugin {name}: left out, not in PLUGINS={','.join(wanted)}")
+        elif name in skipped:
+            logger.info(f"plugin {name}: left out, in SKIP_PLUGINS={','.join(skipped)}")
+        else:
+            selected[name] = path
+    return selected
+
+
+SELECTED_PLUGINS = select_plugins()
+
+
+def install_pinned(session: nox.Session) -> None:
+    """Install requirements/lock.txt with --no-deps, unless this venv already has this lock."""
+    stamp = Path(session.virtualenv.location) / ".demb-lock"
+    key = layout.lock_hash()
+    if stamp.is_file() and stamp.read_text() == key:
+        return
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    try:
+        session.log(f"torch comes from {layout.check_torch_is_local(python)}")
+    except RuntimeError as error:
+        session.error(str(error))
+    session.install("--no-deps", "-r", str(layout.LOCK))
+    stamp.write_text(key)
+
+
+def install_core(session: nox.Session, *plugins: Path) -> None:
+    """Pinned set, then the core and ``plugins`` editable, then the C++ ops built ahead of time."""
+    install_pinned(session)
+    editables: List[str] = []
+    for path in (REPO, *plugins):
+        editables += ["-e", str(path)]
+    session.install("--no-deps", "--no-build-isolation", *editables)
+    if (REPO / "dynamicemb_core" / "ops" / "build.py").is_file():
+        session.run("python", "-m", "dynamicemb_core", "build")
+    else:
+        session.log("no `python -m dynamicemb_core build` yet: the ops compile on first use")
+
+
+def install_redis(session: nox.Session) -> None:
+    """The redis-server binary, for plugin tests (scripts/install_redis.sh; starts nothing)."""
+    session.run("bash", str(REPO / "scripts" / "install_redis.sh"), external=True)
+
+
+def pytest(session: nox.Session, tests: Path, *default_args: str) -> None:
+    """pytest on one tests folder; the session's own arguments (after --) replace the defaults."""
+    args = session.posargs or list(default_args)
+    session.run(
+        "python", "-m", "pytest", str(tests.relative_to(REPO)), "-p", "no:cacheprovider", *args
+    )
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The core suite without any plugin installed (slow tests deselected)."""
+    install_core(session)
+    pytest(session, REPO / "tests", "-m", "not slow")
+
+
+@nox.session(python=PYTHON, default=False)
+def slow(session: nox.Session) -> None:
+    """Only the tests marked slow: core and every selected plugin, all installed together."""
+    install_core(session, *SELECTED_PLUGINS.values())
+    install_redis(session)
+    session.run("python", str(REPO / "scripts" / "run_tests.py"), "-m", "slow", *session.posargs)
+
+
+if SELECTED_PLUGINS:
+
+    @nox.session(python=PYTHON)
+    @nox.parametrize("name", list(SELECTED_PLUGINS), ids=list(SELECTED_PLUGINS))
+    def plugin(session: nox.Session, name: str) -> None:
+        """One plugin installed with the core, running that plugin's own tests."""
+        path = SELECTED_PLUGINS[name]
+        install_core(session, path)
+        install_redis(session)
+        if not (path / "tests").is_dir():
+            session.skip(f"plugins/{name} has no tests/ folder")
+        pytest(session, path / "tests", "-m", "not slow")
+
+else:
+
+    @nox.session(venv_backend="none")
+    def plugin(session: nox.Session) -> None:
+        """Stands in for the per-plugin sessions when no plugin is selected."""
+        session.skip("no plugin selected (see the log above for why each was left out)")
+
+
+@nox.session(python=PYTHON)
+def plugins_with_core(session: nox.Session) -> None:
+    """Every selected plugin installed at once, then the core suite: plugins must not break it."""
+    install_core(session, *SELECTED_PLUGINS.values())
+    pytest(session, REPO / "tests", "-m", "not slow")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the repository (ruff's version from the lock)."""
+    session.install("--no-deps", layout.pin("ruff"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON, default=False)
+def typecheck(session: nox.Session) -> None:
+    """mypy over the package, with the pinned torch set for type information."""
+    install_core(session)
+    session.run("mypy", "dynamicemb_core", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def demo(session: nox.Session) -> None:
+    """The README's demo: python -m dynamicemb_core demo."""
+    install_core(session)
+    session.run("python", "-m", "dynamicemb_core", "demo", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def bench(session: nox.Session) -> None:
+    """Every benchmarks/bench_*.py with --small (a quick run that checks they work, not a measurement)."""
+    scripts = sorted((REPO / "benchmarks").glob("bench_*.py"))
+    if not scripts:
+        session.skip("no benchmarks/bench_*.py yet")
+    install_core(session, *SELECTED_PLUGINS.values())
+    for script in scripts:
+        session.run("python", str(script), "--small", *session.posargs)

@@ -1,0 +1,401 @@
+"""Packaging and CI wiring: the pinned lock, the install scripts, the README's two commands, the
+pytest configuration, the plugin packages' metadata and the wheel's contents.
+
+These guard the promises an install makes: torch and fbgemm are pinned to the CPU set and never
+resolved, the CI runs exactly what the README tells a person to run, and `-m gpu` / `-m slow` select
+what they say.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import layout as repo_layout  # noqa: E402  (scripts/ is not a package)
+import run_tests as test_runner  # noqa: E402
+
+# Distributions that come in CPU and CUDA builds: a package must never ask pip to resolve them.
+_NEVER_RESOLVED = {"torch", "fbgemm-gpu", "fbgemm-gpu-cpu", "torchrec"}
+
+
+def _pyproject(path: Path) -> Dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def _quick_start_commands() -> List[str]:
+    """The commands of README's quick-start code block, comments stripped."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "README.md: no ```bash block under '## Quick start'"
+    commands = [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
+    return [c for c in commands if c]
+
+
+def _code_lines(path: Path) -> List[str]:
+    """Non-empty, non-comment lines of a shell script, stripped."""
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+# --- the lock ------------------------------------------------------------------------------------
+
+
+def test_lock_pins_cpu_torch_set_exactly():
+    pins = repo_layout.lock_pins()
+    assert pins["torch"] == "2.13.0"
+    assert pins["fbgemm-gpu-cpu"] == "1.8.0"
+    assert pins["torchrec"] == "1.8.0"
+    # The CUDA fbgemm build shares fbgemm-gpu-cpu's files: pinning both would break the import.
+    assert "fbgemm-gpu" not in pins
+
+
+def test_lock_takes_torch_from_torch_txt():
+    lock_lines = _code_lines(repo_layout.LOCK)
+    assert "-r torch.txt" in lock_lines
+    assert _code_lines(repo_layout.TORCH_REQUIREMENTS) == ["torch==2.13.0"]
+    assert not any(line.startswith("torch==") for line in lock_lines), "torch pinned twice"
+
+
+def test_lock_parser_follows_includes_and_rejects_ranges(tmp_path):
+    (tmp_path / "inner.txt").write_text("Foo_Bar==1.2  # comment\n")
+    (tmp_path / "lock.txt").write_text("# header\n-r inner.txt\nbaz==3.0.1\n")
+    assert repo_layout.lock_pins(tmp_path / "lock.txt") == {"foo-bar": "1.2", "baz": "3.0.1"}
+    (tmp_path / "lock.txt").write_text("numpy>=1.26\n")
+    with pytest.raises(ValueError, match=r"exact `name==version` pin, found 'numpy>=1.26'"):
+        repo_layout.lock_pins(tmp_path / "lock.txt")
+
+
+def test_running_environment_matches_lock():
+    """The suite runs in the locked environment (./dev, nox and the dev venv all install it)."""
+    mismatches = []
+    for name, version in sorted(repo_layout.lock_pins().items()):
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            mismatches.append(f"{name}: pinned {version}, not installed")
+            continue
+        # `==2.13.0` admits the local build `2.13.0+cpu`, exactly as pip does when installing.
+        if not SpecifierSet(f"=={version}").contains(installed, prereleases=True):
+            mismatches.append(f"{name}: pinned {version}, installed {installed}")
+    assert not mismatches, "environment differs from requirements/lock.txt:\n" + "\n".join(
+        mismatches
+    )
+
+
+def test_cuda_fbgemm_not_installed_beside_cpu_build():
+    """torchrec's metadata asks for `fbgemm-gpu`; a resolved install would overwrite the CPU build."""
+    importlib.metadata.version("fbgemm-gpu-cpu")
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("fbgemm-gpu")
+
+
+def test_pin_lookup_names_known_pins_when_missing():
+    assert repo_layout.pin("Ruff") == f"ruff=={repo_layout.lock_pins()['ruff']}"
+    with pytest.raises(ValueError, match="no pin for 'no-such-package'"):
+        repo_layout.pin("no-such-package")
+
+
+def test_venv_is_outside_clone_and_named_after_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("DEMB_HOME", str(tmp_path / "home"))
+    venv = repo_layout.venv_dir()
+    assert venv == tmp_path / "home" / f"venv-{repo_layout.lock_hash()}"
+    assert REPO not in venv.parents
+
+
+def test_lock_hash_changes_with_any_requirements_file(tmp_path, monkeypatch):
+    copy = tmp_path / "requirements"
+    shutil.copytree(repo_layout.REQUIREMENTS, copy)
+    monkeypatch.setattr(repo_layout, "REQUIREMENTS", copy)
+    before = repo_layout.lock_hash()
+    assert repo_layout.lock_hash() == before
+    (copy / "torch.txt").write_text("torch==2.14.1\n")
+    assert repo_layout.lock_hash() != before
+    assert repo_layout.lock_hash("3.12") != repo_layout.lock_hash("3.11")
+
+
+# --- install scripts: nothing is resolved ----------------------------------------------------------
+
+
+def _joined_shell(path: Path) -> str:
+    """A shell script with backslash-continued lines joined."""
+    return path.read_text().replace("\\\n", " ")
+
+
+def test_every_pip_install_in_scripts_uses_no_deps():
+    installs = [
+        line
+        for line in _joined_shell(REPO / "scripts" / "bootstrap.sh").splitlines()
+        if re.search(r"pip\[@\]\}\"? install", line)
+    ]
+    assert len(installs) >= 2, "expected the lock and the editable installs in bootstrap.sh"
+    for line in installs:
+        assert "--no-deps" in line, line
+    editable = [line for line in installs if "editables" in line]
+    assert editable and "--no-build-isolation" in editable[0]
+
+
+def test_every_nox_install_uses_no_deps():
+    source = (REPO / "noxfile.py").read_text()
+    calls = re.findall(r"session\.install\(([^)]*)\)", source)
+    assert len(calls) >= 3
+    for args in calls:
+        assert '"--no-deps"' in args, f"session.install({args}) may resolve dependencies"
+
+
+def test_torch_source_check_is_a_dry_run_without_deps():
+    source = Path(repo_layout.__file__).read_text()
+    command = re.search(r'command = \[python, "-m", "pip", "install".*?\]\n.*?\]', source, re.S)
+    assert command, "torch_source's pip command not found"
+    for flag in ('"--dry-run"', '"--no-deps"', '"--report"'):
+        assert flag in command.group(0)
+
+
+def test_shell_scripts_parse_and_are_executable():
+    for path in [REPO / "dev", REPO / ".ci" / "run", *sorted((REPO / "scripts").glob("*.sh"))]:
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        assert path.stat().st_mode & stat.S_IXUSR, f"{path} is not executable"
+
+
+# --- README and CI -------------------------------------------------------------------------------
+
+
+def test_readme_quick_start_is_two_dev_commands():
+    commands = _quick_start_commands()
+    assert len(commands) == 2, commands
+    assert [c.split()[:2] for c in commands] == [["./dev", "demo"], ["./dev", "test"]]
+    dev = (REPO / "dev").read_text()
+    for command in commands:
+        assert re.search(rf"^\s*{command.split()[1]}\)", dev, re.M), f"./dev has no '{command}'"
+
+
+def test_ci_runs_readme_test_command_verbatim_as_last_command():
+    test_command = _quick_start_commands()[1]
+    lines = _code_lines(REPO / ".ci" / "run")
+    assert lines[-1] == test_command, "the README's test command must be .ci/run's last command"
+    assert (REPO / ".ci" / "run").read_text().startswith("#!/usr/bin/env bash")
+    assert "set -euo pipefail" in lines
+
+
+# --- plugins -------------------------------------------------------------------------------------
+
+
+def _plugin_folders() -> List[Path]:
+    root = REPO / "plugins"
+    folders = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    # A folder with no file (git keeps none) is not a plugin yet.
+    return [
+        p for p in folders if any(f.is_file() for f in p.rglob("*") if "__pycache__" not in f.parts)
+    ]
+
+
+def test_every_plugin_folder_has_pyproject():
+    missing = [p.name for p in _plugin_folders() if not (p / "pyproject.toml").is_file()]
+    assert not missing, f"plugins without pyproject.toml: {missing}"
+    assert [p.name for p in repo_layout.plugin_dirs()] == [p.name for p in _plugin_folders()]
+
+
+@pytest.mark.parametrize("folder", _plugin_folders(), ids=lambda p: p.name)
+def test_plugin_metadata_follows_conventions(folder):
+    project = _pyproject(folder / "pyproject.toml")["project"]
+    assert folder.name.startswith("demb_")
+    assert project["name"] == folder.name.replace("_", "-")
+    requirements = [Requirement(r) for r in project.get("dependencies", [])]
+    names = {repo_layout.normalize(r.name) for r in requirements}
+    assert not names & _NEVER_RESOLVED, (
+        f"{folder.name} asks pip to resolve {names & _NEVER_RESOLVED}"
+    )
+    core = [r for r in requirements if repo_layout.normalize(r.name) == "dynamicemb-core"]
+    assert core, f"{folder.name} does not depend on dynamicemb-core"
+    assert any(s.operator == "<" for s in core[0].specifier), "core dependency needs an upper bound"
+    assert "dynamicemb" in project.get("entry-points", {}), "no entry point in group 'dynamicemb'"
+    assert (folder / "tests").is_dir(), f"{folder.name} has no tests/ folder"
+
+
+# --- the core's pyproject ------------------------------------------------------------------------
+
+
+def test_core_dependencies_are_bounded_and_leave_torch_alone():
+    config = _pyproject(REPO / "pyproject.toml")
+    assert config["project"]["name"] == "dynamicemb-core"
+    for spec in config["project"]["dependencies"]:
+        requirement = Requirement(spec)
+        assert repo_layout.normalize(requirement.name) not in _NEVER_RESOLVED, spec
+        assert any(s.operator in ("<", "<=", "==") for s in requirement.specifier), (
+            f"{spec}: no upper bound"
+        )
+    for spec in config["build-system"]["requires"]:
+        assert repo_layout.normalize(Requirement(spec).name) not in _NEVER_RESOLVED, spec
+
+
+def _collect(tmp_path: Path, *args: str) -> List[str]:
+    """Test names that pytest, configured by the repo's pyproject.toml, selects in a sample file."""
+    sample = tmp_path / "test_sample.py"
+    sample.write_text(
+        textwrap.dedent(
+            """
+            import pytest
+            def test_plain(): pass
+            @pytest.mark.slow
+            def test_slow(): pass
+            @pytest.mark.gpu
+            def test_gpu(): pass
+            @pytest.mark.gpu
+            @pytest.mark.slow
+            def test_gpu_slow(): pass
+            """
+        )
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+        ]
+        + ["-p", "no:cacheprovider", "--collect-only", "-q", str(sample), *args],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+    )
+    assert done.returncode in (0, 5), done.stdout + done.stderr
+    return sorted(re.findall(r"::(test_\w+)", done.stdout))
+
+
+def test_pytest_deselects_slow_by_default(tmp_path):
+    assert _collect(tmp_path) == ["test_gpu", "test_plain"]
+
+
+def test_pytest_marker_flags_replace_default(tmp_path):
+    assert _collect(tmp_path, "-m", "gpu") == ["test_gpu", "test_gpu_slow"]
+    assert _collect(tmp_path, "-m", "slow") == ["test_gpu_slow", "test_slow"]
+
+
+def test_pytest_rejects_unregistered_markers(tmp_path):
+    (tmp_path / "test_typo.py").write_text(
+        "import pytest\n@pytest.mark.sloww\ndef test_x(): pass\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            "--rootdir",
+            str(tmp_path),
+        ]
+        + ["-p", "no:cacheprovider", "-q", str(tmp_path / "test_typo.py")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "sloww" in done.stdout + done.stderr
+
+
+# --- the test command ----------------------------------------------------------------------------
+
+
+def _suite(root: Path, name: str, body: str) -> repo_layout.SuiteTarget:
+    folder = root / name
+    folder.mkdir()
+    if body:
+        (folder / f"test_{name}.py").write_text(textwrap.dedent(body))
+    return repo_layout.SuiteTarget(name, folder)
+
+
+def test_run_tests_sums_suites_and_accepts_one_empty_suite(tmp_path, capfd):
+    passing = _suite(
+        tmp_path,
+        "passing",
+        """
+        import pytest
+        def test_a(): pass
+        def test_b(): pass
+        def test_c(): pytest.skip("shown as skipped")
+        """,
+    )
+    empty = _suite(tmp_path, "empty", "")
+    assert test_runner.main(["-q"], targets=[passing, empty]) == 0
+    out = capfd.readouterr().out
+    assert out.rstrip().splitlines()[-1] == "total: 2 passed, 0 failed, 1 skipped"
+    assert "ok, no tests selected" in out
+
+
+def test_run_tests_fails_when_a_suite_fails(tmp_path, capfd):
+    passing = _suite(tmp_path, "passing", "def test_a(): pass\n")
+    failing = _suite(tmp_path, "failing", "def test_b(): assert False\n")
+    assert test_runner.main(["-q"], targets=[passing, failing]) == 1
+    assert (
+        capfd.readouterr().out.rstrip().splitlines()[-1] == "total: 1 passed, 1 failed, 0 skipped"
+    )
+
+
+def test_run_tests_fails_when_nothing_ran(tmp_path, capfd):
+    only_slow = _suite(
+        tmp_path, "only_slow", "import pytest\n@pytest.mark.slow\ndef test_s(): pass\n"
+    )
+    empty = _suite(tmp_path, "empty", "")
+    assert test_runner.main(["-q"], targets=[only_slow, empty]) != 0
+    assert "no test ran" in capfd.readouterr().err
+
+
+def test_default_suites_are_core_then_each_plugin_with_tests():
+    targets = repo_layout.suite_targets()
+    assert targets[0] == repo_layout.SuiteTarget("core", REPO / "tests")
+    expected = [p.name for p in repo_layout.plugin_dirs() if (p / "tests").is_dir()]
+    assert [t.name for t in targets[1:]] == expected
+
+
+# --- the wheel -----------------------------------------------------------------------------------
+
+
+def test_wheel_ships_csrc_and_declares_no_torch(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info")
+    for folder in ("dynamicemb_core", "csrc"):
+        shutil.copytree(REPO / folder, source / folder, ignore=ignore)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--no-index", "--wheel-dir", str(tmp_path / "dist"), str(source)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("dynamicemb_core-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    sources = [p for p in (REPO / "csrc").rglob("*") if p.suffix in (".h", ".cuh", ".cpp", ".cu")]
+    assert sources, "no C++ sources found under csrc/"
+    for path in sources:
+        assert f"dynamicemb_core/csrc/{path.relative_to(REPO / 'csrc').as_posix()}" in names
+    assert "dynamicemb_core/__init__.py" in names
+    assert not any(n.endswith(".so") for n in names)
+    metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    resolved = {repo_layout.normalize(Requirement(r).name) for r in requires}
+    assert not resolved & _NEVER_RESOLVED
