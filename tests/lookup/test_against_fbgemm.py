@@ -37,7 +37,7 @@ def _ours(dims, pooling, optimizer, device, **kw):  # noqa: ANN001, ANN003, ANN2
     )
 
 
-def _train_both(ours, peer, peer_step, pooling, device, weighted=False):  # noqa: ANN001, ANN202
+def _train_both(ours, peer, peer_step, pooling, device, weighted=False, tol=1e-5):  # noqa: ANN001, ANN202
     torch.manual_seed(0)
     for step in STEPS:
         indices, offsets, weights = oracle.make_batch(
@@ -47,7 +47,7 @@ def _train_both(ours, peer, peer_step, pooling, device, weighted=False):  # noqa
         got = ours(
             indices.to(device), offsets.to(device), None if weights is None else weights.to(device)
         )
-        torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.cpu(), want.detach(), rtol=tol, atol=tol)
         coeff = torch.randn(want.shape)
         (want * coeff).sum().backward()
         peer_step()
@@ -102,10 +102,10 @@ def test_adam_matches_row_sparse_adam(device, pooling):  # noqa: ANN001
         peer.opt.step()
         peer.opt.zero_grad()
 
-    _train_both(ours, peer, step, pooling, device)
+    # SparseAdam adds eps to sqrt(v) before bias correction, FBGEMM after: equal up to ~eps.
+    _train_both(ours, peer, step, pooling, device, tol=1e-4)
     for t, w in enumerate(peer.weights()):
-        # SparseAdam adds eps to sqrt(v) before bias correction, FBGEMM after: equal up to ~eps.
-        torch.testing.assert_close(oracle.read_weights(ours, t)[0], w, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(oracle.read_weights(ours, t)[0], w, rtol=1e-4, atol=1e-4)
 
 
 def test_learning_rate_change_between_steps_matches_fbgemm(device):  # noqa: ANN001
