@@ -1,0 +1,322 @@
+"""The scored hash table's CUDA ops on one GPU, against torch.index_select and HierarchicalKV's figures.
+
+Run (on a CUDA machine, from the repository root)::
+
+    python benchmarks/bench_table_cuda.py                      # 64M slots, 1,048,576 keys per op
+    python benchmarks/bench_table_cuda.py --slots 4194304 --dims 32 --load-factors 0.5   # quick
+
+Set-up, as HierarchicalKV's ``merlin_hashtable_benchmark`` does it: one table of ``--slots`` slots
+(buckets of 128, TIMESTAMP policy with the device clock, HKV's LRU), filled with consecutive keys to
+load factor λ; each measured call gets 1,048,576 keys of which 60% were inserted last and 40% are
+new (HKV's ``hitrate=0.6``, ``Hit_Mode::last_insert``); ``find`` gets keys that are all present.
+Mutating ops restart from a snapshot of the filled table before every repeat; each figure is the
+median of ``--repeats`` CUDA-event timings after a warm-up. Throughput is in billions of key-value
+pairs per second, counted like HKV (keys / seconds / 2^30), so figures compare with its table.
+
+The columns: ``ours`` (table op, plus value rows where HKV's API moves them: find + gather_rows;
+insert + scatter_rows; find_or_insert + gather_rows; insert_and_evict + gather_rows of the evicted
+rows + scatter_rows of the new ones), ``index_select`` (the same number of fp32 rows of the same
+width from a static tensor of the same shape, timed in the same run), the bytes each call moves by a
+simple model (key in, digest line, key compare, score words, outputs, value rows) per second and as
+a share of the ~4.3 TB/s the device copies at, and the ratio to HKV's figure for the same API.
+``export_if`` exports keys, slots and scores (no values) of the whole table; its throughput counts
+exported keys (HKV's export_batch_if counts the keys it dumps, with values).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dynamicemb_core.ops import table_ops as ops
+from dynamicemb_core.ops.table_ops import TableState
+
+TIMESTAMP = 0
+BUCKET = 128
+KEYS_PER_OP = 1 << 20
+HIT_RATE = 0.6  # HKV's default in test_one_api
+COPY_TBPS = 4.3  # device-to-device copy, measured on the H200 (shared/device/README.md)
+GIB = float(1 << 30)  # HKV divides by 1024^3 for "billion"
+
+# HierarchicalKV on this H200, 1,048,576 keys per op, uint64 keys, fp32 values, LRU (issue 3).
+HKV: Dict[Tuple[float, int, str], float] = {}
+for _dim, _row in {
+    8: (3.41, 6.38, 2.12, 2.06, 1.86, 6.73),
+    32: (3.40, 6.70, 1.99, 2.04, 1.66, 1.32),
+    64: (3.58, 6.90, 1.87, 1.86, 1.57, 0.71),
+}.items():
+    for _api, _v in zip(
+        ("find+gather", "find", "find_or_insert", "insert", "insert_and_evict", "export_if"),
+        _row,
+        strict=False,
+    ):
+        HKV[(0.5, _dim, _api)] = _v
+HKV.update(
+    {
+        (1.0, 32, "find+gather"): 3.61,
+        (1.0, 32, "find_or_insert"): 1.27,
+        (1.0, 32, "insert_and_evict"): 0.82,
+    }
+)
+# Targets of issue 3, as multiples of HKV's figure.
+TARGET = {
+    "find": 1.0,
+    "find+gather": 1.2,
+    "find_or_insert": 1.1,
+    "insert_and_evict": 1.1,
+    "export_if": 1.0,
+}
+
+
+def empty_state(slots: int, dev: torch.device) -> TableState:
+    longs = {"dtype": torch.int64, "device": dev}
+    return TableState(
+        table_keys=torch.zeros(slots, **longs),
+        digests=torch.zeros(slots, dtype=torch.uint8, device=dev),
+        scores=torch.zeros(slots, 2, **longs),
+        slot_offsets=torch.tensor([0, slots], **longs),
+        bucket_caps=torch.tensor([BUCKET], **longs),
+        policies=torch.tensor([TIMESTAMP], **longs),
+        sizes=torch.zeros(1, **longs),
+    )
+
+
+def fill(state: TableState, load_factor: float, fns, clock) -> int:
+    """Insert consecutive keys until the table holds load_factor * slots keys; return next key."""
+    dev = state.table_keys.device
+    cap = state.table_keys.numel()
+    target = int(cap * load_factor)
+    start = 0
+    for _ in range(4 * cap // KEYS_PER_OP + 8):  # at 1.0, evictions make the last 1% slow to fill
+        size = int(state.sizes[0])
+        if target - size <= cap * 0.001:
+            break
+        n = min(KEYS_PER_OP, max(target - size, 1))
+        keys = torch.arange(start, start + n, device=dev)
+        ops.find_or_insert(keys, torch.zeros_like(keys), state, fns, clock)
+        start += n
+    return start
+
+
+def time_ms(
+    fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None
+) -> float:
+    """Median over repeats of one call, timed with CUDA events (``before`` runs untimed)."""
+    times: List[float] = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        if before is not None:
+            before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times[1:])
+
+
+def probe_bytes(dim: int) -> Dict[str, int]:
+    """Bytes one key moves in each op (model: key + table id in, one 128-byte digest line, the
+    matched key, score words, outputs; value rows read and/or written at 4 * dim bytes)."""
+    row = 4 * dim
+    base = 8 + 8 + BUCKET + 8 + 16  # key, table id, digests, key compare, score words
+    return {
+        "find": base + 8 + 1 + 16,
+        "find+gather": base + 8 + 1 + 16 + 2 * row,
+        "insert": base + 16 + 8 + 8 + 16 + 2 * row,  # + sort pass, write key/score, rows in/out
+        "find_or_insert": base + 16 + 8 + 8 + 1 + 16 + 2 * row,
+        "insert_and_evict": base + 16 + 8 + 8 + 1 + 16 + 4 * row,
+        "index_select": 8 + 2 * row,
+    }
+
+
+@dataclass
+class Filled:
+    """One filled table and the key sets every dim measures with."""
+
+    state: TableState
+    snapshot: TableState
+    load_factor: float  # measured after filling
+    mixed: torch.Tensor  # 60% last-inserted + 40% new keys, shuffled
+    present: torch.Tensor  # all present, shuffled
+    tids: torch.Tensor
+    fns: torch.Tensor
+    clock: torch.Tensor
+
+    def restore(self) -> None:
+        for dst, src in zip(self.state, self.snapshot, strict=True):
+            dst.copy_(src)
+
+
+def make_filled(slots: int, lf: float, gen: torch.Generator) -> Filled:
+    dev = torch.device("cuda")
+    fns = torch.zeros(1, dtype=torch.int64)
+    clock = torch.full((1,), -1, dtype=torch.int64, device=dev)  # read %globaltimer
+    state = empty_state(slots, dev)
+    start = fill(state, lf, fns, clock)
+    n_hit = int(KEYS_PER_OP * HIT_RATE)
+    hit = torch.arange(start - n_hit, start, device=dev)
+    new = torch.arange(start, start + KEYS_PER_OP - n_hit, device=dev)
+    mixed = torch.cat([hit, new])[torch.randperm(KEYS_PER_OP, device=dev, generator=gen)]
+    present = torch.arange(start - KEYS_PER_OP, start, device=dev)
+    present = present[torch.randperm(KEYS_PER_OP, device=dev, generator=gen)]
+    return Filled(
+        state,
+        TableState(*(t.clone() for t in state)),
+        int(state.sizes[0]) / slots,
+        mixed,
+        present,
+        torch.zeros(KEYS_PER_OP, dtype=torch.int64, device=dev),
+        fns,
+        clock,
+    )
+
+
+def cases_for(f: Filled, values: torch.Tensor, new_rows: torch.Tensor, exported: List[int]):
+    """name -> (timed call, untimed set-up before each repeat)."""
+    st, k, t, fns, clock = f.state, f.mixed, f.tids, f.fns, f.clock
+    threshold = torch.zeros(1, dtype=torch.int64, device=values.device)  # every clock time passes
+
+    def ins() -> None:
+        ops.scatter_rows(values, ops.insert(k, t, st, fns, clock), new_rows)
+
+    def foi() -> None:
+        ops.gather_rows(values, ops.find_or_insert(k, t, st, fns, clock)[0])
+
+    def iae() -> None:
+        out = ops.insert_and_evict(k, t, st, fns, clock)
+        ops.gather_rows(values, out[3])
+        ops.scatter_rows(values, out[0], new_rows)
+
+    def exp() -> None:
+        exported[0] = ops.export_if(st, threshold, 0)[0].numel()
+
+    return {
+        "find": (lambda: ops.find(f.present, t, st, clock, False), None),
+        "find+gather": (
+            lambda: ops.gather_rows(values, ops.find(f.present, t, st, clock, False)[0]),
+            None,
+        ),
+        "insert": (ins, f.restore),
+        "find_or_insert": (foi, f.restore),
+        "insert_and_evict": (iae, f.restore),
+        "export_if": (exp, None),
+    }
+
+
+def bench_dim(
+    f: Filled, dim: int, values: torch.Tensor, static: torch.Tensor, args, gen: torch.Generator
+) -> List[List[str]]:
+    slots = values.size(0)
+    idx = torch.randint(0, slots, (KEYS_PER_OP,), device=values.device, generator=gen)
+    t_ref = time_ms(lambda: static.index_select(0, idx), args.repeats)
+    ref_bkv = KEYS_PER_OP / (t_ref * 1e-3) / GIB
+    new_rows = torch.ones(KEYS_PER_OP, dim, device=values.device)
+    exported = [0]
+    model = probe_bytes(dim)
+    lf = min(args.load_factors, key=lambda x: abs(x - f.load_factor))
+    rows = []
+    for name, (fn, before) in cases_for(f, values, new_rows, exported).items():
+        ms = time_ms(fn, args.repeats, before)
+        n = exported[0] if name == "export_if" else KEYS_PER_OP
+        bkv = n / (ms * 1e-3) / GIB
+        if name == "export_if":
+            moved = slots * (1 + 16 * f.load_factor) + n * (8 + 8 + 16 + 8)
+        else:
+            moved = KEYS_PER_OP * model[name]
+        tbps = moved / (ms * 1e-3) / 1e12
+        hkv = HKV.get((lf, dim, name))
+        goal = TARGET.get(name)
+        ratio = "n/a"
+        if hkv:
+            ratio = f"{bkv / hkv:.2f}x"
+            if goal:
+                ratio += " (met)" if bkv / hkv >= goal else f" (target {goal:.1f}x)"
+        rows.append(
+            [
+                f"{f.load_factor:.2f}",
+                str(dim),
+                name,
+                f"{bkv:.2f}",
+                f"{ms:.3f}",
+                f"{ref_bkv:.2f}",
+                f"{t_ref / ms:.2f}",
+                f"{tbps:.2f} ({100 * tbps / COPY_TBPS:.0f}%)",
+                f"{hkv:.2f}" if hkv else "-",
+                ratio,
+            ]
+        )
+        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def run(args: argparse.Namespace) -> str:
+    dev = torch.device("cuda")
+    max_dim = max(args.dims)
+    values_flat = torch.empty(args.slots * max_dim, dtype=torch.float32, device=dev)
+    static_flat = torch.empty(args.slots * max_dim, dtype=torch.float32, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows: List[List[str]] = []
+    for lf in args.load_factors:
+        filled = make_filled(args.slots, lf, gen)
+        for dim in args.dims:
+            values = values_flat[: args.slots * dim].view(args.slots, dim)
+            static = static_flat[: args.slots * dim].view(args.slots, dim)
+            rows += bench_dim(filled, dim, values, static, args, gen)
+        del filled
+        torch.cuda.empty_cache()
+    return render(args, rows)
+
+
+def render(args: argparse.Namespace, rows: List[List[str]]) -> str:
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            or "unknown"
+        )
+    except OSError:
+        commit = "unknown"
+    head = [
+        f"Machine: {platform.node()} ({platform.machine()}), GPU: {torch.cuda.get_device_name()}, "
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, commit {commit}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"Command: `python benchmarks/bench_table_cuda.py {' '.join(sys.argv[1:])}`".rstrip(),
+        f"Table: {args.slots:,} slots, buckets of {BUCKET}, TIMESTAMP (device clock); "
+        f"{KEYS_PER_OP:,} keys per op ({int(HIT_RATE * 100)}% present for inserting ops); "
+        f"median of {args.repeats}.",
+        "",
+        "| λ | dim | op | ours (B-KV/s) | ours (ms) | index_select (B-rows/s) | "
+        "speedup vs index_select | modelled TB/s (% of 4.3) | HKV (B-KV/s) | ours / HKV |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    return "\n".join(head + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--slots", type=int, default=1 << 26)
+    p.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64, 128])
+    p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_table_cuda.py needs a CUDA device")
+    print(run(args))
+
+
+if __name__ == "__main__":
+    main()
