@@ -23,7 +23,7 @@ def _is_slot_storage(tier: Any) -> bool:
     return all(hasattr(tier, a) for a in ("table", "read_rows", "write_rows", "row_blocks"))
 
 
-def _last_tier(name: str, tier: Any):  # noqa: ANN202
+def _last_tier(name: str, tier: Any):
     """``(storage, table_id, flush, drop)`` for one table's tier."""
     from dynamicemb_core.storage import CachedStorage
 
@@ -50,7 +50,9 @@ def _last_tier(name: str, tier: Any):  # noqa: ANN202
     return tier, 0, None, None
 
 
-def handles_for_batched(module: nn.Module, collection: str, kernel: Optional[nn.Module] = None) -> List[TableHandle]:
+def handles_for_batched(
+    module: nn.Module, collection: str, kernel: Optional[nn.Module] = None
+) -> List[TableHandle]:
     """One handle per table of ``module``.
 
     Args:

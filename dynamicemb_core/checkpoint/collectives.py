@@ -71,5 +71,5 @@ def gather_rows(tensors: List[torch.Tensor], pg: Optional[dist.ProcessGroup]) ->
         padded[: t.shape[0]] = t.to(device)
         parts = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(parts, padded, group=pg)
-        out.append(torch.cat([p[:c] for p, c in zip(parts, counts)]).cpu())
+        out.append(torch.cat([p[:c] for p, c in zip(parts, counts, strict=True)]).cpu())
     return out

@@ -31,17 +31,23 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _select(handles: List[TableHandle], score: ScoreArg, api: str, arg: str) -> List[Tuple[TableHandle, int]]:
+def _select(
+    handles: List[TableHandle], score: ScoreArg, api: str, arg: str
+) -> List[Tuple[TableHandle, int]]:
     """Pair each table with its integer score; validate the whole argument first."""
     if _is_int(score):
         return [(h, int(score)) for h in handles]
     if not isinstance(score, dict):
-        raise TypeError(f"{api}: {arg} must be an int or Dict[str, Dict[str, int]], got {type(score).__name__}")
+        raise TypeError(
+            f"{api}: {arg} must be an int or Dict[str, Dict[str, int]], got {type(score).__name__}"
+        )
     known = group_by_collection(handles)
     selected = []
     for collection, per_table in score.items():
         if collection not in known:
-            raise ValueError(f"{api}: {arg} names collection '{collection}'; the model has {sorted(known)}")
+            raise ValueError(
+                f"{api}: {arg} names collection '{collection}'; the model has {sorted(known)}"
+            )
         if not isinstance(per_table, dict):
             raise TypeError(
                 f"{api}: {arg}['{collection}'] must be Dict[str, int], got {type(per_table).__name__}"
@@ -58,7 +64,9 @@ def _select(handles: List[TableHandle], score: ScoreArg, api: str, arg: str) -> 
                 )
             selected.append((names[table], int(value)))
     order = {id(h): i for i, h in enumerate(handles)}
-    return sorted(selected, key=lambda pair: order[id(pair[0])])  # model order: identical on every rank
+    return sorted(
+        selected, key=lambda pair: order[id(pair[0])]
+    )  # model order: identical on every rank
 
 
 def incremental_dump(
@@ -87,7 +95,9 @@ def incremental_dump(
         TypeError: a threshold that is not an int (checked before anything is read).
         NotImplementedError: a selected table sharded with ``dist_type="continuous"``.
     """
-    selected = _select(find_tables(model, None), score_threshold, "incremental_dump", "score_threshold")
+    selected = _select(
+        find_tables(model, None), score_threshold, "incremental_dump", "score_threshold"
+    )
     for handle, _ in selected:
         check_dist_type_supported(handle, "incremental_dump")
     rank = group_rank(pg)
@@ -96,7 +106,9 @@ def incremental_dump(
         if handle.flush_cache is not None:
             handle.flush_cache()
         desc = f"incremental_dump {handle.qualified_name}"
-        with row_bar(handle.table.size(handle.table_id), desc, rank=rank, show_progress=show_progress) as bar:
+        with row_bar(
+            handle.table.size(handle.table_id), desc, rank=rank, show_progress=show_progress
+        ) as bar:
             rows = export_rows(handle, threshold, bar)
         keys, slots, values, states, scores = gather_rows(
             [rows.keys, rows.slots, rows.embeddings, rows.optimizer_states, rows.scores], pg
@@ -132,20 +144,45 @@ def get_score(model: nn.Module) -> Optional[Dict[str, Dict[str, int]]]:
         return None
     out: Dict[str, Dict[str, int]] = {}
     for handle in handles:
-        out.setdefault(handle.collection, {})[handle.name] = int(handle.table.get_score(handle.table_id))
+        out.setdefault(handle.collection, {})[handle.name] = int(
+            handle.table.get_score(handle.table_id)
+        )
     return out
 
 
 def set_score(model: nn.Module, table_score: ScoreArg) -> None:
-    """Register the score the next forwards write (CUSTOMIZED tables).
+    """Register the score the next forwards write, for CUSTOMIZED (and STEP) tables.
 
     Args:
         model: the model holding dynamic tables.
-        table_score: one int for every table, or ``{collection: {table: int}}``. The table warns
-            (DynamicEmbWarning) when a score goes down, unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``.
+        table_score: one int for every table whose score can be set (CUSTOMIZED and STEP), or
+            ``{collection: {table: int}}``. The table warns (DynamicEmbWarning) when a CUSTOMIZED score
+            goes down, unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``.
 
     Raises:
-        TypeError / ValueError: a non-int score or an unknown table, before any score is set.
+        TypeError / ValueError: a non-int score, an unknown table, a named table whose strategy has no
+            settable score, or an int when no table has one; all before any score is set.
     """
-    for handle, score in _select(find_tables(model, None), table_score, "set_score", "table_score"):
+    handles = find_tables(model, None)
+    if _is_int(table_score):
+        handles = [h for h in handles if _settable(h)]
+        if not handles:
+            raise ValueError(
+                "set_score: the model has no CUSTOMIZED or STEP dynamic table to set a score for"
+            )
+    selected = _select(handles, table_score, "set_score", "table_score")
+    for handle, _ in selected:
+        if not _settable(handle):
+            raise ValueError(
+                f"set_score: table '{handle.qualified_name}' has score_strategy "
+                f"{tuple(s.name for s in handle.options.score_strategies)}; only CUSTOMIZED and STEP "
+                f"tables take a set score"
+            )
+    for handle, score in selected:
         handle.table.set_score(handle.table_id, score)
+
+
+def _settable(handle: TableHandle) -> bool:
+    from dynamicemb_core.config import DynamicEmbScoreStrategy as S
+
+    return handle.options.score_strategies in ((S.CUSTOMIZED,), (S.STEP,))

@@ -58,13 +58,17 @@ def _batched_type() -> type:
     return BatchedDynamicEmbeddingTables
 
 
-def _handles_of(module: nn.Module, collection: str, kernel: Optional[nn.Module]) -> List[TableHandle]:
+def _handles_of(
+    module: nn.Module, collection: str, kernel: Optional[nn.Module]
+) -> List[TableHandle]:
     from dynamicemb_core.checkpoint.adapters import handles_for_batched
 
     return handles_for_batched(module, collection, kernel)
 
 
-def find_tables(model: nn.Module, table_names: Optional[Dict[str, Sequence[str]]] = None) -> List[TableHandle]:
+def find_tables(
+    model: nn.Module, table_names: Optional[Dict[str, Sequence[str]]] = None
+) -> List[TableHandle]:
     """Every dynamic table of ``model`` (or those named in ``table_names``), as handles.
 
     Args:
@@ -93,7 +97,9 @@ def find_tables(model: nn.Module, table_names: Optional[Dict[str, Sequence[str]]
     grouped = group_by_collection(handles)
     for collection, names in table_names.items():
         if collection not in grouped:
-            raise ValueError(f"table_names: the model has no dynamic collection '{collection}'; it has {sorted(grouped)}")
+            raise ValueError(
+                f"table_names: the model has no dynamic collection '{collection}'; it has {sorted(grouped)}"
+            )
         have = {h.name for h in grouped[collection]}
         missing = [n for n in names if n not in have]
         if missing:

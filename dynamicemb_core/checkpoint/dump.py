@@ -84,7 +84,9 @@ def dump_tables(
         if handle.flush_cache is not None:
             handle.flush_cache()
         total = handle.table.size(handle.table_id)
-        with row_bar(total, f"dump {handle.qualified_name}", rank=rank, show_progress=show_progress) as bar:
+        with row_bar(
+            total, f"dump {handle.qualified_name}", rank=rank, show_progress=show_progress
+        ) as bar:
             rows = export_rows(handle, None, bar)
         header = _header(handle, rows.keys.numel(), optim, rank, world)
         payload = ShardPayload(
@@ -96,7 +98,9 @@ def dump_tables(
         rel = shard_relpath(handle.collection, handle.name, rank, world)
         os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
         size = write_shard(os.path.join(path, rel), header, payload)
-        entries.append(ManifestEntry(handle.collection, handle.name, rank, world, rel, size, header.num_rows))
+        entries.append(
+            ManifestEntry(handle.collection, handle.name, rank, world, rel, size, header.num_rows)
+        )
     write_rank_manifest(path, rank, entries)
     barrier(pg)
     if rank == 0:
@@ -155,7 +159,7 @@ def load_tables(
     """
     plan = _check_all(path, handles, optim)
     loaded: List[Tuple[TableHandle, List[ShardPayload]]] = []
-    for handle, headers, paths in plan:
+    for handle, _headers, paths in plan:
         payloads = []
         for full in paths:
             _, payload = read_shard(full)  # verifies checksums
@@ -168,7 +172,9 @@ def load_tables(
     for handle, payloads in loaded:
         total = sum(p.keys.numel() for p in payloads)
         placed = unplaced = 0
-        with row_bar(total, f"load {handle.qualified_name}", rank=rank_for_bar, show_progress=show_progress) as bar:
+        with row_bar(
+            total, f"load {handle.qualified_name}", rank=rank_for_bar, show_progress=show_progress
+        ) as bar:
             for p in payloads:
                 opt = p.optimizer_states if optim and p.optimizer_states.shape[1] else None
                 a, b = insert_rows(handle, p.keys, p.embeddings, opt, p.scores, bar)
@@ -202,7 +208,9 @@ def DynamicEmbDump(
         pg: process group whose ranks dump together (WORLD when None).
         show_progress: force the rank-0 progress bars on or off (None: only on a terminal).
     """
-    dump_tables(path, find_tables(model, table_names), optim=bool(optim), pg=pg, show_progress=show_progress)
+    dump_tables(
+        path, find_tables(model, table_names), optim=bool(optim), pg=pg, show_progress=show_progress
+    )
 
 
 def DynamicEmbLoad(
@@ -234,4 +242,6 @@ def DynamicEmbLoad(
             columns / optimizer width (nothing was written).
     """
     handles = find_tables(model, table_names)
-    load_tables(path, handles, optim=optim, show_progress=show_progress, rank_for_bar=group_rank(pg))
+    load_tables(
+        path, handles, optim=optim, show_progress=show_progress, rank_for_bar=group_rank(pg)
+    )

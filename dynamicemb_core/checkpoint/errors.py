@@ -6,7 +6,12 @@ already catch bad input keep working, while tests and tools can tell the reasons
 
 from __future__ import annotations
 
-__all__ = ["CheckpointCorruptError", "CheckpointError", "CheckpointMismatchError", "IncompatibleDeltaError"]
+__all__ = [
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "IncompatibleDeltaError",
+]
 
 
 class CheckpointError(ValueError):

@@ -25,7 +25,9 @@ from dynamicemb_core.config import EvictedItemMode
 __all__ = ["erase", "erase_keys", "pop_evicted_keys", "take_erased_keys", "take_evicted_keys"]
 
 # table object -> table_id -> erased key batches; weak so a dropped model frees its buffers
-_ERASED: "weakref.WeakKeyDictionary[object, Dict[int, List[torch.Tensor]]]" = weakref.WeakKeyDictionary()
+_ERASED: "weakref.WeakKeyDictionary[object, Dict[int, List[torch.Tensor]]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _unique(keys: List[torch.Tensor]) -> torch.Tensor:
@@ -34,7 +36,9 @@ def _unique(keys: List[torch.Tensor]) -> torch.Tensor:
     return torch.unique(torch.cat([k.cpu() for k in keys]))
 
 
-def erase_keys(handle: TableHandle, keys: torch.Tensor, mode: EvictedItemMode = EvictedItemMode.DISCARD) -> torch.Tensor:
+def erase_keys(
+    handle: TableHandle, keys: torch.Tensor, mode: EvictedItemMode = EvictedItemMode.DISCARD
+) -> torch.Tensor:
     """Erase the keys this shard owns from one table; with RETAIN_KEY remember the erased ones.
 
     Args:

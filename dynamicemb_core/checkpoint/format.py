@@ -46,7 +46,9 @@ MAGIC = b"DEMBSHRD"
 FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIII")  # magic, version, header length, header crc32
 _SECTIONS = ("keys", "embeddings", "optimizer_states", "scores")
-_ALIGN = 64  # bytes; every section starts on this boundary so it can be viewed (or mmapped) in place
+_ALIGN = (
+    64  # bytes; every section starts on this boundary so it can be viewed (or mmapped) in place
+)
 _DTYPES: Dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -56,7 +58,9 @@ _DTYPES: Dict[str, torch.dtype] = {
 }
 
 if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for is little-endian
-    raise ImportError("dynamicemb_core.checkpoint writes little-endian files and needs a little-endian host")
+    raise ImportError(
+        "dynamicemb_core.checkpoint writes little-endian files and needs a little-endian host"
+    )
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -109,7 +113,9 @@ class ShardHeader:
 
     def describe(self) -> str:
         """Short text naming the file's table for error messages."""
-        return f"table '{self.collection}/{self.table_name}' (rank {self.rank} of {self.world_size})"
+        return (
+            f"table '{self.collection}/{self.table_name}' (rank {self.rank} of {self.world_size})"
+        )
 
 
 @dataclass
@@ -237,7 +243,9 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
         )
     blob = raw[_PREFIX.size : end]
     if zlib.crc32(blob) != header_crc:
-        raise CheckpointCorruptError(f"checkpoint file {path}: header checksum mismatch (file is corrupt)")
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: header checksum mismatch (file is corrupt)"
+        )
     meta = json.loads(blob.decode("utf-8"))
     header = ShardHeader(
         table_name=meta["table_name"],
@@ -291,7 +299,11 @@ def check_header(
     checks = [
         ("dim", dim, header.dim),
         ("dtype", dtype, header.dtype),
-        ("score columns", None if score_columns is None else tuple(score_columns), header.score_columns),
+        (
+            "score columns",
+            None if score_columns is None else tuple(score_columns),
+            header.score_columns,
+        ),
         ("optimizer state width", optimizer_width, header.optimizer_width),
     ]
     for name, expected, found in checks:
@@ -310,8 +322,12 @@ def read_shard(path: str) -> Tuple[ShardHeader, ShardPayload]:
     """
     with open(path, "rb") as f:
         raw = bytearray(f.read())
-    header, meta, start = _parse_header(path, bytes(raw[: _PREFIX.size + _header_len(raw)]), len(raw))
-    payload_bytes = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+    header, meta, start = _parse_header(
+        path, bytes(raw[: _PREFIX.size + _header_len(raw)]), len(raw)
+    )
+    payload_bytes = (
+        torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+    )
     expected = _expected_shapes(header)
     tensors: Dict[str, torch.Tensor] = {}
     by_name = {s["name"]: s for s in meta["sections"]}

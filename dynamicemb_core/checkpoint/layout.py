@@ -19,16 +19,8 @@ __all__ = ["bucket_capacity", "check_layout", "layout_meta"]
 
 
 def bucket_capacity(handle: TableHandle) -> int:
-    """Slots per bucket of the handle's table as laid out now (the whole table for a single bucket)."""
-    caps = getattr(handle.table, "bucket_capacities", None)
-    if callable(caps):
-        return int(caps(handle.table_id))
-    table = handle.table
-    for name in ("bucket_caps", "_bucket_caps"):
-        tensor = getattr(table, name, None)
-        if tensor is not None:
-            return int(tensor[handle.table_id])
-    return min(int(handle.options.bucket_capacity), int(table.capacity(handle.table_id)))
+    """Slots per bucket of the handle's table as laid out now (a single bucket grows with the table)."""
+    return int(handle.table.bucket_capacity(handle.table_id))
 
 
 def layout_meta(handle: TableHandle) -> Dict[str, Any]:
@@ -52,7 +44,13 @@ def layout_mismatches(handle: TableHandle, meta: Dict[str, Any]) -> List[str]:
     """Every field on which ``meta`` (from a delta) and the target table disagree, as messages."""
     mine = layout_meta(handle)
     problems = []
-    for field in ("current_capacity", "row_capacity", "bucket_capacity", "num_scores", "world_size"):
+    for field in (
+        "current_capacity",
+        "row_capacity",
+        "bucket_capacity",
+        "num_scores",
+        "world_size",
+    ):
         if field not in meta:
             problems.append(f"meta['{field}'] is missing")
         elif int(meta[field]) != mine[field]:

@@ -64,7 +64,9 @@ def _safe(name: str) -> str:
 
 def shard_relpath(collection: str, table: str, rank: int, world_size: int) -> str:
     """Where a table's shard from ``rank`` lives, relative to the checkpoint root."""
-    return os.path.join(_safe(collection), f"{_safe(table)}.rank{rank}-of-{world_size}{SHARD_SUFFIX}")
+    return os.path.join(
+        _safe(collection), f"{_safe(table)}.rank{rank}-of-{world_size}{SHARD_SUFFIX}"
+    )
 
 
 def _fragment(root: str, rank: int) -> str:
@@ -77,7 +79,9 @@ def _dump_json(path: str, obj: object) -> None:
 
 def remove_manifest(root: str) -> None:
     """Mark the folder incomplete (called before any shard of a new dump is written)."""
-    for path in [os.path.join(root, MANIFEST_NAME)] + glob.glob(os.path.join(root, ".manifest.rank*.json")):
+    for path in [os.path.join(root, MANIFEST_NAME)] + glob.glob(
+        os.path.join(root, ".manifest.rank*.json")
+    ):
         if os.path.exists(path):
             os.unlink(path)
 
@@ -104,7 +108,11 @@ def merge_rank_manifests(root: str, world_size: int) -> List[ManifestEntry]:
             entries.extend(ManifestEntry(**e) for e in json.load(f))
     _dump_json(
         os.path.join(root, MANIFEST_NAME),
-        {"format_version": FORMAT_VERSION, "world_size": world_size, "files": [asdict(e) for e in entries]},
+        {
+            "format_version": FORMAT_VERSION,
+            "world_size": world_size,
+            "files": [asdict(e) for e in entries],
+        },
     )
     listed = {os.path.normpath(os.path.join(root, e.path)) for e in entries}
     for path in glob.glob(os.path.join(root, "*", "*" + SHARD_SUFFIX)):

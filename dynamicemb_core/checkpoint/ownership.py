@@ -22,7 +22,9 @@ def owned_mask(keys: torch.Tensor, handle: TableHandle) -> torch.Tensor:
         return torch.ones(keys.shape[0], dtype=torch.bool, device=keys.device)
     from dynamicemb_core.shard.ownership import owner_rank
 
-    owners = owner_rank(keys, handle.dist_type, handle.world_size, num_embeddings=handle.num_embeddings)
+    owners = owner_rank(
+        keys, handle.dist_type, handle.world_size, num_embeddings=handle.num_embeddings
+    )
     return torch.as_tensor(owners, device=keys.device) == handle.rank
 
 

@@ -23,5 +23,11 @@ def row_bar(total: int, desc: str, *, rank: int = 0, show_progress: Optional[boo
     if rank != 0:
         disable = True
     return tqdm(
-        total=total, desc=desc, unit="rows", unit_scale=True, file=sys.stderr, disable=disable, leave=False
+        total=total,
+        desc=desc,
+        unit="rows",
+        unit_scale=True,
+        file=sys.stderr,
+        disable=disable,
+        leave=False,
     )

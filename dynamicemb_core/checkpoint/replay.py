@@ -27,6 +27,7 @@ from dynamicemb_core.checkpoint.progress import row_bar
 from dynamicemb_core.checkpoint.scores import clock_columns, default_scores, from_ages
 from dynamicemb_core.checkpoint.table_io import assemble_rows, table_now
 from dynamicemb_core.checkpoint.types import DeltaDumpResult, ReplayContent, TableHandle
+from dynamicemb_core.config import DynamicEmbTableOptions
 
 __all__ = ["apply_replay", "plan_replay", "replay_increment"]
 
@@ -41,7 +42,9 @@ class ReplayJob:
     keys: torch.Tensor  # (n,) int64 on the table's device
     slots: torch.Tensor  # (n,) int64
     values: torch.Tensor  # (n, dim)
-    states: Optional[torch.Tensor]  # (n, w) when OPTIMIZER_STATE was asked for and the target has state
+    states: Optional[
+        torch.Tensor
+    ]  # (n, w) when OPTIMIZER_STATE was asked for and the target has state
     ages: Optional[torch.Tensor]  # (n, num_scores) when SCORE was asked for
     erased: torch.Tensor  # owned erased keys
     evicted: torch.Tensor  # owned evicted keys (dropped from the cache only)
@@ -67,9 +70,9 @@ def _check_tensor(handle, name, tensor, shape, dtypes) -> torch.Tensor:
 
 
 def _home_buckets(keys: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    from dynamicemb_core.table.hashing import bucket_index
+    from dynamicemb_core.table.hashing import buckets_of_tensor
 
-    return bucket_index(keys, num_buckets)
+    return buckets_of_tensor(keys, num_buckets)
 
 
 def _check_slots(handle: TableHandle, keys: torch.Tensor, slots: torch.Tensor) -> None:
@@ -99,7 +102,21 @@ def _check_slots(handle: TableHandle, keys: torch.Tensor, slots: torch.Tensor) -
     split = (ks[1:] == ks[:-1]) & (ss[1:] != ss[:-1])
     if bool(split.any()):
         i = int(split.nonzero()[0])
-        raise _fail(handle, f"key {int(ks[i])} appears at two slots ({int(ss[i])} and {int(ss[i + 1])})")
+        raise _fail(
+            handle, f"key {int(ks[i])} appears at two slots ({int(ss[i])} and {int(ss[i + 1])})"
+        )
+
+
+def _column_permutation(
+    source: DynamicEmbTableOptions, target: DynamicEmbTableOptions
+) -> List[int]:
+    """For each of the target's score columns, the source column holding the same strategy.
+
+    (TIMESTAMP, LFU) and (LFU, TIMESTAMP) tables share one layout (check_layout accepts them), but their
+    user-visible columns are swapped; a delta's scores are in the source's order.
+    """
+    order = list(source.score_strategies)
+    return [order.index(s) for s in target.score_strategies]
 
 
 def _owned(handle: TableHandle, keys: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -109,25 +126,37 @@ def _owned(handle: TableHandle, keys: Optional[torch.Tensor], device: torch.devi
     return keys[owned_mask(keys, handle)]
 
 
-def _plan_table(handle: TableHandle, delta: DeltaDumpResult, i: int, content: ReplayContent) -> ReplayJob:
+def _plan_table(
+    handle: TableHandle, delta: DeltaDumpResult, i: int, content: ReplayContent
+) -> ReplayJob:
     check_dist_type_supported(handle, "replay_increment")
     meta = delta.meta[i]
     check_layout(handle, meta)
     keys = _check_tensor(handle, "keys", delta.keys[i], (delta.keys[i].shape[0],), (torch.int64,))
     n = keys.shape[0]
-    slots = _check_tensor(handle, "meta['slot_index']", meta.get("slot_index"), (n,), (torch.int64,))
+    slots = _check_tensor(
+        handle, "meta['slot_index']", meta.get("slot_index"), (n,), (torch.int64,)
+    )
     floats = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
     values = _check_tensor(handle, "values", delta.values[i], (n, handle.dim), floats)
     states = None
     if ReplayContent.OPTIMIZER_STATE in content and handle.state_width > 0:
         given = delta.optimizer_states[i] if i < len(delta.optimizer_states) else None
         if given is None or given.shape[-1] == 0:
-            raise _fail(handle, "ReplayContent.OPTIMIZER_STATE asked for, but the delta carries no optimizer state")
-        states = _check_tensor(handle, "optimizer_states", given, (n, handle.optimizer_width), floats)
+            raise _fail(
+                handle,
+                "ReplayContent.OPTIMIZER_STATE asked for, but the delta carries no optimizer state",
+            )
+        states = _check_tensor(
+            handle, "optimizer_states", given, (n, handle.optimizer_width), floats
+        )
     ages = None
     if ReplayContent.SCORE in content:
         given = delta.scores[i] if i < len(delta.scores) else None
-        ages = _check_tensor(handle, "scores", given, (n, handle.options.num_scores), (torch.int64,))
+        ages = _check_tensor(
+            handle, "scores", given, (n, handle.options.num_scores), (torch.int64,)
+        )
+        ages = ages[:, _column_permutation(meta["table_options"], handle.options)]
     device = handle.device
     keep = owned_mask(keys.to(device), handle)
     keys, slots = keys.to(device)[keep], slots.to(device)[keep]
@@ -140,7 +169,9 @@ def _plan_table(handle: TableHandle, delta: DeltaDumpResult, i: int, content: Re
         states=None if states is None else states.to(device)[keep],
         ages=None if ages is None else ages.to(device)[keep],
         erased=_owned(handle, delta.erased_keys[i] if i < len(delta.erased_keys) else None, device),
-        evicted=_owned(handle, delta.evicted_keys[i] if i < len(delta.evicted_keys) else None, device),
+        evicted=_owned(
+            handle, delta.evicted_keys[i] if i < len(delta.evicted_keys) else None, device
+        ),
         current_score=int(meta.get("current_score", 0)),
     )
 
@@ -157,9 +188,13 @@ def plan_replay(
         NotImplementedError: a table sharded with ``dist_type="continuous"``.
     """
     if not isinstance(content, ReplayContent):
-        raise TypeError(f"replay_increment: content must be a ReplayContent, got {type(content).__name__}")
+        raise TypeError(
+            f"replay_increment: content must be a ReplayContent, got {type(content).__name__}"
+        )
     if not isinstance(deltas, dict):
-        raise TypeError(f"replay_increment: deltas must be Dict[str, DeltaDumpResult], got {type(deltas).__name__}")
+        raise TypeError(
+            f"replay_increment: deltas must be Dict[str, DeltaDumpResult], got {type(deltas).__name__}"
+        )
     by_name = {(h.collection, h.name): h for h in handles}
     collections = sorted({h.collection for h in handles})
     jobs = []
@@ -169,7 +204,9 @@ def plan_replay(
                 f"replay_increment: deltas['{collection}'] must be a DeltaDumpResult, got {type(delta).__name__}"
             )
         if collection not in collections:
-            raise ValueError(f"replay_increment: the model has no collection '{collection}'; it has {collections}")
+            raise ValueError(
+                f"replay_increment: the model has no collection '{collection}'; it has {collections}"
+            )
         for field in ("keys", "values", "meta"):
             if len(getattr(delta, field)) != len(delta.table_names):
                 raise ValueError(
@@ -180,7 +217,9 @@ def plan_replay(
             handle = by_name.get((collection, name))
             if handle is None:
                 have = sorted(n for c, n in by_name if c == collection)
-                raise ValueError(f"replay_increment: collection '{collection}' has no table '{name}'; it has {have}")
+                raise ValueError(
+                    f"replay_increment: collection '{collection}' has no table '{name}'; it has {have}"
+                )
             jobs.append(_plan_table(handle, delta, i, content))
     return jobs
 
@@ -223,7 +262,9 @@ def apply_replay(job: ReplayJob, content: ReplayContent, bar=None) -> None:
             scores = from_ages(job.ages[lo:hi], columns, now)
         else:
             current = int(table.get_score(t))
-            scores = default_scores(handle.options, keys.numel(), now=now, current=current, device=keys.device)
+            scores = default_scores(
+                handle.options, keys.numel(), now=now, current=current, device=keys.device
+            )
         table.insert_at(t, keys, slots, scores=scores)
         handle.storage.write_rows(t, slots, rows)
         if bar is not None:

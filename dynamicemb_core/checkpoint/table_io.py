@@ -75,8 +75,12 @@ def export_rows(handle: TableHandle, threshold: Optional[int] = None, bar=None) 
         if bar is not None:
             bar.update(rows.shape[0])
     device, dtype = keys.device, handle.dtype
-    embeddings = torch.cat(emb_parts) if emb_parts else torch.empty(0, dim, dtype=dtype, device=device)
-    states = torch.cat(opt_parts) if opt_parts else torch.empty(0, width, dtype=dtype, device=device)
+    embeddings = (
+        torch.cat(emb_parts) if emb_parts else torch.empty(0, dim, dtype=dtype, device=device)
+    )
+    states = (
+        torch.cat(opt_parts) if opt_parts else torch.empty(0, width, dtype=dtype, device=device)
+    )
     scores = to_ages(scores.to(torch.int64), clock_columns(handle.options), now)
     return TableRows(keys, slots, embeddings, states, scores, now)
 
@@ -111,7 +115,9 @@ def assemble_rows(
         return rows
     if optimizer_states is not None:
         w = min(optimizer_states.shape[1], state_width)
-        rows[:, handle.dim : handle.dim + w] = optimizer_states[:, :w].to(device=device, dtype=dtype)
+        rows[:, handle.dim : handle.dim + w] = optimizer_states[:, :w].to(
+            device=device, dtype=dtype
+        )
         return rows
     filled = min(handle.optimizer_width, state_width)
     rows[:, handle.dim : handle.dim + filled] = handle.state_init
@@ -143,7 +149,11 @@ def insert_rows(
     for lo in range(0, keys.numel(), _CHUNK):
         k = keys[lo : lo + _CHUNK].to(device)
         found = handle.table.find(k, handle.table_id)
-        previous = handle.storage.read_rows(handle.table_id, found.slots) if optimizer_states is None else None
+        previous = (
+            handle.storage.read_rows(handle.table_id, found.slots)
+            if optimizer_states is None
+            else None
+        )
         opt = None if optimizer_states is None else optimizer_states[lo : lo + _CHUNK]
         rows = assemble_rows(handle, embeddings[lo : lo + _CHUNK], opt, previous, found.found)
         scores = from_ages(ages[lo : lo + _CHUNK].to(device), columns, table_now(handle))

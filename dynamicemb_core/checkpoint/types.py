@@ -24,8 +24,12 @@ class ReplayContent(enum.Flag):
     what comes along.
     """
 
-    EMBEDDING_ONLY = 0  # a serving replica: embeddings only, fresh optimizer state, target-side scores
-    OPTIMIZER_STATE = enum.auto()  # the source's optimizer state (a training replica resuming from it)
+    EMBEDDING_ONLY = (
+        0  # a serving replica: embeddings only, fresh optimizer state, target-side scores
+    )
+    OPTIMIZER_STATE = (
+        enum.auto()
+    )  # the source's optimizer state (a training replica resuming from it)
     SCORE = enum.auto()  # the source's scores (timestamps re-based from their age)
     ALL = OPTIMIZER_STATE | SCORE
 

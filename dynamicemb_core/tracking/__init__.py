@@ -7,4 +7,10 @@
 from dynamicemb_core.tracking.delta_tracker import DynamicEmbDeltaTracker
 from dynamicemb_core.tracking.types import DeltaTrackerConfig, TrackingMode, UniqueRows, UpdateMode
 
-__all__ = ["DeltaTrackerConfig", "DynamicEmbDeltaTracker", "TrackingMode", "UniqueRows", "UpdateMode"]
+__all__ = [
+    "DeltaTrackerConfig",
+    "DynamicEmbDeltaTracker",
+    "TrackingMode",
+    "UniqueRows",
+    "UpdateMode",
+]

@@ -33,7 +33,9 @@ from dynamicemb_core.tracking.store import KeyDeltaStore
 from dynamicemb_core.tracking.types import DeltaTrackerConfig, TrackingMode, UniqueRows, UpdateMode
 
 try:  # TorchRec's abstract tracker: subclassing it makes DMP and TorchRec tools accept ours
-    from torchrec.distributed.model_tracker.model_delta_tracker import ModelDeltaTracker as _TrackerBase
+    from torchrec.distributed.model_tracker.model_delta_tracker import (
+        ModelDeltaTracker as _TrackerBase,
+    )
 except ImportError:  # pragma: no cover
     _TrackerBase = object  # type: ignore[misc,assignment]
 
@@ -84,7 +86,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
         self._auto_compact = auto_compact
         self._fqns_to_skip = set(fqns_to_skip)
         consumers = list(consumers or [self.DEFAULT_CONSUMER])
-        self.per_consumer_batch_idx: Dict[str, int] = {c: -1 for c in consumers}
+        self.per_consumer_batch_idx: Dict[str, int] = dict.fromkeys(consumers, -1)
         self.curr_batch_idx = 0
         self.curr_compact_index = 0
         self.store = KeyDeltaStore(_UPDATE_MODE[mode])
@@ -135,20 +137,29 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
                             self.feature_to_fqn[feature] = table_fqn
                 hook(self.record_lookup)
                 if self._auto_compact:
-                    getattr(module, "register_post_odist_tracker_fn", lambda fn: None)(self.trigger_compaction)
+                    getattr(module, "register_post_odist_tracker_fn", lambda fn: None)(
+                        self.trigger_compaction
+                    )
         for fqn, module in self._model.named_modules():
             if isinstance(module, BatchedDynamicEmbeddingTables) and id(module) not in covered:
                 if self._skipped(fqn):
                     continue
-                collection = clean_fqn(fqn)  # a local module is its own collection (as in checkpoints)
-                fqns = [f"{collection}.{name}" if collection else name for name in module.table_names]
+                collection = clean_fqn(
+                    fqn
+                )  # a local module is its own collection (as in checkpoints)
+                fqns = [
+                    f"{collection}.{name}" if collection else name for name in module.table_names
+                ]
                 for table_fqn in fqns:
                     self._add_table(table_fqn, module)
                 self._handles.append(module.register_forward_hook(self._forward_hook(fqns)))
         logger.info("delta tracker: tracking %s", self.tracked_fqns)
 
     def _add_table(self, table_fqn: str, module: nn.Module) -> None:
-        if self._mode == TrackingMode.EMBEDDING and module.pooling_mode != DynamicEmbPoolingMode.NONE:
+        if (
+            self._mode == TrackingMode.EMBEDDING
+            and module.pooling_mode != DynamicEmbPoolingMode.NONE
+        ):
             raise ValueError(
                 f"DynamicEmbDeltaTracker: table '{table_fqn}' is pooled ({module.pooling_mode.name}); "
                 f"TrackingMode.EMBEDDING needs unpooled lookups (pooling NONE / EmbeddingCollection)"
@@ -157,7 +168,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
             self.tracked_fqns.append(table_fqn)
         self._modules[table_fqn] = module
 
-    def _forward_hook(self, fqns: List[str]):  # noqa: ANN202
+    def _forward_hook(self, fqns: List[str]):
         def hook(module: nn.Module, args: Tuple[Any, ...], output: torch.Tensor) -> None:
             indices, offsets = args[0], args[1]
             self._record_batch(module, fqns, indices, offsets, output)
@@ -179,10 +190,17 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
 
     # ---- recording ----------------------------------------------------------------------------
     def _append(self, fqn: str, ids: torch.Tensor, states: Optional[torch.Tensor]) -> None:
-        self.store.append(self.curr_batch_idx, fqn, ids.detach(), None if states is None else states.detach())
+        self.store.append(
+            self.curr_batch_idx, fqn, ids.detach(), None if states is None else states.detach()
+        )
 
     def _record_batch(
-        self, module: nn.Module, fqns: List[str], indices: torch.Tensor, offsets: torch.Tensor, output: torch.Tensor
+        self,
+        module: nn.Module,
+        fqns: List[str],
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        output: torch.Tensor,
     ) -> None:
         num_features = len(module.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
@@ -225,7 +243,9 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
                     per_fqn_states.setdefault(fqn, []).append(rows[offset : offset + ids.numel()])
             offset += ids.numel()
         for fqn, ids in per_fqn_ids.items():
-            self._append(fqn, torch.cat(ids), torch.cat(per_fqn_states[fqn]) if with_states else None)
+            self._append(
+                fqn, torch.cat(ids), torch.cat(per_fqn_states[fqn]) if with_states else None
+            )
 
     # ---- batch index and compaction --------------------------------------------------------------
     def step(self) -> None:

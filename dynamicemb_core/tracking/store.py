@@ -27,7 +27,9 @@ class _Batch:
     states: Optional[torch.Tensor]
 
 
-def unique_rows(ids: List[torch.Tensor], states: Optional[List[torch.Tensor]], mode: UpdateMode) -> UniqueRows:
+def unique_rows(
+    ids: List[torch.Tensor], states: Optional[List[torch.Tensor]], mode: UpdateMode
+) -> UniqueRows:
     """Merge batches: unique ids, and per id the state of its first (FIRST) or last (LAST) occurrence."""
     if not ids:
         return UniqueRows(ids=torch.empty(0, dtype=torch.int64), states=None)
@@ -56,10 +58,14 @@ class KeyDeltaStore:
         self.mode = mode
         self.per_fqn: Dict[str, List[_Batch]] = {}
 
-    def append(self, batch_idx: int, fqn: str, ids: torch.Tensor, states: Optional[torch.Tensor] = None) -> None:
+    def append(
+        self, batch_idx: int, fqn: str, ids: torch.Tensor, states: Optional[torch.Tensor] = None
+    ) -> None:
         """Record one batch of ids (and their states) for a table."""
         if self.mode != UpdateMode.NONE and states is None:
-            raise ValueError(f"delta tracker: table '{fqn}': mode {self.mode.name} needs states with the ids")
+            raise ValueError(
+                f"delta tracker: table '{fqn}': mode {self.mode.name} needs states with the ids"
+            )
         self.per_fqn.setdefault(fqn, []).append(_Batch(batch_idx, ids, states))
 
     def delete(self, up_to_idx: Optional[int] = None) -> None:
@@ -73,7 +79,9 @@ class KeyDeltaStore:
     def compact(self, start_idx: int, end_idx: int) -> None:
         """Merge the batches with ``start_idx <= batch_idx < end_idx`` into one batch at ``start_idx``."""
         if start_idx >= end_idx:
-            raise ValueError(f"delta tracker: compact needs start_idx < end_idx, got {start_idx} and {end_idx}")
+            raise ValueError(
+                f"delta tracker: compact needs start_idx < end_idx, got {start_idx} and {end_idx}"
+            )
         for fqn, batches in self.per_fqn.items():
             order = [b.batch_idx for b in batches]
             lo, hi = bisect_left(order, start_idx), bisect_left(order, end_idx)
@@ -82,7 +90,9 @@ class KeyDeltaStore:
             window = batches[lo:hi]
             states = None if self.mode == UpdateMode.NONE else [b.states for b in window]
             merged = unique_rows([b.ids for b in window], states, self.mode)
-            self.per_fqn[fqn] = batches[:lo] + [_Batch(start_idx, merged.ids, merged.states)] + batches[hi:]
+            self.per_fqn[fqn] = (
+                batches[:lo] + [_Batch(start_idx, merged.ids, merged.states)] + batches[hi:]
+            )
 
     def get_unique(self, from_idx: int = 0) -> Dict[str, UniqueRows]:
         """Per table, the merged ids (and states) of every batch with ``batch_idx >= from_idx``."""

@@ -27,7 +27,9 @@ from dynamicemb_core.checkpoint.manifest import (
 )
 
 
-def _shard(n: int = 37, dim: int = 5, opt: int = 1, dtype: torch.dtype = torch.float32, scores: int = 2):
+def _shard(
+    n: int = 37, dim: int = 5, opt: int = 1, dtype: torch.dtype = torch.float32, scores: int = 2
+):
     g = torch.Generator().manual_seed(n * 31 + dim)
     header = ShardHeader(
         table_name="t0",
@@ -146,7 +148,9 @@ def test_check_header_names_the_mismatched_field(kwargs, field):
     header, _ = _shard()
     with pytest.raises(CheckpointMismatchError, match=f"{field} expected .* file has"):
         check_header(header, where="target", **kwargs)
-    check_header(header, dim=5, dtype=torch.float32, score_columns=("LFU", "TIMESTAMP"), optimizer_width=1)
+    check_header(
+        header, dim=5, dtype=torch.float32, score_columns=("LFU", "TIMESTAMP"), optimizer_width=1
+    )
 
 
 def _entry(root, rank, world, table="t0"):

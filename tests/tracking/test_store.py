@@ -18,7 +18,7 @@ def _as_map(rows):
     """ids -> state row (or None), independent of the order unique() returns ids in."""
     if rows.states is None:
         return {int(i): None for i in rows.ids}
-    return {int(i): tuple(s.tolist()) for i, s in zip(rows.ids, rows.states)}
+    return {int(i): tuple(s.tolist()) for i, s in zip(rows.ids, rows.states, strict=True)}
 
 
 @pytest.mark.parametrize("mode", [UpdateMode.NONE, UpdateMode.FIRST, UpdateMode.LAST])
@@ -51,11 +51,15 @@ def test_store_matches_torchrec_delta_store(mode, seed):
             start = rng.randint(0, batch + 1)
             got = ours.get_unique(start)
             nonempty = {
-                fqn for fqn, lookups in theirs.per_fqn_lookups.items() if any(x.batch_idx >= start for x in lookups)
+                fqn
+                for fqn, lookups in theirs.per_fqn_lookups.items()
+                if any(x.batch_idx >= start for x in lookups)
             }
-            want = {fqn: rows for fqn, rows in theirs.get_unique(start).items()} if nonempty == set(
-                theirs.per_fqn_lookups
-            ) else None
+            want = (
+                dict(theirs.get_unique(start).items())
+                if nonempty == set(theirs.per_fqn_lookups)
+                else None
+            )
             for fqn in nonempty:
                 if want is None:  # TorchRec raises on a table with nothing in range; ask per table
                     sub = TorchRecStore(mode)

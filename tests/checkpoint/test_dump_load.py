@@ -1,0 +1,209 @@
+"""DynamicEmbDump / DynamicEmbLoad on one process: round trips, score columns, and refusal of bad input."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+from dynamicemb_core.checkpoint import (
+    CheckpointCorruptError,
+    CheckpointMismatchError,
+    DynamicEmbDump,
+    DynamicEmbLoad,
+)
+from dynamicemb_core.checkpoint.format import read_shard
+from tests.checkpoint.helpers import S, hot_and_cold, make_model, snapshot, train
+
+
+def _contents(model):
+    return {name: (snap.rows, snap.scores) for name, snap in snapshot(model).items()}
+
+
+@pytest.mark.parametrize(
+    "optimizer", ["EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "EXACT_SGD"]
+)
+def test_dump_then_load_restores_rows_and_optimizer_state(tmp_path, optimizer):
+    src = make_model(optimizer=optimizer, score_strategy=S.LFU)
+    train(src, 6)
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model(optimizer=optimizer, score_strategy=S.LFU)
+    DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    a, b = snapshot(src), snapshot(dst)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].keys() == b[name].keys() and len(a[name].keys()) > 0
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+            assert a[name].scores[k] == b[name].scores[k]  # LFU counts travel as they are
+
+
+def test_load_without_optim_gives_new_keys_a_fresh_state(tmp_path):
+    src = make_model(optimizer="EXACT_ROWWISE_ADAGRAD")
+    train(src, 4)
+    DynamicEmbDump(str(tmp_path), src, optim=False)
+    dst = make_model(optimizer="EXACT_ROWWISE_ADAGRAD")
+    DynamicEmbLoad(str(tmp_path), dst)
+    a, b = snapshot(src), snapshot(dst)
+    for name, dim in (("ebc/t0", 8), ("ebc/t1", 4)):
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k][:dim], b[name].rows[k][:dim])
+            assert float(b[name].rows[k][dim]) == 0.0  # initial_accumulator_value default
+            assert float(a[name].rows[k][dim]) > 0.0  # the source's accumulator moved
+
+
+def test_load_without_optim_keeps_state_of_keys_already_present(tmp_path):
+    src = make_model()
+    train(src, 3)
+    DynamicEmbDump(str(tmp_path), src, optim=False)
+    before = snapshot(src)
+    DynamicEmbLoad(str(tmp_path), src)  # into itself: rows unchanged, accumulators kept
+    after = snapshot(src)
+    for name in before:
+        for k in before[name].keys():
+            assert torch.equal(before[name].rows[k], after[name].rows[k])
+
+
+def test_timestamps_travel_as_ages(tmp_path):
+    src = make_model(score_strategy=S.TIMESTAMP)
+    train(src, 2, seed=1, key_range=50)
+    train(src, 1, seed=2, key_range=10)  # keys < 10 touched last: youngest
+    DynamicEmbDump(str(tmp_path), src)
+    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))
+    header, payload = read_shard(path)
+    assert header.score_columns == ("TIMESTAMP",)
+    ages = dict(zip(payload.keys.tolist(), payload.scores[:, 0].tolist(), strict=True))
+    assert all(age >= 0 for age in ages.values())
+    src_scores = snapshot(src)["ebc/t0"].scores
+    # age order is the reverse of timestamp order, exactly
+    for a in list(ages)[:20]:
+        for b in list(ages)[:20]:
+            assert (ages[a] < ages[b]) == (src_scores[a][0] > src_scores[b][0])
+    dst = make_model(score_strategy=S.TIMESTAMP)
+    DynamicEmbLoad(str(tmp_path), dst)
+    dst_scores = snapshot(dst)["ebc/t0"].scores
+    diffs = {src_scores[k][0] - dst_scores[k][0] for k in src_scores}
+    assert len(diffs) == 1  # every timestamp shifted by the same clock offset
+
+
+@pytest.mark.parametrize("order", [(S.TIMESTAMP, S.LFU), (S.LFU, S.TIMESTAMP)])
+def test_file_score_columns_follow_the_strategy_tuple(tmp_path, order):
+    src = make_model(score_strategy=order)
+    hot_and_cold(src)
+    DynamicEmbDump(str(tmp_path), src)
+    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))
+    header, payload = read_shard(path)
+    assert header.score_columns == tuple(s.name for s in order)
+    lfu = order.index(S.LFU)
+    counts = dict(zip(payload.keys.tolist(), payload.scores[:, lfu].tolist(), strict=True))
+    assert counts == {3: 5, 7: 1}
+
+
+def test_load_into_reversed_score_order_is_refused(tmp_path):
+    src = make_model(score_strategy=(S.TIMESTAMP, S.LFU))
+    train(src, 2)
+    DynamicEmbDump(str(tmp_path), src)
+    dst = make_model(score_strategy=(S.LFU, S.TIMESTAMP))
+    with pytest.raises(CheckpointMismatchError, match="score columns"):
+        DynamicEmbLoad(str(tmp_path), dst)
+    assert all(len(s.keys()) == 0 for s in snapshot(dst).values())
+
+
+def _checkpoint_and_target(tmp_path):
+    src = make_model()
+    train(src, 3)
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model()
+    train(dst, 2, seed=9)
+    return dst, _contents(dst)
+
+
+def _assert_unchanged(dst, before):
+    after = _contents(dst)
+    assert before.keys() == after.keys()
+    for name in before:
+        assert before[name][1] == after[name][1]
+        assert before[name][0].keys() == after[name][0].keys()
+        assert all(torch.equal(before[name][0][k], after[name][0][k]) for k in before[name][0])
+
+
+def test_truncated_shard_is_refused_and_tables_untouched(tmp_path):
+    dst, before = _checkpoint_and_target(tmp_path)
+    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t1.*"))  # the second table's file
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 8)
+    with pytest.raises(CheckpointCorruptError, match="truncated|manifest says"):
+        DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    _assert_unchanged(dst, before)
+
+
+def test_flipped_payload_byte_is_refused_and_tables_untouched(tmp_path):
+    dst, before = _checkpoint_and_target(tmp_path)
+    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t1.*"))
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0xFF  # inside the last section (scores)
+    open(path, "wb").write(data)
+    with pytest.raises(CheckpointCorruptError, match="checksum"):
+        DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    _assert_unchanged(dst, before)
+
+
+def test_other_dim_is_refused_and_tables_untouched(tmp_path):
+    src = make_model(dims=(8, 4))
+    train(src, 3)
+    DynamicEmbDump(str(tmp_path), src)
+    dst = make_model(dims=(8, 6))
+    train(dst, 1)
+    before = _contents(dst)
+    with pytest.raises(CheckpointMismatchError, match="t1.*dim expected 6, file has 4"):
+        DynamicEmbLoad(str(tmp_path), dst)
+    _assert_unchanged(dst, before)
+
+
+def test_other_optimizer_width_is_refused_with_optim(tmp_path):
+    src = make_model(optimizer="EXACT_ROWWISE_ADAGRAD")
+    train(src, 2)
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model(optimizer="ADAM")
+    with pytest.raises(
+        CheckpointMismatchError, match="optimizer state width expected 16, file has 1"
+    ):
+        DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    DynamicEmbLoad(str(tmp_path), dst, optim=False)  # embeddings alone fit
+
+
+def test_incomplete_checkpoint_is_refused(tmp_path):
+    src = make_model()
+    train(src, 1)
+    DynamicEmbDump(str(tmp_path), src)
+    os.unlink(os.path.join(str(tmp_path), "MANIFEST.json"))  # as if the dump died before publishing
+    with pytest.raises(CheckpointCorruptError, match="did not finish"):
+        DynamicEmbLoad(str(tmp_path), make_model())
+
+
+def test_redump_replaces_previous_checkpoint(tmp_path):
+    a = make_model(names=("t0", "t1"))
+    train(a, 2)
+    DynamicEmbDump(str(tmp_path), a)
+    b = make_model(names=("u0", "u1"))
+    train(b, 2, seed=3)
+    DynamicEmbDump(str(tmp_path), b)
+    assert not glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))  # stale shards removed
+    with pytest.raises(CheckpointMismatchError, match="no table 'ebc/t0'"):
+        DynamicEmbLoad(str(tmp_path), make_model(names=("t0", "t1")))
+
+
+def test_table_names_select_a_subset(tmp_path):
+    src = make_model()
+    train(src, 2)
+    DynamicEmbDump(str(tmp_path), src, table_names={"ebc": ["t1"]})
+    dst = make_model()
+    DynamicEmbLoad(str(tmp_path), dst, table_names={"ebc": ["t1"]})
+    snap = snapshot(dst)
+    assert (
+        len(snap["ebc/t0"].keys()) == 0 and snap["ebc/t1"].keys() == snapshot(src)["ebc/t1"].keys()
+    )
+    with pytest.raises(ValueError, match="no dynamic table \\['nope'\\]"):
+        DynamicEmbDump(str(tmp_path), src, table_names={"ebc": ["nope"]})
