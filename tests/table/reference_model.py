@@ -66,6 +66,15 @@ def digest_of(key: int) -> int:
     return 1 + ((key_hash(key) >> 56) % 255)
 
 
+def per_key_table_ids(keys: Sequence[int], table_ids) -> List[int]:
+    """The table id of each key from a ``table_ids`` argument: None (table 0), an int, or a list."""
+    if table_ids is None:
+        return [0] * len(keys)
+    if isinstance(table_ids, int):
+        return [table_ids] * len(keys)
+    return [int(t) for t in table_ids]
+
+
 # ----------------------------------------------------------------------------------------------
 # Specs and results
 # ----------------------------------------------------------------------------------------------
@@ -285,12 +294,9 @@ class RefScoredHashTable:
         self.evicted_buffers: List[Set[int]] = [set() for _ in specs]
 
     # -- helpers --------------------------------------------------------------------------------
-    def _table_ids(self, keys: Sequence[int], table_ids) -> List[int]:
-        if table_ids is None:
-            return [0] * len(keys)
-        if isinstance(table_ids, int):
-            return [table_ids] * len(keys)
-        return [int(t) for t in table_ids]
+    @staticmethod
+    def _table_ids(keys: Sequence[int], table_ids) -> List[int]:
+        return per_key_table_ids(keys, table_ids)
 
     def _now(self, t: int, score: Optional[int]) -> Optional[int]:
         """The call's score for table ``t`` (``cur_scores[t]``); None for "read the clock"."""
