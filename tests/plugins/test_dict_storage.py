@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Dict, Sequence
 
 import torch
 
+from dynamicemb_core.testing.cache_suite import StorageUnderCacheSuite
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.testing.storage_suite import StorageDumpSuite, StorageSuite
 from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
@@ -22,3 +23,10 @@ def test_memory_usage_reports_host_bytes_only() -> None:
     storage.insert(0, torch.tensor([1, 2]), torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int64))
     assert storage.memory_usage(MemoryType.HOST) == 2 * (8 + 16 + 8)
     assert storage.memory_usage(MemoryType.DEVICE) == 0
+
+
+class TestPyDictStorageUnderCache(StorageUnderCacheSuite):
+    storage_name = "dict"
+
+    def storage_options(self) -> Dict[str, Any]:
+        return {}
