@@ -262,6 +262,31 @@ def bench_dim(
     return rows
 
 
+def profile(args: argparse.Namespace) -> str:
+    """Kernel-level breakdown of one call of each op (torch.profiler), first dim and λ only."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    f = make_filled(args.slots, args.load_factors[0], gen)
+    dim = args.dims[0]
+    values = torch.empty(args.slots, dim, device="cuda")
+    out = []
+    for name, (fn, before) in cases_for(
+        f, values, torch.ones(KEYS_PER_OP, dim, device="cuda"), [0]
+    ).items():
+        for _ in range(2):
+            if before is not None:
+                before()
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12)
+        out.append(f"### {name}\n{table}")
+    return "\n".join(out)
+
+
 def run(args: argparse.Namespace) -> str:
     dev = torch.device("cuda")
     max_dim = max(args.dims)
@@ -312,10 +337,11 @@ def main() -> None:
     p.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64, 128])
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="print a per-kernel breakdown instead")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_table_cuda.py needs a CUDA device")
-    print(run(args))
+    print(profile(args) if args.profile else run(args))
 
 
 if __name__ == "__main__":

@@ -90,50 +90,64 @@ __device__ __forceinline__ bool key_home(int64_t key, int64_t t, int64_t num_tab
   return true;
 }
 
-/**
- * @brief Four digests starting at global slot `g` (a multiple of 4 relative to the bucket start)
- * as one little-endian word; bytes at or past `end` read as 0 and are cleared from `*valid`.
- *
- * A word load is used when the four bytes are aligned and inside the bucket; otherwise bytes are
- * read one by one (only possible for a single-bucket table whose region is not 4-aligned).
- */
-__device__ __forceinline__ uint32_t load_digests4(const uint8_t* digests, int64_t g, int64_t end,
-                                                  uint32_t* valid) {
-  const uint8_t* p = digests + g;
-  if (g + 4 <= end && (reinterpret_cast<uintptr_t>(p) & 3u) == 0) {
-    *valid = 0xfu;
-    return *reinterpret_cast<const uint32_t*>(p);
-  }
-  uint32_t w = 0, v = 0;
-  for (int b = 0; b < 4; ++b) {
-    if (g + b < end) {
-      w |= static_cast<uint32_t>(p[b]) << (8 * b);
-      v |= 1u << b;
-    }
-  }
-  *valid = v;
-  return w;
-}
-
 /** @brief Bit b (0..3) set where byte b of `w` equals `d` (d != 0). */
 __device__ __forceinline__ uint32_t byte_matches(uint32_t w, uint8_t d) {
   const uint32_t eq = __vcmpeq4(w, 0x01010101u * d);  // 0xff in each equal byte
   return ((eq >> 7) & 1u) | ((eq >> 14) & 2u) | ((eq >> 21) & 4u) | ((eq >> 28) & 8u);
 }
 
+/** @brief What one probe of a bucket found: the key's global slot and the lowest empty slot. */
+struct Probe {
+  int64_t hit;    ///< global slot holding the key, or -1
+  int64_t empty;  ///< lowest empty global slot (only when asked for and the key is absent), or -1
+};
+
 /**
- * @brief Global slot of `key` in [begin, end) or -1, searched by a whole warp: each lane probes
- * four digests per step and compares full keys only on a digest match. All lanes get the answer.
+ * @brief Bits k (0..15) of the 16 digests at global slot g: `*match` where the digest equals d,
+ * `*empty` where it is 0. One 16-byte load when aligned and inside [g, end); bytes one by one
+ * otherwise (only a single-bucket table whose region is not 16-aligned gets there).
  */
-__device__ __forceinline__ int64_t warp_locate(const int64_t* table_keys, const uint8_t* digests,
-                                               int64_t key, const KeyHome& home, int lane) {
-  for (int64_t base = home.begin; base < home.end; base += 4 * kWarp) {
-    const int64_t g = base + 4 * lane;
-    int64_t hit = -1;
+__device__ __forceinline__ void scan16(const uint8_t* digests, int64_t g, int64_t end, uint8_t d,
+                                       uint32_t* match, uint32_t* empty) {
+  const uint8_t* p = digests + g;
+  uint32_t m = 0, e = 0;
+  if (g + 16 <= end && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      m |= byte_matches(w[q], d) << (4 * q);
+      e |= byte_matches(w[q] ^ 0x01010101u, 1) << (4 * q);  // bytes equal to 0
+    }
+  } else {
+    for (int k = 0; k < 16 && g + k < end; ++k) {
+      m |= static_cast<uint32_t>(p[k] == d) << k;
+      e |= static_cast<uint32_t>(p[k] == 0) << k;
+    }
+  }
+  *match = m;
+  *empty = e;
+}
+
+/**
+ * @brief Probe [home.begin, home.end) for `key` with a tile of threads (cooperative groups), each
+ * reading 16 digests per step, so a tile of 8 covers a 128-slot bucket in one step. Full keys are
+ * compared only where the digest matches (~1/255 false matches). With `want_empty` the same reads
+ * also give the lowest empty slot. Every thread of the tile gets the answer.
+ */
+template <typename Tile>
+__device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* table_keys,
+                                            const uint8_t* digests, int64_t key,
+                                            const KeyHome& home, bool want_empty) {
+  const int rank = tile.thread_rank();
+  const int64_t stride = 16 * static_cast<int64_t>(tile.size());
+  Probe r{-1, -1};
+  for (int64_t base = home.begin; base < home.end; base += stride) {
+    const int64_t g = base + 16 * rank;
+    int64_t hit = -1, empty = -1;
     if (g < home.end) {
-      uint32_t valid;
-      const uint32_t w = load_digests4(digests, g, home.end, &valid);
-      uint32_t m = byte_matches(w, home.digest) & valid;
+      uint32_t m, e;
+      scan16(digests, g, home.end, home.digest, &m, &e);
       while (m) {
         const int b = __ffs(m) - 1;
         m &= m - 1;
@@ -142,29 +156,16 @@ __device__ __forceinline__ int64_t warp_locate(const int64_t* table_keys, const 
           break;
         }
       }
+      if (e) empty = g + __ffs(e) - 1;
     }
-    const unsigned ballot = __ballot_sync(kFullMask, hit >= 0);
-    if (ballot) return __shfl_sync(kFullMask, hit, __ffs(ballot) - 1);
-  }
-  return -1;
-}
-
-/** @brief Lowest empty global slot of [begin, end) or -1, searched by a whole warp. */
-__device__ __forceinline__ int64_t warp_first_empty(const uint8_t* digests, const KeyHome& home,
-                                                    int lane) {
-  for (int64_t base = home.begin; base < home.end; base += 4 * kWarp) {
-    const int64_t g = base + 4 * lane;
-    int64_t hit = -1;
-    if (g < home.end) {
-      uint32_t valid;
-      const uint32_t w = load_digests4(digests, g, home.end, &valid);
-      const uint32_t m = byte_matches(w ^ 0x01010101u, 1) & valid;  // bytes equal to 0
-      if (m) hit = g + __ffs(m) - 1;
+    const unsigned hits = tile.ballot(hit >= 0);
+    if (hits) return Probe{tile.shfl(hit, __ffs(hits) - 1), -1};
+    if (want_empty && r.empty < 0) {
+      const unsigned empties = tile.ballot(empty >= 0);
+      if (empties) r.empty = tile.shfl(empty, __ffs(empties) - 1);
     }
-    const unsigned ballot = __ballot_sync(kFullMask, hit >= 0);
-    if (ballot) return __shfl_sync(kFullMask, hit, __ffs(ballot) - 1);
   }
-  return -1;
+  return r;
 }
 
 /** @brief The two score words of a global slot, internal order. */

@@ -63,54 +63,6 @@ __device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_
   }
 }
 
-/** @brief Global slot of `key` or -1, probed by one tile of kFindTile threads (all get it). */
-template <typename Tile>
-__device__ __forceinline__ int64_t tile_locate(const Tile& tile, const int64_t* table_keys,
-                                               const uint8_t* digests, int64_t key,
-                                               const KeyHome& home) {
-  const int rank = tile.thread_rank();
-  for (int64_t base = home.begin; base < home.end; base += 16 * kFindTile) {
-    const int64_t g = base + 16 * rank;
-    int64_t hit = -1;
-    if (g < home.end) {
-      const uint8_t* p = digests + g;
-      if (g + 16 <= home.end && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
-        const uint4 v = *reinterpret_cast<const uint4*>(p);
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int q = 0; q < 4 && hit < 0; ++q) {
-          uint32_t m = byte_matches(words[q], home.digest);
-          while (m) {
-            const int b = __ffs(m) - 1;
-            m &= m - 1;
-            if (table_keys[g + 4 * q + b] == key) {
-              hit = g + 4 * q + b;
-              break;
-            }
-          }
-        }
-      } else {
-        for (int q = 0; q < 4 && hit < 0 && g + 4 * q < home.end; ++q) {
-          uint32_t valid;
-          const uint32_t w = load_digests4(digests, g + 4 * q, home.end, &valid);
-          uint32_t m = byte_matches(w, home.digest) & valid;
-          while (m) {
-            const int b = __ffs(m) - 1;
-            m &= m - 1;
-            if (table_keys[g + 4 * q + b] == key) {
-              hit = g + 4 * q + b;
-              break;
-            }
-          }
-        }
-      }
-    }
-    const unsigned ballot = tile.ballot(hit >= 0);
-    if (ballot) return tile.shfl(hit, __ffs(ballot) - 1);
-  }
-  return -1;
-}
-
 __global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
   auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kFindTile;
@@ -120,7 +72,7 @@ __global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
   KeyHome home;
   int64_t g = -1;
   if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-    g = tile_locate(tile, p.table_keys, p.digests, key, home);
+    g = tile_probe(tile, p.table_keys, p.digests, key, home, false).hit;
   }
   if (tile.thread_rank() != 0) return;
   p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;

@@ -15,6 +15,7 @@
  */
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "table_common.cuh"
@@ -80,6 +81,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   index_out[i] = static_cast<int32_t>(i);
 }
 
+namespace cg = cooperative_groups;
+constexpr int kUpsertTile = 8;  // threads per bucket owner; 8 x 16 digests = 128 slots per step
+using UpsertTile = cg::thread_block_tile<kUpsertTile>;
+
 /** @brief A victim candidate: global slot (-1: none), its words and its score-function rank. */
 struct Candidate {
   int64_t g;
@@ -105,12 +110,12 @@ __device__ __forceinline__ bool evicts_before(const Candidate& a, const Candidat
 
 /**
  * @brief The unprotected occupied slot of [begin, end) that the contract evicts first, or -1;
- * every lane scans a strided share of the bucket, then the warp reduces. All lanes get it.
+ * each thread scans a strided share of the bucket, then the tile reduces. All threads get it.
  */
-__device__ __forceinline__ int64_t warp_victim(const UpsertParams& p, const KeyHome& home,
-                                               int64_t policy, bool use_fn, int lane) {
+__device__ __forceinline__ int64_t tile_victim(const UpsertTile& tile, const UpsertParams& p,
+                                               const KeyHome& home, int64_t policy, bool use_fn) {
   Candidate best{-1, 0, 0, 0.0};
-  for (int64_t g = home.begin + lane; g < home.end; g += kWarp) {
+  for (int64_t g = home.begin + tile.thread_rank(); g < home.end; g += kUpsertTile) {
     if (p.digests[g] == 0 || is_protected(p.protect_bits, g)) continue;
     Candidate c{g, 0, 0, use_fn ? p.fn_scores[g] : 0.0};
     if (!use_fn) {
@@ -121,12 +126,12 @@ __device__ __forceinline__ int64_t warp_victim(const UpsertParams& p, const KeyH
     }
     if (evicts_before(c, best, policy, use_fn)) best = c;
   }
-  for (int o = kWarp / 2; o > 0; o >>= 1) {
+  for (int o = kUpsertTile / 2; o > 0; o >>= 1) {
     Candidate other;
-    other.g = __shfl_xor_sync(kFullMask, best.g, o);
-    other.w0 = __shfl_xor_sync(kFullMask, best.w0, o);
-    other.w1 = __shfl_xor_sync(kFullMask, best.w1, o);
-    other.f = __shfl_xor_sync(kFullMask, best.f, o);
+    other.g = tile.shfl_xor(best.g, o);
+    other.w0 = tile.shfl_xor(best.w0, o);
+    other.w1 = tile.shfl_xor(best.w1, o);
+    other.f = tile.shfl_xor(best.f, o);
     if (evicts_before(other, best, policy, use_fn)) best = other;
   }
   return best.g;
@@ -143,54 +148,65 @@ __device__ __forceinline__ void touched_words(const UpsertParams& p, int64_t i, 
   }
 }
 
+/** @brief What a bucket's owner knows about its bucket and its table for the whole run. */
+struct Segment {
+  KeyHome home;  // begin / end / layout shared by every key of the run; digest set per key
+  int64_t table;
+  int64_t policy;
+  int64_t now;
+  bool use_fn;
+};
+
+/** @brief The run's home with key i's digest (the hash is recomputed: no memory access). */
+__device__ __forceinline__ KeyHome home_for(const Segment& seg, int64_t key) {
+  KeyHome h = seg.home;
+  h.digest = digest_of(hash_key(key));
+  return h;
+}
+
 /** @brief Pass A for one key: present keys keep their slot (touched; or found, for erase). */
-__device__ __forceinline__ void pass_present(const UpsertParams& p, int64_t i, int64_t policy,
-                                             int64_t now, int lane) {
-  KeyHome home;
-  key_home(p.keys[i], p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home);
-  const int64_t g = warp_locate(p.table_keys, p.digests, p.keys[i], home, lane);
-  if (lane == 0) {
+__device__ __forceinline__ void pass_present(const UpsertTile& tile, const UpsertParams& p,
+                                             const Segment& seg, int64_t i) {
+  const int64_t key = p.keys[i];
+  const int64_t g = tile_probe(tile, p.table_keys, p.digests, key, home_for(seg, key), false).hit;
+  if (tile.thread_rank() == 0) {
     if (p.mode == UpsertMode::kErase) {
       p.out_flag[i] = g >= 0;
-      p.out_slots[i] = g;  // global, consumed by pass B below
+      p.out_slots[i] = g;  // global, consumed by pass_erase
     } else if (g >= 0) {
-      p.out_slots[i] = g - home.layout.offset;
+      p.out_slots[i] = g - seg.home.layout.offset;
       p.out_flag[i] = false;
       protect(p.protect_bits, g);
       int64_t w[2];
       load_words(p.scores, g, w);
-      touched_words(p, i, policy, now, w);
+      touched_words(p, i, seg.policy, seg.now, w);
       store_words(p.scores, g, w);
     } else {
       p.out_slots[i] = kPending;
     }
   }
-  __syncwarp();
+  tile.sync();
 }
 
 /**
  * @brief Pass B for one new key: a duplicate placed earlier in this call, else the lowest empty
- * slot, else a victim. Returns the change in the table's size (lane 0 only).
+ * slot, else a victim. Returns the change in the table's size (rank 0 only).
  */
-__device__ __forceinline__ int64_t pass_new(const UpsertParams& p, int64_t i, int64_t policy,
-                                            int64_t now, int lane) {
+__device__ __forceinline__ int64_t pass_new(const UpsertTile& tile, const UpsertParams& p,
+                                            const Segment& seg, int64_t i) {
   const int64_t key = p.keys[i];
-  KeyHome home;
-  key_home(key, p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home);
-  int64_t g = warp_locate(p.table_keys, p.digests, key, home, lane);
-  const bool again = g >= 0;  // an earlier occurrence of this key placed it in this call
-  bool was_empty = false, evicting = false;
-  if (!again) {
-    g = warp_first_empty(p.digests, home, lane);
-    was_empty = g >= 0;
-  }
-  if (g < 0 && policy_can_evict(policy)) {
-    const bool use_fn = p.has_fn != nullptr && p.has_fn[p.table_ids[i]] != 0;
-    g = warp_victim(p, home, policy, use_fn, lane);
+  const KeyHome home = home_for(seg, key);
+  const Probe probe = tile_probe(tile, p.table_keys, p.digests, key, home, true);
+  int64_t g = probe.hit >= 0 ? probe.hit : probe.empty;
+  const bool again = probe.hit >= 0;  // an earlier occurrence of this key placed it in this call
+  const bool was_empty = !again && g >= 0;
+  bool evicting = false;
+  if (g < 0 && policy_can_evict(seg.policy)) {
+    g = tile_victim(tile, p, home, seg.policy, seg.use_fn);
     evicting = g >= 0;
   }
   int64_t delta = 0;
-  if (lane == 0) {
+  if (tile.thread_rank() == 0) {
     p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
     p.out_flag[i] = g >= 0;
     if (g >= 0) {
@@ -205,7 +221,7 @@ __device__ __forceinline__ int64_t pass_new(const UpsertParams& p, int64_t i, in
         p.ev_scores[2 * i] = old[0];
         p.ev_scores[2 * i + 1] = old[1];
       }
-      touched_words(p, i, policy, now, w);
+      touched_words(p, i, seg.policy, seg.now, w);
       store_words(p.scores, g, w);
       p.table_keys[g] = key;
       p.digests[g] = home.digest;
@@ -213,22 +229,22 @@ __device__ __forceinline__ int64_t pass_new(const UpsertParams& p, int64_t i, in
       delta = was_empty ? 1 : 0;
     }
   }
-  __syncwarp();
+  tile.sync();
   return delta;
 }
 
 /** @brief erase, after pass A found every occurrence: free each slot once. */
-__device__ __forceinline__ int64_t pass_erase(const UpsertParams& p, int64_t i, int lane) {
+__device__ __forceinline__ int64_t pass_erase(const UpsertTile& tile, const UpsertParams& p,
+                                              int64_t i) {
   int64_t delta = 0;
-  if (lane == 0) {
+  if (tile.thread_rank() == 0) {
     const int64_t g = p.out_slots[i];
     if (g >= 0 && p.digests[g] != 0) {
       p.digests[g] = 0;
       delta = -1;
     }
-    p.out_slots[i] = -1;  // erase reports only the flag; the buffer was scratch
   }
-  __syncwarp();
+  tile.sync();
   return delta;
 }
 
@@ -236,13 +252,13 @@ __device__ __forceinline__ int64_t pass_erase(const UpsertParams& p, int64_t i, 
  * @brief insert_at for one key: its slot must lie in its bucket and either hold the key or be
  * empty while the key lives nowhere else in the bucket (as the CPU kernel rules).
  */
-__device__ __forceinline__ int64_t pass_insert_at(const UpsertParams& p, int64_t i, int lane) {
+__device__ __forceinline__ int64_t pass_insert_at(const UpsertTile& tile, const UpsertParams& p,
+                                                  const Segment& seg, int64_t i) {
   const int64_t key = p.keys[i];
-  KeyHome home;
-  key_home(key, p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home);
-  const int64_t at = warp_locate(p.table_keys, p.digests, key, home, lane);
+  const KeyHome home = home_for(seg, key);
+  const int64_t at = tile_probe(tile, p.table_keys, p.digests, key, home, false).hit;
   int64_t delta = 0;
-  if (lane == 0) {
+  if (tile.thread_rank() == 0) {
     const int64_t local = p.in_slots[i];
     const int64_t g = home.layout.offset + local;
     const bool in_bucket =
@@ -258,13 +274,27 @@ __device__ __forceinline__ int64_t pass_insert_at(const UpsertParams& p, int64_t
       delta = holds_key ? 0 : 1;
     }
   }
-  __syncwarp();
+  tile.sync();
   return delta;
 }
 
+/** @brief One past the run of equal homes that starts at sorted position w (tile-parallel). */
+template <typename KeyT>
+__device__ __forceinline__ int64_t run_end(const UpsertTile& tile, const KeyT* sorted_home,
+                                           int64_t n, int64_t w, KeyT home) {
+  int64_t end = w + 1;
+  for (;;) {
+    const int64_t j = end + tile.thread_rank();
+    const unsigned differs = tile.ballot(j >= n || sorted_home[j] != home);
+    if (differs) return end + __ffs(differs) - 1;
+    end += kUpsertTile;
+  }
+}
+
 /**
- * @brief One warp per run of equal homes in the sorted keys (one bucket): both passes over the
- * bucket's keys in input order, then the size change, summed per block for the first tables.
+ * @brief One tile per sorted position; the tile at the start of a run of equal homes (one bucket)
+ * owns it: both passes over the bucket's keys in input order, then the size change, summed per
+ * block in shared memory for the first tables.
  */
 template <typename KeyT>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -274,43 +304,40 @@ __global__ void __launch_bounds__(kBlockThreads)
   if (threadIdx.x < kSharedSizeTables) block_delta[threadIdx.x] = 0;
   __syncthreads();
 
-  const int lane = threadIdx.x % kWarp;
-  const int64_t w = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kWarp;
-  const KeyT home = w < p.n ? sorted_home[w] : sentinel;
-  const bool head = home != sentinel && (w == 0 || sorted_home[w - 1] != home);
+  const UpsertTile tile = cg::tiled_partition<kUpsertTile>(cg::this_thread_block());
+  const int64_t w =
+      (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kUpsertTile;
+  const KeyT h = w < p.n ? sorted_home[w] : sentinel;
+  const bool head = h != sentinel && (w == 0 || sorted_home[w - 1] != h);
   if (head) {
-    int64_t end = w + 1;  // one past the run: first position whose home differs
-    for (;;) {
-      const int64_t j = end + lane;
-      const unsigned differs = __ballot_sync(kFullMask, j >= p.n || sorted_home[j] != home);
-      if (differs) {
-        end += __ffs(differs) - 1;
-        break;
-      }
-      end += kWarp;
-    }
-    const int64_t t = p.table_ids[order[w]];
-    const int64_t policy = p.policies[t];
-    const int64_t now = p.now != nullptr ? p.now[t] : 0;
+    const int64_t end = run_end(tile, sorted_home, p.n, w, h);
+    Segment seg;
+    seg.table = p.table_ids[order[w]];
+    seg.home.layout = table_layout(p.slot_offsets, p.bucket_caps, seg.table);
+    seg.home.begin = static_cast<int64_t>(h);
+    seg.home.end = seg.home.begin + seg.home.layout.bucket_cap;
+    seg.policy = p.policies[seg.table];
+    seg.now = p.now != nullptr ? p.now[seg.table] : 0;
+    seg.use_fn = p.has_fn != nullptr && p.has_fn[seg.table] != 0;
     int64_t delta = 0;
     if (p.mode == UpsertMode::kInsertAt) {
-      for (int64_t j = w; j < end; ++j) delta += pass_insert_at(p, order[j], lane);
+      for (int64_t j = w; j < end; ++j) delta += pass_insert_at(tile, p, seg, order[j]);
     } else {
-      for (int64_t j = w; j < end; ++j) pass_present(p, order[j], policy, now, lane);
+      for (int64_t j = w; j < end; ++j) pass_present(tile, p, seg, order[j]);
       for (int64_t j = w; j < end; ++j) {
         const int64_t i = order[j];
         if (p.mode == UpsertMode::kErase) {
-          delta += pass_erase(p, i, lane);
+          delta += pass_erase(tile, p, i);
         } else if (p.out_slots[i] == kPending) {
-          delta += pass_new(p, i, policy, now, lane);
+          delta += pass_new(tile, p, seg, i);
         }
       }
     }
-    if (lane == 0 && delta != 0) {
-      if (t < kSharedSizeTables) {
-        atomicAdd(&block_delta[t], static_cast<unsigned long long>(delta));
+    if (tile.thread_rank() == 0 && delta != 0) {
+      if (seg.table < kSharedSizeTables) {
+        atomicAdd(&block_delta[seg.table], static_cast<unsigned long long>(delta));
       } else {
-        atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + t),
+        atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + seg.table),
                   static_cast<unsigned long long>(delta));
       }
     }
@@ -360,8 +387,8 @@ void launch_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorO
                                                  index_in, index_out, static_cast<int>(p.n), 0,
                                                  bits, stream));
 
-  const int64_t warps_per_block = kBlockThreads / kWarp;
-  upsert_kernel<KeyT><<<blocks_for(p.n, warps_per_block), kBlockThreads, 0, stream>>>(
+  const int64_t tiles_per_block = kBlockThreads / kUpsertTile;
+  upsert_kernel<KeyT><<<blocks_for(p.n, tiles_per_block), kBlockThreads, 0, stream>>>(
       p, home_out, index_out, sentinel);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
