@@ -107,6 +107,7 @@ class RowCodec:
         self.row_bytes = spec.row_width * self.item_bytes
         self.value_bytes = HEADER_BYTES + self.scores_bytes + self.row_bytes
         self.header = self._header(ROW_FORMAT_VERSION, DTYPE_CODES[spec.dtype], spec.num_scores, spec.row_width)
+        self._zero_value = bytes(self.value_bytes)
 
     @staticmethod
     def _header(version: int, dtype_code: int, num_scores: int, row_width: int) -> np.ndarray:
@@ -122,8 +123,11 @@ class RowCodec:
             return []
         row_u8 = rows.detach().to("cpu").contiguous().view(torch.uint8).numpy().reshape(n, self.row_bytes)
         score_u8 = scores.detach().to("cpu", torch.int64).contiguous().numpy().view(np.uint8).reshape(n, -1)
-        head = np.broadcast_to(self.header, (n, HEADER_BYTES))
-        return _split(np.concatenate([head, score_u8, row_u8], axis=1).tobytes(), self.value_bytes)
+        out = np.empty((n, self.value_bytes), dtype=np.uint8)
+        out[:, :HEADER_BYTES] = self.header
+        out[:, HEADER_BYTES : HEADER_BYTES + self.scores_bytes] = score_u8
+        out[:, HEADER_BYTES + self.scores_bytes :] = row_u8
+        return _split(out.tobytes(), self.value_bytes)
 
     def decode(
         self, values: Sequence[Optional[bytes]], keys: Optional[torch.Tensor] = None
@@ -142,29 +146,25 @@ class RowCodec:
             RowFormatError: a value's length or header differs from this table's layout.
         """
         n = len(values)
-        found_list = [v is not None for v in values]
-        found = torch.tensor(found_list, dtype=torch.bool) if n else torch.zeros(0, dtype=torch.bool)
-        rows = torch.zeros(n, self.spec.row_width, dtype=self.spec.dtype)
-        scores = torch.zeros(n, self.spec.num_scores, dtype=torch.int64)
-        present = [v for v in values if v is not None]
-        if not present:
-            return found, rows, scores
-        joined = b"".join(present)
-        if len(joined) != len(present) * self.value_bytes or any(len(v) != self.value_bytes for v in present):
+        found_np = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+        if n == 0 or not found_np.any():
+            rows = torch.zeros(n, self.spec.row_width, dtype=self.spec.dtype)
+            return torch.from_numpy(found_np), rows, torch.zeros(n, self.spec.num_scores, dtype=torch.int64)
+        if {len(v) for v in values if v is not None} != {self.value_bytes}:
             bad = next(i for i, v in enumerate(values) if v is not None and len(v) != self.value_bytes)
             self._raise(bad, keys, f"stored value is {len(values[bad])} bytes", values[bad])
-        arr = np.frombuffer(joined, dtype=np.uint8).reshape(len(present), self.value_bytes)
-        mismatch = (arr[:, :HEADER_BYTES] != self.header).any(axis=1)
+        # Missing keys get an all-zero value, so one join and one copy decode the whole batch.
+        zero = self._zero_value
+        arr = np.frombuffer(b"".join([zero if v is None else v for v in values]), dtype=np.uint8)
+        arr = arr.reshape(n, self.value_bytes)
+        mismatch = (arr[:, :HEADER_BYTES] != self.header).any(axis=1) & found_np
         if mismatch.any():
-            j = int(np.argmax(mismatch))
-            bad = [i for i, f in enumerate(found_list) if f][j]
+            bad = int(np.argmax(mismatch))
             self._raise(bad, keys, "stored header differs", values[bad])
-        idx = found.nonzero().squeeze(1)
-        body = arr[:, HEADER_BYTES + self.scores_bytes :]
-        rows[idx] = torch.from_numpy(body.copy(order="C")).view(self.spec.dtype).reshape(len(present), -1)
+        body = arr[:, HEADER_BYTES + self.scores_bytes :].copy(order="C")
+        rows = torch.from_numpy(body).view(self.spec.dtype).reshape(n, self.spec.row_width)
         words = arr[:, HEADER_BYTES : HEADER_BYTES + self.scores_bytes].copy(order="C").view("<i8")
-        scores[idx] = torch.from_numpy(words).reshape(len(present), -1)
-        return found, rows, scores
+        return torch.from_numpy(found_np), rows, torch.from_numpy(words).reshape(n, self.spec.num_scores)
 
     def describe(self, value: bytes) -> str:
         """The header fields of a stored value, for error messages."""
