@@ -40,17 +40,19 @@ BATCH = 4096
 DIM = 128  # 128 float32 = 512 bytes per row
 
 
-def _median_rate(fn: Callable[[], None], rows_per_call: int, calls: int, repeats: int) -> Tuple[float, float]:
-    """(median seconds per call, rows per second) over ``repeats`` runs of ``calls`` calls."""
-    fn()  # warm-up
-    times = []
+def _compare(ours: Callable[[], None], peer: Callable[[], None], rows_per_call: int, calls: int, repeats: int) -> Tuple[float, float]:
+    """(our rows/s, peer rows/s): medians over ``repeats``, ours and peer alternating per repeat so
+    that a busy machine slows both alike."""
+    ours()  # warm-up
+    peer()
+    times: Dict[str, List[float]] = {"ours": [], "peer": []}
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls)
-    t = statistics.median(times)
-    return t, rows_per_call / t
+        for name, fn in (("ours", ours), ("peer", peer)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / calls)
+    return rows_per_call / statistics.median(times["ours"]), rows_per_call / statistics.median(times["peer"])
 
 
 class _Batches:
@@ -112,9 +114,7 @@ def bench_redis(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
 
         n = b.keys[0].numel()
         for case, ours, peer in [("redis insert (HSET vs MSET)", ours_insert, peer_insert), ("redis find (HMGET vs MGET)", ours_find, peer_find)]:
-            o = _median_rate(ours, n, args.calls, args.repeats)[1]
-            p = _median_rate(peer, n, args.calls, args.repeats)[1]
-            out.append((case, o, p))
+            out.append((case, *_compare(ours, peer, n, args.calls, args.repeats)))
         storage.clear()
         storage.close()
     return out
@@ -162,9 +162,7 @@ def bench_rocksdb(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
 
         n = b.keys[0].numel()
         for case, ours, peer in [("rocksdb insert (WriteBatch)", ours_insert, peer_insert), ("rocksdb find (multi-get)", ours_find, peer_find)]:
-            o = _median_rate(ours, n, args.calls, args.repeats)[1]
-            p = _median_rate(peer, n, args.calls, args.repeats)[1]
-            out.append((case, o, p))
+            out.append((case, *_compare(ours, peer, n, args.calls, args.repeats)))
         storage.close()
         raw.close()
     return out

@@ -8,6 +8,7 @@ and the conformance suites) then run against the installed copy, in a fresh inte
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,9 +25,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory the example was pip-installed into (a wheel built from the source tree)."""
     target = tmp_path_factory.mktemp("site")
     build = tmp_path_factory.mktemp("build")
+    source = build / "src"  # setuptools writes build/ and egg-info next to the sources: not in the repo
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     result = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--quiet", "--target", str(target), str(EXAMPLE)],
+         "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(build)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
