@@ -104,7 +104,8 @@ EOF
   editables=()
   for dir in "$repo" "${plugins[@]}"; do editables+=(-e "$dir"); done
   log "installing editable (--no-deps --no-build-isolation): core${plugins[*]:+ + ${#plugins[@]} plugin(s)}"
-  "${pip[@]}" install --quiet --no-deps --no-build-isolation "${editables[@]}"
+  # -qq: setuptools warns about flat layouts on every editable build; errors still show.
+  "${pip[@]}" install -qq --no-deps --no-build-isolation "${editables[@]}"
   echo "$editable_key" >"$venv/.demb-editables"
   log "editable installs done in $((SECONDS - start)) s"
 fi

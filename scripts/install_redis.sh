@@ -34,4 +34,8 @@ if ((status != 0)); then
   log "error: apt-get install redis-server failed (exit $status)"
   exit "$status"
 fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  log "error: apt-get installed redis-server but it is not on PATH ($PATH)"
+  exit 1
+fi
 log "redis-server $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p') installed in $((SECONDS - start)) s"
