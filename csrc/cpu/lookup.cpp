@@ -65,12 +65,15 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
   check_bags(inverse, offsets, weights, mode, "pooled_gather");
   TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
                     embeddings.sizes());
-  const auto emb = embeddings.contiguous();
+  // Rows may be a column slice of a wider buffer (the embedding part of a table's value rows):
+  // only the innermost stride must be 1, rows are addressed by their own stride.
+  const auto emb = embeddings.stride(1) == 1 ? embeddings : embeddings.contiguous();
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const int64_t num_bags = off.numel() - 1;
   const int64_t D = emb.size(1);
   const int64_t u = emb.size(0);
+  const int64_t row_stride = emb.stride(0);
   const int64_t* off_p = off.data_ptr<int64_t>();
   const int64_t* inv_p = inv.data_ptr<int64_t>();
   TORCH_CHECK_VALUE(off_p[0] == 0 && off_p[num_bags] == inv.numel(),
@@ -93,7 +96,7 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
           TORCH_CHECK_INDEX(r >= 0 && r < u, "pooled_gather: inverse[", i, "]=", r,
                             " out of range [0, ", u, ")");
           const acc_t w = w_p ? acc_t(w_p[i]) : acc_t(1);
-          const scalar_t* row = e + r * D;
+          const scalar_t* row = e + r * row_stride;
           for (int64_t d = 0; d < D; ++d) acc[d] += w * acc_t(row[d]);
         }
         const acc_t scale = (mode == kPoolMean && hi > lo) ? acc_t(1) / acc_t(hi - lo) : acc_t(1);

@@ -31,7 +31,8 @@ __device__ inline float warp_sum(float v) {
 template <typename scalar_t>
 __global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int64_t* __restrict__ inverse,
                                      const int64_t* __restrict__ offsets, const float* __restrict__ weights,
-                                     int64_t num_bags, int64_t D, int64_t mode, scalar_t* __restrict__ out) {
+                                     int64_t num_bags, int64_t D, int64_t row_stride, int64_t mode,
+                                     scalar_t* __restrict__ out) {
   const int64_t b = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (b >= num_bags) return;
   const int64_t lo = offsets[b], hi = offsets[b + 1];
@@ -40,7 +41,7 @@ __global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int
     float acc = 0.0f;
     for (int64_t i = lo; i < hi; ++i) {
       const float w = weights ? weights[i] : 1.0f;
-      acc += w * float(emb[inverse[i] * D + d]);
+      acc += w * float(emb[inverse[i] * row_stride + d]);
     }
     out[b * D + d] = scalar_t(acc * scale);
   }
@@ -66,7 +67,8 @@ at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& in
   check_bags_cuda(inverse, offsets, weights, mode, "pooled_gather");
   TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D)");
   const at::cuda::CUDAGuard guard(embeddings.device());
-  const auto emb = embeddings.contiguous();
+  // Rows may be a column slice of a table's value rows: rows are addressed by their own stride.
+  const auto emb = embeddings.stride(1) == 1 ? embeddings : embeddings.contiguous();
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
@@ -77,7 +79,8 @@ at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& in
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, emb.scalar_type(), "pooled_gather", [&] {
     pooled_gather_kernel<scalar_t><<<blocks_for(num_bags), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
         emb.data_ptr<scalar_t>(), inv.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
-        w.defined() ? w.data_ptr<float>() : nullptr, num_bags, D, mode, out.data_ptr<scalar_t>());
+        w.defined() ? w.data_ptr<float>() : nullptr, num_bags, D, emb.stride(0), mode,
+        out.data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -22,7 +22,8 @@ from dynamicemb_core.checkpoint.types import TableHandle
 
 __all__ = ["clean_fqn", "find_tables", "group_by_collection"]
 
-_PREFIXES = ("_dmp_wrapped_module.module.", "module.")
+# DMP wraps the model as ``_dmp_wrapped_module`` and, with dense parameters, DDP adds ``module``.
+_PREFIXES = ("_dmp_wrapped_module.module.", "_dmp_wrapped_module.", "module.")
 
 
 def clean_fqn(fqn: str) -> str:

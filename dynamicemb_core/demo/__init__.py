@@ -1,7 +1,8 @@
-"""``python -m dynamicemb_core demo``: the README's first command.
+"""``python -m dynamicemb_core demo``: the README's first command, the training demo.
 
-For now it runs the table demo (:mod:`dynamicemb_core.demo.table_demo`); the training demo replaces
-it here later and keeps this entry point.
+It trains a small DLRM whose tables are dynamic, built through the planner and
+DistributedModelParallel (:mod:`dynamicemb_core.demo.training_demo`). The table-only demo stays
+available as ``python -m dynamicemb_core table-demo``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ __all__ = ["main"]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the demo with command-line arguments ``argv``; return the process exit code."""
-    from dynamicemb_core.demo.table_demo import main as table_demo_main
+    """Run the training demo with command-line arguments ``argv``; return the process exit code."""
+    from dynamicemb_core.demo.training_demo import main as training_demo_main
 
-    return table_demo_main(argv)
+    return training_demo_main(argv)

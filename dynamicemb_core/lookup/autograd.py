@@ -25,8 +25,11 @@ class TableLookup:
 
     Attributes:
         table: table index.
-        embeddings: (u, D) float32 embedding of each unique key.
-        inverse: (n_t,) int64 unique row of each index.
+        rows: (r, D) float32 rows the forward reads: the unique keys' embeddings, or a column view
+            of the table's own value buffer (then ``row_index`` holds slots).
+        row_index: (n_t,) int64 row of ``rows`` for each index.
+        inverse: (n_t,) int64 unique key of each index (the backward reduces onto these).
+        num_unique: u, the number of unique keys.
         offsets: (k*B+1,) int64 bag boundaries (pooled) or None (sequence).
         weights: (n_t,) float32 per-sample weights or None.
         positions: (n_t,) int64 rows of the sequence output (NONE pooling) or None.
@@ -35,8 +38,10 @@ class TableLookup:
     """
 
     table: int
-    embeddings: torch.Tensor
+    rows: torch.Tensor
+    row_index: torch.Tensor
     inverse: torch.Tensor
+    num_unique: int
     offsets: Optional[torch.Tensor]
     weights: Optional[torch.Tensor]
     positions: Optional[torch.Tensor]
@@ -46,21 +51,21 @@ class TableLookup:
 
 def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: int) -> None:
     """Pool one table's bags and write each feature's block of columns of ``out`` (B, total_D)."""
-    pooled = lookup_ops.pooled_gather(part.embeddings, part.inverse, part.offsets, part.weights, mode)
-    dim = part.embeddings.size(1)
+    pooled = lookup_ops.pooled_gather(part.rows, part.row_index, part.offsets, part.weights, mode)
+    dim = part.rows.size(1)
     for j, col in enumerate(part.columns):
         out[:, col : col + dim] = pooled[j * batch_size : (j + 1) * batch_size]
 
 
 def pooled_grads(part: TableLookup, mode: int, grad_out: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Gradient per unique key of one table from the output gradient (B, total_D)."""
-    dim = part.embeddings.size(1)
+    dim = part.rows.size(1)
     grad_bags = torch.cat([grad_out[:, c : c + dim] for c in part.columns]) if part.columns else (
         grad_out.new_zeros((0, dim))
     )
     return lookup_ops.reduce_grads(
         grad_bags.float().contiguous(), part.inverse, part.offsets, part.weights, mode,
-        part.embeddings.size(0),
+        part.num_unique,
     )
 
 
@@ -70,7 +75,7 @@ def sequence_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
     bags = torch.arange(n + 1, dtype=torch.int64, device=part.inverse.device)
     grad_rows = grad_out[part.positions].float().contiguous()
     return lookup_ops.reduce_grads(
-        grad_rows, part.inverse, bags, None, lookup_ops.POOL_SUM, part.embeddings.size(0)
+        grad_rows, part.inverse, bags, None, lookup_ops.POOL_SUM, part.num_unique
     )
 
 
@@ -89,8 +94,8 @@ class LookupFunction(torch.autograd.Function):
         out = torch.zeros(out_shape, dtype=torch.float32, device=dummy.device)
         for part in parts:
             if mode is None:
-                if part.inverse.numel():
-                    out[part.positions] = part.embeddings[part.inverse]
+                if part.row_index.numel():
+                    out[part.positions] = part.rows[part.row_index]
             else:
                 pooled_forward(part, mode, out, batch_size)
         ctx.parts = parts

@@ -223,8 +223,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if mode == DynamicEmbCheckMode.WARNING:
             warnings.warn(msg, DynamicEmbWarning, stacklevel=4)
 
-    def _lookup_table(self, t: int, keys: torch.Tensor, counts: torch.Tensor):  # noqa: ANN202
-        """Embeddings (u, D) for unique keys and their homes (None when the table does not train)."""
+    def _lookup_table(self, t: int, keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor):  # noqa: ANN202
+        """Rows to read, the row of each index, and the unique keys' homes (None: no training).
+
+        Fast path (training, one device buffer, no admission, every key placed): the forward reads
+        the embedding columns of the table's own rows by slot, so nothing is gathered twice.
+        """
         opts, dim, tier = self.table_options[t], self.dims[t], self.tables[t]
         if not (self.training and opts.training):
             res = tier.lookup(0, keys, touch=False)
@@ -232,29 +236,37 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             missing = (~res.found).nonzero().squeeze(1)
             if missing.numel():
                 emb[missing] = initialize_embeddings(opts.eval_initializer_args, keys[missing], dim)
-            return emb, None
+            return emb, inverse, None
+        init = lambda k: self._new_rows(t, k)  # noqa: E731
+        view = tier.embedding_rows(0, dim)
+        if self._admission[t] is None:
+            res = tier.acquire(0, keys, init, with_rows=view is None)
+            failed = int((res.homes == HOME_NONE).sum())
+            self._safe_check(t, failed)
+            if res.rows is None and failed == 0:
+                return tier.embedding_rows(0, dim), res.homes[inverse], res.homes
+            return res.rows[:, :dim].contiguous(), inverse, res.homes
         admitted = torch.ones_like(keys, dtype=torch.bool)
-        if self._admission[t] is not None:
-            strategy, counter = self._admission[t]
-            missing = (~tier.lookup(0, keys, touch=False).found).nonzero().squeeze(1)
-            if missing.numel():
-                mkeys = keys[missing]
-                freq = counter.add(mkeys, counts[missing], True).to(self.device)
-                ok = strategy.admit(mkeys, freq).to(self.device, torch.bool)
-                counter.erase(mkeys[ok])
-                admitted[missing[~ok]] = False
+        strategy, counter = self._admission[t]
+        missing = (~tier.lookup(0, keys, touch=False).found).nonzero().squeeze(1)
+        if missing.numel():
+            mkeys = keys[missing]
+            freq = counter.add(mkeys, counts[missing], True).to(self.device)
+            ok = strategy.admit(mkeys, freq).to(self.device, torch.bool)
+            counter.erase(mkeys[ok])
+            admitted[missing[~ok]] = False
         take = admitted.nonzero().squeeze(1)
-        res = tier.acquire(0, keys[take], lambda k: self._new_rows(t, k))
+        res = tier.acquire(0, keys[take], init)
         emb = torch.empty((keys.numel(), dim), dtype=torch.float32, device=self.device)
         emb[take] = res.rows[:, :dim].to(torch.float32)
         homes = torch.full_like(keys, HOME_NONE)
         homes[take] = res.homes
         rejected = (~admitted).nonzero().squeeze(1)
         if rejected.numel():
-            init_args = self._admission[t][0].get_initializer_args() or opts.initializer_args
+            init_args = strategy.get_initializer_args() or opts.initializer_args
             emb[rejected] = initialize_embeddings(init_args, keys[rejected], dim)
         self._safe_check(t, int((res.homes == HOME_NONE).sum()))
-        return emb.contiguous(), homes
+        return emb, inverse, homes
 
     def _grad_applier(self, t: int, keys: torch.Tensor, homes: torch.Tensor):  # noqa: ANN202
         tier = self.tables[t]
@@ -294,12 +306,14 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             if seg.indices.numel() == 0:
                 continue
             keys, inverse, counts = torch.unique(seg.indices, return_inverse=True, return_counts=True)
-            emb, homes = self._lookup_table(t, keys, counts)
+            rows, row_index, homes = self._lookup_table(t, keys, counts, inverse)
             parts.append(
                 TableLookup(
                     table=t,
-                    embeddings=emb,
+                    rows=rows,
+                    row_index=row_index,
                     inverse=inverse,
+                    num_unique=keys.numel(),
                     offsets=seg.offsets if pooled else None,
                     weights=seg.weights,
                     positions=seg.positions,

@@ -15,21 +15,27 @@ from dynamicemb_core.plugins.registry import RegisterFn
 from dynamicemb_core.types import AdmissionStrategy, Counter, Storage, StorageTableSpec
 
 
-def device_storage(tables: Sequence[StorageTableSpec], device: torch.device, **options: Any) -> Storage:
+def device_storage(
+    tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
+) -> Storage:
     """Build :class:`dynamicemb_core.storage.DeviceStorage` (imported on first use)."""
     from dynamicemb_core.storage import DeviceStorage
 
     return DeviceStorage(tables, device, **options)
 
 
-def hybrid_storage(tables: Sequence[StorageTableSpec], device: torch.device, **options: Any) -> Storage:
+def hybrid_storage(
+    tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
+) -> Storage:
     """Build :class:`dynamicemb_core.storage.HybridStorage` (imported on first use)."""
     from dynamicemb_core.storage import HybridStorage
 
     return HybridStorage(tables, device, **options)
 
 
-def dict_storage(tables: Sequence[StorageTableSpec], device: torch.device, **options: Any) -> Storage:
+def dict_storage(
+    tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
+) -> Storage:
     """Build the reference :class:`dynamicemb_core.testing.dict_storage.PyDictStorage`."""
     from dynamicemb_core.testing.dict_storage import PyDictStorage
 
@@ -53,7 +59,9 @@ def frequency_admission(**options: Any) -> AdmissionStrategy:
 @hookimpl
 def dynamicemb_register_storages(register: RegisterFn) -> None:
     register("device", device_storage, description="hash table and rows on the table's device")
-    register("hybrid", hybrid_storage, description="rows split device + host by local_hbm_for_values")
+    register(
+        "hybrid", hybrid_storage, description="rows split device + host by local_hbm_for_values"
+    )
     register("dict", dict_storage, description="reference Python dict storage (tests, examples)")
 
 

@@ -8,7 +8,12 @@ import sys
 from dataclasses import asdict
 from typing import List, Optional, TextIO
 
-from dynamicemb_core.plugins.registry import AUTOLOAD_ENV, PluginInfo, autoload_disabled, get_registry
+from dynamicemb_core.plugins.registry import (
+    AUTOLOAD_ENV,
+    PluginInfo,
+    autoload_disabled,
+    get_registry,
+)
 from dynamicemb_core.plugins.types import PluginKind
 
 __all__ = ["format_plugins", "main"]

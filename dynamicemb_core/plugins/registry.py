@@ -54,7 +54,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 class RegisterFn(Protocol):
     """The callback every registration hook receives."""
 
-    def __call__(self, name: str, factory: Callable[..., Any], *, description: str = "") -> None: ...
+    def __call__(
+        self, name: str, factory: Callable[..., Any], *, description: str = ""
+    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,9 @@ class PluginRegistry:
 
     def _distribution_of(self, pm: pluggy.PluginManager) -> Dict[str, Tuple[str, str]]:
         """pluggy plugin name -> (distribution, version)."""
-        out: Dict[str, Tuple[str, str]] = {BUILTINS_PLUGIN_NAME: (CORE_DISTRIBUTION, _core_version())}
+        out: Dict[str, Tuple[str, str]] = {
+            BUILTINS_PLUGIN_NAME: (CORE_DISTRIBUTION, _core_version())
+        }
         for plugin, dist in pm.list_plugin_distinfo():
             name = pm.get_name(plugin)
             if name is not None:
@@ -194,7 +198,9 @@ class PluginRegistry:
                 try:
                     impl.function(**{arg: register for arg in impl.argnames})
                 except Exception as exc:
-                    exc.add_note(f"while plugin {impl.plugin_name!r} ({label}) ran {kind.hook_name}")
+                    exc.add_note(
+                        f"while plugin {impl.plugin_name!r} ({label}) ran {kind.hook_name}"
+                    )
                     raise
         return entries
 
@@ -212,7 +218,9 @@ class PluginRegistry:
             if not callable(factory):
                 raise TypeError(f"{where}: factory for {name!r} must be callable, got {factory!r}")
             if not isinstance(description, str):
-                raise TypeError(f"{where}: description must be a str, got {type(description).__name__}")
+                raise TypeError(
+                    f"{where}: description must be a str, got {type(description).__name__}"
+                )
             entry = PluginEntry(kind, name, factory, description, plugin, distribution)
             previous = table.get(name)
             if previous is not None:
@@ -292,4 +300,3 @@ def register_plugin(plugin: object, name: str) -> None:
 def unregister_plugin(name: str) -> None:
     """Remove a plugin added with :func:`register_plugin`."""
     get_registry().remove_plugin(name)
-

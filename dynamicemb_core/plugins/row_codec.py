@@ -68,7 +68,14 @@ def _split(buf: bytes, width: int) -> List[bytes]:
 def encode_keys(keys: torch.Tensor, prefix: bytes = b"") -> List[bytes]:
     """``prefix + int64 little-endian`` for each key of a (n,) int64 tensor (any device)."""
     _require_little_endian()
-    raw = keys.detach().to("cpu", torch.int64).contiguous().numpy().view(np.uint8).reshape(-1, KEY_BYTES)
+    raw = (
+        keys.detach()
+        .to("cpu", torch.int64)
+        .contiguous()
+        .numpy()
+        .view(np.uint8)
+        .reshape(-1, KEY_BYTES)
+    )
     if prefix:
         head = np.frombuffer(prefix, dtype=np.uint8)
         raw = np.concatenate([np.broadcast_to(head, (raw.shape[0], head.size)), raw], axis=1)
@@ -80,7 +87,9 @@ def decode_keys(raw: Sequence[bytes], prefix_len: int = 0) -> torch.Tensor:
     if not raw:
         return torch.empty(0, dtype=torch.int64)
     joined = np.frombuffer(b"".join(raw), dtype=np.uint8).reshape(len(raw), prefix_len + KEY_BYTES)
-    return torch.from_numpy(np.ascontiguousarray(joined[:, prefix_len:]).view("<i8").reshape(-1).copy())
+    return torch.from_numpy(
+        np.ascontiguousarray(joined[:, prefix_len:]).view("<i8").reshape(-1).copy()
+    )
 
 
 class RowCodec:
@@ -99,14 +108,18 @@ class RowCodec:
                 f"{sorted(str(d) for d in DTYPE_CODES)}"
             )
         if not 0 < spec.row_width < 2**32 or not 0 < spec.num_scores < 256:
-            raise ValueError(f"table {spec.name!r}: row_width / num_scores out of range for the header")
+            raise ValueError(
+                f"table {spec.name!r}: row_width / num_scores out of range for the header"
+            )
         self.spec = spec
         self.context = context or f"table {spec.name!r}"
         self.item_bytes = torch.empty(0, dtype=spec.dtype).element_size()
         self.scores_bytes = 8 * spec.num_scores
         self.row_bytes = spec.row_width * self.item_bytes
         self.value_bytes = HEADER_BYTES + self.scores_bytes + self.row_bytes
-        self.header = self._header(ROW_FORMAT_VERSION, DTYPE_CODES[spec.dtype], spec.num_scores, spec.row_width)
+        self.header = self._header(
+            ROW_FORMAT_VERSION, DTYPE_CODES[spec.dtype], spec.num_scores, spec.row_width
+        )
         self._zero_value = bytes(self.value_bytes)
 
     @staticmethod
@@ -121,8 +134,22 @@ class RowCodec:
         n = rows.shape[0]
         if n == 0:
             return []
-        row_u8 = rows.detach().to("cpu").contiguous().view(torch.uint8).numpy().reshape(n, self.row_bytes)
-        score_u8 = scores.detach().to("cpu", torch.int64).contiguous().numpy().view(np.uint8).reshape(n, -1)
+        row_u8 = (
+            rows.detach()
+            .to("cpu")
+            .contiguous()
+            .view(torch.uint8)
+            .numpy()
+            .reshape(n, self.row_bytes)
+        )
+        score_u8 = (
+            scores.detach()
+            .to("cpu", torch.int64)
+            .contiguous()
+            .numpy()
+            .view(np.uint8)
+            .reshape(n, -1)
+        )
         out = np.empty((n, self.value_bytes), dtype=np.uint8)
         out[:, :HEADER_BYTES] = self.header
         out[:, HEADER_BYTES : HEADER_BYTES + self.scores_bytes] = score_u8
@@ -149,10 +176,16 @@ class RowCodec:
         found_np = np.fromiter((v is not None for v in values), dtype=bool, count=n)
         if n == 0 or not found_np.any():
             rows = torch.zeros(n, self.spec.row_width, dtype=self.spec.dtype)
-            return torch.from_numpy(found_np), rows, torch.zeros(n, self.spec.num_scores, dtype=torch.int64)
+            return (
+                torch.from_numpy(found_np),
+                rows,
+                torch.zeros(n, self.spec.num_scores, dtype=torch.int64),
+            )
         if {len(v) for v in values if v is not None} != {self.value_bytes}:
-            bad = next(i for i, v in enumerate(values) if v is not None and len(v) != self.value_bytes)
-            self._raise(bad, keys, f"stored value is {len(values[bad])} bytes", values[bad])
+            bad, value = next(
+                (i, v) for i, v in enumerate(values) if v is not None and len(v) != self.value_bytes
+            )
+            self._raise(bad, keys, f"stored value is {len(value)} bytes", value)
         # Missing keys get an all-zero value, so one join and one copy decode the whole batch.
         zero = self._zero_value
         arr = np.frombuffer(b"".join([zero if v is None else v for v in values]), dtype=np.uint8)
@@ -164,7 +197,11 @@ class RowCodec:
         body = arr[:, HEADER_BYTES + self.scores_bytes :].copy(order="C")
         rows = torch.from_numpy(body).view(self.spec.dtype).reshape(n, self.spec.row_width)
         words = arr[:, HEADER_BYTES : HEADER_BYTES + self.scores_bytes].copy(order="C").view("<i8")
-        return torch.from_numpy(found_np), rows, torch.from_numpy(words).reshape(n, self.spec.num_scores)
+        return (
+            torch.from_numpy(found_np),
+            rows,
+            torch.from_numpy(words).reshape(n, self.spec.num_scores),
+        )
 
     def describe(self, value: bytes) -> str:
         """The header fields of a stored value, for error messages."""
@@ -175,7 +212,9 @@ class RowCodec:
         dtype = _DTYPE_BY_CODE.get(code, f"unknown code {code}")
         return f"version {version}, dtype {dtype}, num_scores {num_scores}, row_width {width}"
 
-    def _raise(self, index: int, keys: Optional[torch.Tensor], what: str, value: Optional[bytes]) -> None:
+    def _raise(
+        self, index: int, keys: Optional[torch.Tensor], what: str, value: Optional[bytes]
+    ) -> None:
         key = f" key {int(keys[index])}" if keys is not None else ""
         expected = self.describe(bytes(self.header) + b"\0" * (self.value_bytes - HEADER_BYTES))
         raise RowFormatError(

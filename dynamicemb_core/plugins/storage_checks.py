@@ -28,9 +28,13 @@ def check_table_specs(owner: str, tables: Sequence[StorageTableSpec]) -> None:
     seen = set()
     for i, spec in enumerate(tables):
         if not isinstance(spec, StorageTableSpec):
-            raise TypeError(f"{owner}: tables[{i}] must be a StorageTableSpec, got {type(spec).__name__}")
+            raise TypeError(
+                f"{owner}: tables[{i}] must be a StorageTableSpec, got {type(spec).__name__}"
+            )
         if spec.name in seen:
-            raise ValueError(f"{owner}: table name {spec.name!r} appears twice; names must be unique")
+            raise ValueError(
+                f"{owner}: table name {spec.name!r} appears twice; names must be unique"
+            )
         seen.add(spec.name)
         if spec.row_width <= 0 or spec.dim <= 0 or spec.dim > spec.row_width:
             raise ValueError(
@@ -38,7 +42,9 @@ def check_table_specs(owner: str, tables: Sequence[StorageTableSpec]) -> None:
                 f"row_width={spec.row_width}"
             )
         if spec.num_scores not in (1, 2):
-            raise ValueError(f"{owner}: table {spec.name!r}: num_scores must be 1 or 2, got {spec.num_scores}")
+            raise ValueError(
+                f"{owner}: table {spec.name!r}: num_scores must be 1 or 2, got {spec.num_scores}"
+            )
 
 
 def check_table_id(tables: Sequence[StorageTableSpec], table_id: int) -> StorageTableSpec:
@@ -47,13 +53,17 @@ def check_table_id(tables: Sequence[StorageTableSpec], table_id: int) -> Storage
         raise TypeError(f"table_id must be an int, got {type(table_id).__name__}")
     if not 0 <= table_id < len(tables):
         names = [t.name for t in tables]
-        raise IndexError(f"table_id {table_id} out of range: this storage holds {len(tables)} tables {names}")
+        raise IndexError(
+            f"table_id {table_id} out of range: this storage holds {len(tables)} tables {names}"
+        )
     return tables[table_id]
 
 
 def _check_keys(spec: StorageTableSpec, keys: torch.Tensor) -> int:
     if not isinstance(keys, torch.Tensor):
-        raise TypeError(f"table {spec.name!r}: keys must be a torch.Tensor, got {type(keys).__name__}")
+        raise TypeError(
+            f"table {spec.name!r}: keys must be a torch.Tensor, got {type(keys).__name__}"
+        )
     if keys.dtype != torch.int64 or keys.dim() != 1:
         raise TypeError(
             f"table {spec.name!r}: keys must be a 1-D int64 tensor, got {keys.dtype} of shape "
@@ -62,7 +72,9 @@ def _check_keys(spec: StorageTableSpec, keys: torch.Tensor) -> int:
     return keys.numel()
 
 
-def check_find(tables: Sequence[StorageTableSpec], table_id: int, keys: torch.Tensor) -> StorageTableSpec:
+def check_find(
+    tables: Sequence[StorageTableSpec], table_id: int, keys: torch.Tensor
+) -> StorageTableSpec:
     """Validate ``find`` arguments; return the table's spec."""
     spec = check_table_id(tables, table_id)
     _check_keys(spec, keys)
@@ -82,8 +94,16 @@ def check_insert(
     """Validate ``insert`` arguments (shapes, dtypes) before anything is written; return the spec."""
     spec = check_table_id(tables, table_id)
     n = _check_keys(spec, keys)
-    if not isinstance(rows, torch.Tensor) or rows.dtype != spec.dtype or tuple(rows.shape) != (n, spec.row_width):
-        found = f"{rows.dtype} {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+    if (
+        not isinstance(rows, torch.Tensor)
+        or rows.dtype != spec.dtype
+        or tuple(rows.shape) != (n, spec.row_width)
+    ):
+        found = (
+            f"{rows.dtype} {tuple(rows.shape)}"
+            if isinstance(rows, torch.Tensor)
+            else type(rows).__name__
+        )
         raise ValueError(
             f"table {spec.name!r}: rows must be {spec.dtype} of shape ({n}, {spec.row_width}) "
             f"(n keys x row_width), got {found}"
@@ -94,7 +114,9 @@ def check_insert(
         or tuple(scores.shape) != (n, spec.num_scores)
     ):
         found = (
-            f"{scores.dtype} {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores).__name__
+            f"{scores.dtype} {tuple(scores.shape)}"
+            if isinstance(scores, torch.Tensor)
+            else type(scores).__name__
         )
         raise ValueError(
             f"table {spec.name!r}: scores must be int64 of shape ({n}, {spec.num_scores}) "

@@ -9,8 +9,13 @@ key, docs/table_design.md), so negative keys have an owner like any other.
   table accepts any int64) falls back to ``k % world_size``, as FBGEMM's
   ``block_bucketize_sparse_features`` does, so a native and a dynamic table agree on in-range keys.
 - ``roundrobin`` (default): ``k % world_size``.
-- ``hash_roundrobin``: ``murmur3_fmix64(k) % world_size``, with the table's own finalizer, so that keys
-  sharing low bits (ids with a stride that divides the world size) still spread over the ranks.
+- ``hash_roundrobin``: ``(murmur3_fmix64(k) >> 32) % world_size``, with the table's own finalizer, so
+  that keys sharing low bits (ids with a stride that divides the world size) still spread over the
+  ranks. The rank comes from the hash's high half because the table picks a key's bucket from the
+  whole hash modulo ``num_buckets`` (docs/table_design.md): were the rank ``hash % world_size``, every
+  key of a rank would share ``hash % gcd(world_size, num_buckets)`` and could use only
+  ``1 / gcd`` of that rank's buckets (half of them for 2 ranks and an even bucket count), which
+  overflows buckets and evicts long before the table is full.
 """
 
 from __future__ import annotations
@@ -101,7 +106,8 @@ def owner_rank(
     if dist_type == "roundrobin":
         return _unsigned_mod(keys, world_size)
     if dist_type == "hash_roundrobin":
-        return _unsigned_mod(_fmix64(keys), world_size)
+        high = torch.bitwise_right_shift(_fmix64(keys), 32) & 0xFFFFFFFF  # logical: drop sign bits
+        return torch.remainder(high, world_size)
     if num_embeddings is None or int(num_embeddings) <= 0:
         raise ValueError(
             f"owner_rank: dist_type 'continuous' needs the table's num_embeddings (> 0), "

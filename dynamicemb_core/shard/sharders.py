@@ -13,11 +13,13 @@ with ``DynamicEmbDump`` / ``DynamicEmbLoad``. Native tables and dense weights be
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Any, Dict, List, Optional, Type
+from typing import Any, Dict, Iterator, List, Optional, Type
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.embeddingbag import (
@@ -27,6 +29,8 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+from dynamicemb_core.planner.parameter_sharding import is_dynamic_sharding
+from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
 from dynamicemb_core.shard.rw_sharding import (
     RwPooledDynamicEmbeddingSharding,
     RwSequenceDynamicEmbeddingSharding,
@@ -43,9 +47,40 @@ __all__ = [
 
 
 def _construct(cls: type, **kwargs: Any) -> Any:
-    """Call ``cls`` with the keyword arguments its TorchRec version accepts (1.6 lacks some)."""
-    accepted = inspect.signature(cls.__init__).parameters
+    """Call ``cls`` with the keyword arguments its TorchRec base accepts (1.6 lacks some)."""
+    accepted = inspect.signature(cls.__mro__[1].__init__).parameters
     return cls(**{k: v for k, v in kwargs.items() if k in accepted})
+
+
+@contextlib.contextmanager
+def _without_dynamic_configs(module: nn.Module, attr: str) -> Iterator[None]:
+    """Hide dynamic tables from TorchRec code that expects a dense weight for every table.
+
+    ``reset_parameters`` re-initializes each table's dense weight; a dynamic table has none (its rows
+    are initialized on first lookup from ``initializer_args``), so it is left out for the call.
+    """
+    configs = getattr(module, attr)
+    plan = module.module_sharding_plan  # type: ignore[attr-defined]
+    setattr(module, attr, [c for c in configs if not is_dynamic_sharding(plan[c.name])])
+    try:
+        yield
+    finally:
+        setattr(module, attr, configs)
+
+
+def _register_dynamic_kernels(module: nn.Module) -> None:
+    """Make the dynamic kernels submodules of the sharded collection.
+
+    TorchRec keeps its lookups in a plain list, out of ``named_modules()``; registering our kernels
+    lets code that walks the model (dump, load, incremental dump, the demo's table stats) find every
+    dynamic table under its collection's path. They add no parameters, buffers or state_dict keys.
+    """
+    kernels = []
+    for lookup in module._lookups:  # type: ignore[attr-defined]
+        while isinstance(lookup, DistributedDataParallel):
+            lookup = lookup.module
+        kernels.extend(m for m in getattr(lookup, "_emb_modules", []) if isinstance(m, BatchedDynamicEmbeddingKernel))
+    module.dynamic_kernels = nn.ModuleList(kernels)
 
 
 def _with_row_wise(types: List[str]) -> List[str]:
@@ -53,7 +88,19 @@ def _with_row_wise(types: List[str]) -> List[str]:
 
 
 class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
-    """TorchRec's sharded EmbeddingCollection whose row-wise dynamic tables use our sharding."""
+    """TorchRec's sharded EmbeddingCollection whose row-wise dynamic tables use our sharding.
+
+    Attributes:
+        dynamic_kernels: the :class:`BatchedDynamicEmbeddingKernel` of every dynamic group on this rank.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _register_dynamic_kernels(self)
+
+    def reset_parameters(self) -> None:
+        with _without_dynamic_configs(self, "_embedding_configs"):
+            super().reset_parameters()
 
     @classmethod
     def create_embedding_sharding(  # type: ignore[override]
@@ -83,7 +130,19 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
 
 
 class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
-    """TorchRec's sharded EmbeddingBagCollection whose row-wise dynamic tables use our sharding."""
+    """TorchRec's sharded EmbeddingBagCollection whose row-wise dynamic tables use our sharding.
+
+    Attributes:
+        dynamic_kernels: the :class:`BatchedDynamicEmbeddingKernel` of every dynamic group on this rank.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _register_dynamic_kernels(self)
+
+    def reset_parameters(self) -> None:
+        with _without_dynamic_configs(self, "_embedding_bag_configs"):
+            super().reset_parameters()
 
     @classmethod
     def create_embedding_bag_sharding(  # type: ignore[override]

@@ -126,7 +126,9 @@ class CachedStorage(LookupTier):
             homes[got] = HOME_BACKING
         return TierRows(homes=homes, found=found, rows=rows)
 
-    def acquire(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+    def acquire(
+        self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
+    ) -> TierRows:
         if self.cache is None:
             return self._acquire_in_backing(table_id, keys, init)
         res = self.cache.table.find_or_insert(keys, table_id)

@@ -136,21 +136,29 @@ class DeviceStorage(LookupTier):
         """The value buffers holding the rows, as ``(buffer, first_slot)`` pairs."""
         return [(self.table.values(table_id), 0)]
 
+    def embedding_rows(self, table_id: int, dim: int) -> Optional[torch.Tensor]:
+        blocks = self.row_blocks(table_id)
+        return blocks[0][0][:, :dim] if len(blocks) == 1 else None
+
     # ---- LookupTier ---------------------------------------------------------------------------
     def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
         res = self.table.find(keys, table_id, update_score=touch)
         return TierRows(homes=res.slots, found=res.found, rows=self.read_rows(table_id, res.slots))
 
-    def acquire(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+    def acquire(
+        self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
+    ) -> TierRows:
         res = self.table.find_or_insert(keys, table_id)
         self._count_evictions(table_id, res)
         slots, is_new = res.slots, res.is_new
-        rows = self.read_rows(table_id, slots)
         missing = is_new | (slots < 0)
-        if bool(missing.any()):
-            idx = missing.nonzero().squeeze(1)
+        idx = missing.nonzero().squeeze(1)
+        unplaced = bool((slots < 0).any())
+        rows = self.read_rows(table_id, slots) if (with_rows or unplaced) else None
+        if idx.numel():
             fresh = init(keys[idx])
-            rows[idx] = fresh
+            if rows is not None:
+                rows[idx] = fresh
             self.write_rows(table_id, slots[idx], fresh)
         found = ~missing
         return TierRows(homes=torch.where(slots >= 0, slots, HOME_NONE), found=found, rows=rows)

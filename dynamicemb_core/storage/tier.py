@@ -54,12 +54,22 @@ class LookupTier(Storage, metaclass=abc.ABCMeta):
         """Find unique keys in every tier without inserting; ``touch`` updates their scores."""
 
     @abc.abstractmethod
-    def acquire(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+    def acquire(
+        self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
+    ) -> TierRows:
         """Make unique keys resident (training): found keys keep their rows, new keys get ``init``.
 
         All keys of one call are placed in one table call, so no key of the call can evict another
-        key of the same call (table_design.md, rule 4).
+        key of the same call (table_design.md, rule 4). With ``with_rows=False`` a tier may leave
+        ``rows`` None when every key got a slot (the caller then reads :meth:`embedding_rows`).
         """
+
+    def embedding_rows(self, table_id: int, dim: int) -> Optional[torch.Tensor]:
+        """A (capacity, dim) view of the embedding columns of the device rows, indexed by slot.
+
+        None when rows are not one device buffer (hybrid), so the caller gathers them instead.
+        """
+        return None
 
     @abc.abstractmethod
     def update(

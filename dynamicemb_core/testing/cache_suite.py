@@ -52,8 +52,14 @@ class StorageUnderCacheSuite:
             **kw,
         )
         return BatchedDynamicEmbeddingTables(
-            [options], ["t"], [0], DynamicEmbPoolingMode.SUM, EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            self.device, learning_rate=0.1, eps=1e-6,
+            [options],
+            ["t"],
+            [0],
+            DynamicEmbPoolingMode.SUM,
+            EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            self.device,
+            learning_rate=0.1,
+            eps=1e-6,
         )
 
     def _batches(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
@@ -77,10 +83,14 @@ class StorageUnderCacheSuite:
             coeff = torch.randn(want.shape, device=self.device)
             (want * coeff).sum().backward()
             (got * coeff).sum().backward()
-        assert stack.spills(0) > 0 and stack.backing.size(0) > 0, "the cache never spilled into the plugin"
+        assert stack.spills(0) > 0 and stack.backing.size(0) > 0, (
+            "the cache never spilled into the plugin"
+        )
         tiered.flush()
         keys = torch.arange(NUM_KEYS, device=self.device)
         found_w, rows_w, _ = plain.tables[0].find(0, keys)
         found_g, rows_g, _ = stack.backing.find(0, keys)  # after flush, the plugin holds every row
         assert torch.equal(found_w.cpu(), found_g.cpu())
-        torch.testing.assert_close(rows_g[found_g].cpu(), rows_w[found_w].cpu(), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(
+            rows_g[found_g].cpu(), rows_w[found_w].cpu(), rtol=1e-6, atol=1e-6
+        )

@@ -44,7 +44,9 @@ class CounterSuite:
             return
         assert bool((got >= expected).all()), "an approximate counter must never under-count"
         over = int((got > expected).sum())
-        assert over <= self.max_overcount_fraction * max(1, expected.numel()), f"{over} keys over-counted"
+        assert over <= self.max_overcount_fraction * max(1, expected.numel()), (
+            f"{over} keys over-counted"
+        )
 
     def keys(self, n: int, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
@@ -70,7 +72,9 @@ class CounterSuite:
         counter = self.make_counter(self.device)
         keys = self.keys(300, 2)
         counter.add(keys, torch.full_like(keys, 2), True)
-        self.assert_counts(counter.add(keys, torch.full_like(keys, 5), False), torch.full_like(keys, 7))
+        self.assert_counts(
+            counter.add(keys, torch.full_like(keys, 5), False), torch.full_like(keys, 7)
+        )
         self.assert_counts(self.read(counter, keys), torch.full_like(keys, 2))
 
     def test_new_keys_start_at_their_frequency(self) -> None:
@@ -119,7 +123,9 @@ class CounterSuite:
         counter = self.make_counter(self.device)
         keys = self.keys(5, 7)
         with pytest.raises((ValueError, TypeError)):
-            counter.add(keys, torch.ones(keys.numel() + 1, dtype=torch.int64, device=self.device), True)
+            counter.add(
+                keys, torch.ones(keys.numel() + 1, dtype=torch.int64, device=self.device), True
+            )
 
     def test_random_sequence_matches_exact_model(self) -> None:
         counter = self.make_counter(self.device)
@@ -137,7 +143,9 @@ class CounterSuite:
             freq = [rng.randrange(0, 5) for _ in batch]
             inplace = rng.random() < 0.8
             got = counter.add(keys, torch.tensor(freq, device=self.device), inplace)
-            self.assert_counts(got, torch.tensor([model.get(k, 0) + f for k, f in zip(batch, freq)]))
+            self.assert_counts(
+                got, torch.tensor([model.get(k, 0) + f for k, f in zip(batch, freq)])
+            )
             if inplace:
                 for k, f in zip(batch, freq):
                     model[k] = model.get(k, 0) + f

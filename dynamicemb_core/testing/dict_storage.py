@@ -35,12 +35,16 @@ class PyDictStorage(Storage):
         device: where ``find`` and ``export`` return tensors.
     """
 
-    def __init__(self, tables: Sequence[StorageTableSpec], device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, tables: Sequence[StorageTableSpec], device: torch.device | str = "cpu"
+    ) -> None:
         check_table_specs(type(self).__name__, tables)
         super().__init__(tables, torch.device(device))
         self._data: List[Dict[int, _Entry]] = [{} for _ in self.tables]
 
-    def find(self, table_id: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         spec = check_find(self.tables, table_id, keys)
         data = self._data[table_id]
         n = keys.numel()
@@ -54,7 +58,9 @@ class PyDictStorage(Storage):
                 rows[i], scores[i] = entry
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
-    def insert(self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
         check_insert(self.tables, table_id, keys, rows, scores)
         data = self._data[table_id]
         rows_cpu = rows.detach().to("cpu").clone()
@@ -92,7 +98,10 @@ class PyDictStorage(Storage):
         for table_id, spec in enumerate(self.tables):
             parts = list(self.export(table_id)) or [self._empty(spec)]
             keys, rows, scores = (torch.cat([p[i].cpu() for p in parts]) for i in range(3))
-            torch.save({"keys": keys, "rows": rows, "scores": scores}, os.path.join(path, f"{spec.name}.pt"))
+            torch.save(
+                {"keys": keys, "rows": rows, "scores": scores},
+                os.path.join(path, f"{spec.name}.pt"),
+            )
 
     def load(self, path: str) -> None:
         """Replace every table's contents with what :meth:`dump` wrote under ``path``."""

@@ -15,7 +15,7 @@ contract, checked bit for bit (rows are compared as integers, so NaN and -0.0 mu
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import pytest
 import torch
@@ -26,7 +26,12 @@ __all__ = ["StorageDumpSuite", "StoragePersistenceSuite", "StorageSuite", "defau
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 EDGE_KEYS = [INT64_MIN, INT64_MIN + 1, -1, 0, 1, INT64_MAX - 1, INT64_MAX]
-_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float64: torch.int64}
+_INT_VIEW = {
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float64: torch.int64,
+}
 
 StorageFactory = Callable[..., Storage]
 
@@ -60,7 +65,9 @@ class _Model:
     """The contract as a dict: table id -> key -> (row, scores)."""
 
     def __init__(self, num_tables: int) -> None:
-        self.data: List[Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = [{} for _ in range(num_tables)]
+        self.data: List[Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = [
+            {} for _ in range(num_tables)
+        ]
 
     def insert(self, t: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
         for i, k in enumerate(keys.tolist()):
@@ -93,7 +100,9 @@ class StorageSuite:
 
     def make_storage(self, tables: Sequence[StorageTableSpec], device: torch.device) -> Storage:
         """Return a new, empty storage holding ``tables``."""
-        raise NotImplementedError("subclass StorageSuite and implement make_storage(tables, device)")
+        raise NotImplementedError(
+            "subclass StorageSuite and implement make_storage(tables, device)"
+        )
 
     @pytest.fixture
     def make(self) -> Iterator[StorageFactory]:
@@ -179,9 +188,16 @@ class StorageSuite:
         storage = make()
         spec = storage.tables[0]
         empty = torch.empty(0, dtype=torch.int64)
-        storage.insert(0, empty, torch.empty(0, spec.row_width, dtype=spec.dtype), torch.empty(0, 1, dtype=torch.int64))
+        storage.insert(
+            0,
+            empty,
+            torch.empty(0, spec.row_width, dtype=spec.dtype),
+            torch.empty(0, 1, dtype=torch.int64),
+        )
         found, rows, scores = storage.find(0, empty)
-        assert found.numel() == 0 and tuple(rows.shape) == (0, spec.row_width) and scores.shape[0] == 0
+        assert (
+            found.numel() == 0 and tuple(rows.shape) == (0, spec.row_width) and scores.shape[0] == 0
+        )
         storage.erase(0, empty)
         assert storage.size(0) == 0
 
@@ -197,12 +213,16 @@ class StorageSuite:
             seen: Dict[int, int] = {}
             for keys, rows, scores in storage.export(t, batch_size=5):
                 assert 0 < keys.numel() <= 5
-                assert tuple(rows.shape) == (keys.numel(), spec.row_width) and rows.dtype == spec.dtype
+                assert (
+                    tuple(rows.shape) == (keys.numel(), spec.row_width) and rows.dtype == spec.dtype
+                )
                 assert tuple(scores.shape) == (keys.numel(), spec.num_scores)
                 for i, k in enumerate(keys.tolist()):
                     seen[k] = seen.get(k, 0) + 1
                     row, score = model.data[t][k]
-                    assert torch.equal(bits(rows[i]), bits(row)) and torch.equal(scores[i].cpu(), score)
+                    assert torch.equal(bits(rows[i]), bits(row)) and torch.equal(
+                        scores[i].cpu(), score
+                    )
             assert seen == {k: 1 for k in model.data[t]}
 
     def test_export_of_empty_table_yields_nothing(self, make: StorageFactory) -> None:
@@ -230,23 +250,34 @@ class StorageSuite:
 
     @pytest.mark.parametrize(
         "case",
-        ["table_id_out_of_range", "keys_int32", "keys_2d", "rows_wrong_width", "rows_wrong_dtype", "scores_wrong_shape", "rows_fewer_than_keys"],
+        [
+            "table_id_out_of_range",
+            "keys_int32",
+            "keys_2d",
+            "rows_wrong_width",
+            "rows_wrong_dtype",
+            "scores_wrong_shape",
+            "rows_fewer_than_keys",
+        ],
     )
     def test_bad_insert_raises_before_writing(self, make: StorageFactory, case: str) -> None:
         storage = make()
         spec = storage.tables[0]
         keys = torch.tensor([1, 2, 3])
         rows, scores = make_rows(spec, 3, seed=9)
-        args = {"table_id": 0, "keys": keys, "rows": rows, "scores": scores}
-        bad = {
+        args: Dict[str, Any] = {"table_id": 0, "keys": keys, "rows": rows, "scores": scores}
+        cases: Dict[str, Dict[str, Any]] = {
             "table_id_out_of_range": {"table_id": len(storage.tables)},
             "keys_int32": {"keys": keys.to(torch.int32)},
             "keys_2d": {"keys": keys.view(3, 1)},
             "rows_wrong_width": {"rows": torch.zeros(3, spec.row_width + 1, dtype=spec.dtype)},
             "rows_wrong_dtype": {"rows": rows.to(torch.float64)},
-            "scores_wrong_shape": {"scores": torch.zeros(3, spec.num_scores + 1, dtype=torch.int64)},
+            "scores_wrong_shape": {
+                "scores": torch.zeros(3, spec.num_scores + 1, dtype=torch.int64)
+            },
             "rows_fewer_than_keys": {"rows": rows[:2]},
-        }[case]
+        }
+        bad = cases[case]
         with pytest.raises((ValueError, TypeError, IndexError)) as info:
             storage.insert(**{**args, **bad})
         message = str(info.value)
@@ -312,7 +343,9 @@ class StoragePersistenceSuite:
 class StorageDumpSuite:
     """For backends implementing ``dump``/``load``: a dump loaded into a fresh storage round-trips."""
 
-    def test_dump_then_load_into_fresh_storage(self, make: StorageFactory, tmp_path: object) -> None:
+    def test_dump_then_load_into_fresh_storage(
+        self, make: StorageFactory, tmp_path: object
+    ) -> None:
         storage = make()
         model = _Model(len(storage.tables))
         for t, spec in enumerate(storage.tables):

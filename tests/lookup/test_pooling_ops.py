@@ -83,3 +83,10 @@ def test_pooling_ops_pass_opcheck(device, weighted):  # noqa: ANN001
         torch.ops.dynamicemb.reduce_grads.default,
         (grad_bags, inverse, offsets, weights, 0, emb.size(0)),
     )
+
+
+def test_pooled_gather_reads_a_column_slice_of_wider_rows(device):  # noqa: ANN001
+    emb, inverse, offsets, weights, lengths = _bags(device, True)
+    wide = torch.cat([emb, torch.randn(emb.size(0), 3, device=device)], dim=1)
+    got = lookup_ops.pooled_gather(wide[:, : emb.size(1)], inverse, offsets, weights, 0)
+    torch.testing.assert_close(got, lookup_ops.pooled_gather(emb, inverse, offsets, weights, 0))

@@ -1,0 +1,189 @@
+"""Training step (forward, backward, fused update) of dynamic tables vs FBGEMM's static fused tables.
+
+Shape (the issue's): 10 tables of dim 128, one pooled (SUM) feature each, ~1M ids a batch drawn from
+a power law (alpha = 1.05), EXACT_SGD and ADAM. Peers, timed in the same process on the same
+batches: FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (what TorchRec's fused
+EmbeddingBagCollection runs) for SGD, and for ADAM too on CUDA; FBGEMM's CPU build refuses ADAM, so
+on CPU the ADAM peer is ``torch.optim.SparseAdam`` over ``nn.EmbeddingBag(sparse=True)``.
+
+On this 2-core CPU the default batch is smaller (``--ids 131072``, 100k ids per table); the issue's
+shape is ``--ids 1048576 --num-ids 1000000`` (use it on the GPU machine).
+
+Run:
+    PYTHONPATH=. python benchmarks/bench_training.py --threads 1   # CPU defaults, one thread
+    PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import time
+from typing import Callable, List, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def power_law_batch(
+    tables: int, batch: int, ids: int, num_ids: int, alpha: float, seed: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(indices, offsets) feature-major, ~``ids`` ids, Zipf(alpha) ranks folded into [0, num_ids)."""
+    rng = np.random.default_rng(seed)
+    per_bag = max(1, ids // (tables * batch))
+    lengths = rng.integers(1, 2 * per_bag, size=tables * batch)  # mean ~ per_bag
+    n = int(lengths.sum())
+    ranks = rng.zipf(alpha, size=n) - 1
+    # scatter ranks over the id space so hot ids are not all adjacent (as hashed ids are not)
+    idx = (ranks * 2654435761) % num_ids
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return torch.from_numpy(idx.astype(np.int64)), torch.from_numpy(offsets.astype(np.int64))
+
+
+def time_steps(step: Callable[[int], None], warmup: int, repeats: int, device: torch.device) -> float:
+    """Median milliseconds of ``step(i)`` after ``warmup`` calls."""
+    for i in range(warmup):
+        step(i)
+    times = []
+    for i in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(warmup + i)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noqa: ANN001
+    from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
+    from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+
+    cap = 1 << int(np.ceil(np.log2(args.num_ids / 0.5)))  # load factor <= 0.5: no eviction
+    opts = [DynamicEmbTableOptions(dim=args.dim, max_capacity=cap, init_capacity=cap) for _ in range(args.tables)]
+    module = BatchedDynamicEmbeddingTables(
+        opts, [f"t{i}" for i in range(args.tables)], list(range(args.tables)),
+        DynamicEmbPoolingMode.SUM, optimizer, device, learning_rate=0.01,
+    )
+
+    def step(i: int) -> None:
+        idx, off = batches[i % len(batches)]
+        module(idx, off).sum().backward()
+
+    return step
+
+
+def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noqa: ANN001
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    on_cuda = device.type == "cuda"
+    loc = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
+    cdev = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(args.num_ids, args.dim, loc, cdev) for _ in range(args.tables)],
+        optimizer=optimizer, learning_rate=0.01, pooling_mode=PoolingMode.SUM,
+        **({"device": device} if on_cuda else {}),
+    )
+
+    def step(i: int) -> None:
+        idx, off = batches[i % len(batches)]
+        tbe(idx, off).sum().backward()
+
+    return step
+
+
+def sparse_adam_step(args, batches, device) -> Callable[[int], None]:  # noqa: ANN001
+    bags = nn.ModuleList(
+        nn.EmbeddingBag(args.num_ids, args.dim, mode="sum", sparse=True) for _ in range(args.tables)
+    ).to(device)
+    opt = torch.optim.SparseAdam(bags.parameters(), lr=0.01)
+    B = args.batch
+
+    def step(i: int) -> None:
+        idx, off = batches[i % len(batches)]
+        outs = []
+        for t, bag in enumerate(bags):
+            lo, hi = off[t * B], off[(t + 1) * B]
+            outs.append(bag(idx[lo:hi], off[t * B : (t + 1) * B] - lo))
+        torch.cat(outs, 1).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+def header(args, device: torch.device) -> str:  # noqa: ANN001
+    import fbgemm_gpu
+    import torchrec
+
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
+    return (
+        f"Machine: {platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads; "
+        f"GPU: {gpu}; torch {torch.__version__}, fbgemm_gpu {getattr(fbgemm_gpu, '__version__', '?')}, "
+        f"torchrec {getattr(torchrec, '__version__', '?')}; commit {commit}\n"
+        f"Command: `python benchmarks/bench_training.py --device {device.type} --ids {args.ids} "
+        f"--num-ids {args.num_ids} --tables {args.tables} --dim {args.dim} --batch {args.batch} "
+        f"--threads {args.threads}`\n"
+        f"Shape: {args.tables} tables x dim {args.dim}, SUM pooling, ~{args.ids} ids a batch "
+        f"(power law alpha {args.alpha}, {args.num_ids} ids per table), median of {args.repeats} "
+        f"steps after {args.warmup} warm-up steps (the warm-up inserts the keys).\n"
+    )
+
+
+def main(argv: List[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--tables", type=int, default=10)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--ids", type=int, default=131072, help="ids per batch (issue: 1048576)")
+    p.add_argument("--num-ids", type=int, default=100_000, help="id space per table")
+    p.add_argument("--batch", type=int, default=1024, help="samples per feature")
+    p.add_argument("--alpha", type=float, default=1.05)
+    p.add_argument("--batches", type=int, default=4, help="distinct batches, cycled")
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--optimizers", default="sgd,adam")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    device = torch.device(args.device)
+    batches = [
+        tuple(t.to(device) for t in power_law_batch(args.tables, args.batch, args.ids, args.num_ids, args.alpha, s))
+        for s in range(args.batches)
+    ]
+    rows = []
+    for name in args.optimizers.split(","):
+        opt = EmbOptimType.EXACT_SGD if name == "sgd" else EmbOptimType.ADAM
+        ours = time_steps(ours_step(args, opt, batches, device), args.warmup, args.repeats, device)
+        if name == "adam" and device.type == "cpu":
+            peer_name = "torch SparseAdam + EmbeddingBag(sparse)"
+            peer = time_steps(sparse_adam_step(args, batches, device), args.warmup, args.repeats, device)
+        else:
+            peer_name = "FBGEMM TBE (TorchRec fused)"
+            peer = time_steps(tbe_step(args, opt, batches, device), args.warmup, args.repeats, device)
+        rows.append((f"{name.upper()} training step", ours, peer_name, peer))
+    print(header(args, device))
+    print("| case | ours (ms) | peer | peer (ms) | speedup = peer / ours |")
+    print("|---|---:|---|---:|---:|")
+    for case, ours, peer_name, peer in rows:
+        print(f"| {case} | {ours:.2f} | {peer_name} | {peer:.2f} | {peer / ours:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Typed wrappers over the hash-table ops ``torch.ops.dynamicemb.*`` (docs/table_design.md).
+
+Each wrapper loads the library on first use and calls ``<op>.default``. Shapes: ``n`` keys per call,
+``T`` logical tables, ``S`` slots in all. Every tensor lives on the table's device; keys, table ids,
+slots and scores are int64. Slots are local to their table; -1 means missing / not placed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from dynamicemb_core.ops.loader import ensure_loaded
+
+__all__ = [
+    "TableState",
+    "erase",
+    "export_if",
+    "find",
+    "find_or_insert",
+    "gather_rows",
+    "insert",
+    "insert_and_evict",
+    "insert_at",
+    "scatter_rows",
+]
+
+
+class TableState(NamedTuple):
+    """The flat state of ``T`` logical tables, in the ops' argument order.
+
+    Attributes:
+        table_keys: (S,) int64, the key in each slot (meaningful where ``digests != 0``).
+        digests: (S,) uint8, 0 for an empty slot, else the key's digest (1..255).
+        scores: (S, 2) int64, score words in internal order.
+        slot_offsets: (T+1,) int64, first global slot of each table.
+        bucket_caps: (T,) int64, slots per bucket.
+        policies: (T,) int64, score policy codes.
+        sizes: (T,) int64, occupied slots per table.
+    """
+
+    table_keys: Tensor
+    digests: Tensor
+    scores: Tensor
+    slot_offsets: Tensor
+    bucket_caps: Tensor
+    policies: Tensor
+    sizes: Tensor
+
+
+def _ops():
+    ensure_loaded()
+    return torch.ops.dynamicemb
+
+
+def find(
+    keys: Tensor, table_ids: Tensor, state: TableState, cur_scores: Tensor, update_score: bool
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Look keys up. Returns ``(slots (n,), found (n,) bool, scores (n, 2) internal order)``."""
+    return _ops().find.default(keys, table_ids, *state, cur_scores, update_score)
+
+
+def insert(
+    keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor,
+    input_scores: Optional[Tensor] = None,
+) -> Tensor:
+    """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words."""
+    s = state
+    return _ops().insert.default(
+        keys, table_ids, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
+        s.policies, score_fns, s.sizes, cur_scores, input_scores,
+    )
+
+
+def find_or_insert(
+    keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor
+) -> Tuple[Tensor, Tensor]:
+    """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``."""
+    s = state
+    return _ops().find_or_insert.default(
+        keys, table_ids, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
+        s.policies, score_fns, s.sizes, cur_scores,
+    )
+
+
+def insert_and_evict(
+    keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor,
+    input_scores: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Insert and report evictions.
+
+    Returns:
+        ``(slots (n,), is_new (n,) bool, ev_keys (m,), ev_slots (m,), ev_scores (m, 2) internal
+        order, ev_table_ids (m,))``; an evicted key's slot now holds the new key that took it.
+    """
+    s = state
+    return _ops().insert_and_evict.default(
+        keys, table_ids, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
+        s.policies, score_fns, s.sizes, cur_scores, input_scores,
+    )
+
+
+def erase(keys: Tensor, table_ids: Tensor, state: TableState) -> Tensor:
+    """Remove keys. Returns ``erased (n,) bool`` (true for every occurrence of a present key)."""
+    return _ops().erase.default(keys, table_ids, *state)
+
+
+def export_if(
+    state: TableState, thresholds: Tensor, column: int
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Occupied slots with ``scores[:, column] >= thresholds[t]``, by global slot.
+
+    Returns:
+        ``(keys (m,), slots (m,) local, scores (m, 2) internal order, table_ids (m,))``.
+    """
+    return _ops().export_if.default(*state, thresholds, column)
+
+
+def insert_at(
+    keys: Tensor, table_ids: Tensor, slots: Tensor, state: TableState, input_scores: Tensor,
+    dry_run: bool,
+) -> Tensor:
+    """Slot-exact placement (replay). Returns ``placed (n,) bool``; ``dry_run`` writes nothing."""
+    s = state
+    return _ops().insert_at.default(
+        keys, table_ids, slots, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
+        s.policies, s.sizes, input_scores, dry_run,
+    )
+
+
+def gather_rows(values: Tensor, slots: Tensor) -> Tensor:
+    """Rows of a (capacity, width) tensor at ``slots`` (n,); slot -1 gives a zero row. -> (n, width)"""
+    return _ops().gather_rows.default(values, slots)
+
+
+def scatter_rows(values: Tensor, slots: Tensor, rows: Tensor) -> None:
+    """Write ``rows`` (n, width) into ``values`` at ``slots``; -1 skipped, last write wins."""
+    _ops().scatter_rows.default(values, slots, rows)

@@ -1,0 +1,138 @@
+"""Growing one logical table of a ScoredHashTable: when to double it, and the doubling itself.
+
+Doubling keeps the hash rule (``bucket = h % num_buckets``) by rehashing: export the table's keys in
+slot order, insert them with their own score words into an empty region twice as large, and move
+each value row from its old slot to its new one. Keys of old bucket ``b`` land in new buckets ``b``
+or ``b + num_buckets``, so no new bucket receives more keys than an old one held and the rehash
+never evicts. Other tables' local slots are untouched; only the flat arrays are spliced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch
+from torch import Tensor
+
+from dynamicemb_core.ops import table_ops
+from dynamicemb_core.ops.table_ops import TableState
+
+__all__ = ["Doubled", "double_table", "needs_growth", "region_state"]
+
+INT64_MIN = -(2**63)
+# NO_EVICTION tables grow at this load factor whatever max_load_factor says (docs/table_design.md).
+NO_EVICTION_LOAD_FACTOR = 0.5
+
+
+def needs_growth(
+    size: int, incoming: int, capacity: int, max_capacity: int, max_load_factor: float,
+    no_eviction: bool,
+) -> bool:
+    """True when ``incoming`` candidate keys would push the table past its load factor and it may grow.
+
+    Args:
+        size: keys in the table now.
+        incoming: distinct keys of the call for this table (present or not: an upper bound).
+        capacity: slots now; max_capacity: the cap (ignored for NO_EVICTION).
+        max_load_factor: the table's; NO_EVICTION uses NO_EVICTION_LOAD_FACTOR.
+    """
+    load_factor = NO_EVICTION_LOAD_FACTOR if no_eviction else max_load_factor
+    may_grow = no_eviction or capacity < max_capacity
+    return may_grow and size + incoming > load_factor * capacity
+
+
+def region_state(state: TableState, t: int, begin: int, end: int) -> TableState:
+    """A one-table state whose tensors are views of table ``t``'s region ``[begin, end)``.
+
+    Ops on it read and write the real table (``sizes`` is a view too).
+    """
+    return TableState(
+        state.table_keys[begin:end],
+        state.digests[begin:end],
+        state.scores[begin:end],
+        torch.tensor([0, end - begin], dtype=torch.int64, device=state.table_keys.device),
+        state.bucket_caps[t : t + 1],
+        state.policies[t : t + 1],
+        state.sizes[t : t + 1],
+    )
+
+
+@dataclass
+class Doubled:
+    """The result of doubling table ``t``.
+
+    Attributes:
+        state: the new flat state (new tensors; the old ones are no longer used).
+        offsets: new first global slot of each table (T+1 ints).
+        bucket_cap: the table's new bucket width (changes only for a single-bucket table).
+        values: the table's new (2 * capacity, row_width) value buffer.
+        old_slots, new_slots: (m,) int64, where each of the table's keys moved.
+    """
+
+    state: TableState
+    offsets: List[int]
+    bucket_cap: int
+    values: Tensor
+    old_slots: Tensor
+    new_slots: Tensor
+
+
+def double_table(
+    state: TableState, offsets: List[int], t: int, bucket_cap: int, single_bucket: bool,
+    values: Tensor,
+) -> Doubled:
+    """Double table ``t`` (its bucket count, or its one bucket's width) and rehash it.
+
+    Args:
+        state: the flat state of all tables.
+        offsets: first global slot of each table, T+1 Python ints (mirrors ``state.slot_offsets``).
+        t: which table.
+        bucket_cap: its bucket width now.
+        single_bucket: True for a MAX_BUCKET_CAPACITY table (one bucket that doubles its width).
+        values: its (capacity, row_width) value buffer.
+    """
+    begin, end = offsets[t], offsets[t + 1]
+    capacity = end - begin
+    device = state.table_keys.device
+    old = region_state(state, t, begin, end)
+    keys, old_slots, words, _ = table_ops.export_if(
+        old, torch.full((1,), INT64_MIN, dtype=torch.int64, device=device), 0
+    )
+    new_cap = bucket_cap * 2 if single_bucket else bucket_cap
+    bucket_caps = state.bucket_caps.clone()
+    bucket_caps[t] = new_cap
+    fresh = TableState(
+        torch.zeros(2 * capacity, dtype=torch.int64, device=device),
+        torch.zeros(2 * capacity, dtype=torch.uint8, device=device),
+        torch.zeros(2 * capacity, 2, dtype=torch.int64, device=device),
+        torch.tensor([0, 2 * capacity], dtype=torch.int64, device=device),
+        bucket_caps[t : t + 1],
+        state.policies[t : t + 1],
+        torch.zeros(1, dtype=torch.int64, device=device),
+    )
+    zeros1 = torch.zeros(1, dtype=torch.int64, device=device)
+    new_slots = table_ops.insert(
+        keys, torch.zeros_like(keys), fresh, zeros1, zeros1, input_scores=words
+    )
+    if bool((new_slots < 0).any()):  # impossible by the argument in the module docstring
+        raise RuntimeError(f"rehash of table {t} lost keys while doubling; this is a bug")
+    new_values = values.new_zeros((2 * capacity, values.shape[1]))
+    if values.shape[1] > 0 and keys.numel() > 0:
+        new_values.index_copy_(0, new_slots, values.index_select(0, old_slots))
+
+    def splice(flat: Tensor, region: Tensor) -> Tensor:
+        return torch.cat([flat[:begin], region, flat[end:]])
+
+    new_state = TableState(
+        splice(state.table_keys, fresh.table_keys),
+        splice(state.digests, fresh.digests),
+        splice(state.scores, fresh.scores),
+        state.slot_offsets.clone(),
+        bucket_caps,
+        state.policies,
+        state.sizes,
+    )
+    new_state.slot_offsets[t + 1 :] += capacity
+    new_offsets = offsets[: t + 1] + [o + capacity for o in offsets[t + 1 :]]
+    return Doubled(new_state, new_offsets, new_cap, new_values, old_slots, new_slots)

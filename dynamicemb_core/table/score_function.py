@@ -1,0 +1,101 @@
+"""Compile a compound strategy's Python ``score_function`` into a C callback for the CPU kernels.
+
+The user writes ``f(scores, cur_timestamp) -> float`` with ``scores[0], scores[1]`` in the order of
+the strategy tuple. The kernels know only internal order (``[count, timestamp]``, score_policy.h),
+so the callback compiled here is an adapter: ``double cb(const int64_t* words, int64_t now)`` reads
+the two internal words and calls the user's function (jitted with numba) with a 2-tuple in the
+user's order. The callback's address is what ``score_fns[t]`` carries into the kernels.
+
+Compiled callbacks are cached per (function source, column order): building a second table with the
+same function costs nothing, and the cache keeps the machine code alive for as long as the process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Sequence, Tuple
+
+from dynamicemb_core.config import DynamicEmbScoreStrategy, normalize_score_strategy
+
+__all__ = ["CompiledScoreFunction", "compile_score_function"]
+
+_cache: Dict[Tuple[Any, ...], "CompiledScoreFunction"] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CompiledScoreFunction:
+    """A compiled adapter: ``address`` of ``double(const int64_t*, int64_t)``; ``cfunc`` owns it."""
+
+    address: int
+    cfunc: Any
+    timestamp_first: bool
+
+
+def _source_key(fn: Callable[..., float]) -> Tuple[Any, ...]:
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):  # defined in a REPL or built dynamically: fall back to identity
+        source = f"<id {id(fn)}>"
+    code = getattr(fn, "__code__", None)
+    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None), source,
+            code.co_consts if code is not None else None)
+
+
+def compile_score_function(
+    fn: Callable[..., float], score_strategy: Sequence[DynamicEmbScoreStrategy] | Any
+) -> CompiledScoreFunction:
+    """Compile ``fn`` for a compound table whose strategy tuple is ``score_strategy``.
+
+    Args:
+        fn: numba-compilable ``f(scores, cur_timestamp) -> float``; NaN means "evict first".
+        score_strategy: the table's strategy: (TIMESTAMP, LFU) or (LFU, TIMESTAMP).
+
+    Returns:
+        The compiled adapter (cached per function source and column order).
+
+    Raises:
+        ValueError: the strategy is not the compound pair.
+        TypeError: numba cannot compile ``fn`` (the message carries numba's reason).
+    """
+    strategies = normalize_score_strategy(score_strategy)
+    if len(strategies) != 2:
+        raise ValueError(
+            "score_function is only supported with the compound score_strategy (TIMESTAMP, LFU) in "
+            f"either order; got {tuple(s.name for s in strategies)}"
+        )
+    timestamp_first = strategies[0] == DynamicEmbScoreStrategy.TIMESTAMP
+    key = (_source_key(fn), timestamp_first)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            hit = _cache[key] = _compile(fn, timestamp_first)
+    return hit
+
+
+def _compile(fn: Callable[..., float], timestamp_first: bool) -> CompiledScoreFunction:
+    import numba
+    from numba import types
+
+    try:
+        user = numba.njit(cache=False)(fn)
+        signature = types.float64(types.CPointer(types.int64), types.int64)
+        if timestamp_first:
+
+            def adapter(words, now):  # internal [count, ts] -> user [ts, count]
+                return user((words[1], words[0]), now)
+        else:
+
+            def adapter(words, now):  # internal order is already the user's [count, ts]
+                return user((words[0], words[1]), now)
+
+        compiled = numba.cfunc(signature, nopython=True)(adapter)
+    except Exception as err:  # numba raises its own error types; surface one clear TypeError
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"score_function {name} could not be compiled with numba (it must index scores with "
+            f"constants and return a number): {err}"
+        ) from err
+    return CompiledScoreFunction(compiled.address, compiled, timestamp_first)

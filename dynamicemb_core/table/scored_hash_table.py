@@ -1,0 +1,478 @@
+"""ScoredHashTable: ``(table_id, key) -> slot`` for several logical tables, with value rows per slot.
+
+The class is the contract of docs/table_design.md ("The Python class"): it owns the flat state the
+ops work on (:class:`~dynamicemb_core.ops.table_ops.TableState`) and one ``(capacity, row_width)``
+value buffer per table, validates every input before writing, grows tables (expansion.py), keeps the
+per-table step / custom score, applies ``safe_check_mode`` and collects RETAIN_KEY evictions.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from dynamicemb_core.config import DynamicEmbCheckMode, DynamicEmbScoreStrategy, EvictedItemMode
+from dynamicemb_core.ops import table_ops
+from dynamicemb_core.ops.table_ops import TableState
+from dynamicemb_core.table import expansion
+from dynamicemb_core.table.environment import custom_score_check_enabled
+from dynamicemb_core.table.results import EvictedItems, ExportResult, FindResult, InsertResult
+from dynamicemb_core.table.score_columns import score_columns_for_user, score_words_from_user
+from dynamicemb_core.table.score_function import compile_score_function
+from dynamicemb_core.table.spec import COMPOUND_POLICY, TableSpec
+from dynamicemb_core.table.validation import (
+    check_int64_vector,
+    check_rows,
+    check_user_scores,
+    table_ids_tensor,
+)
+from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
+
+__all__ = ["ScoredHashTable"]
+
+TableIds = Union[None, int, Tensor]
+_STEP = int(DynamicEmbScoreStrategy.STEP)
+_CUSTOMIZED = int(DynamicEmbScoreStrategy.CUSTOMIZED)
+_LFU = int(DynamicEmbScoreStrategy.LFU)
+# A NO_EVICTION insert doubles and retries until every key fits; distinct keys always separate
+# within 64 doublings (their 64-bit hashes differ), so more means a bug, not bad luck.
+_MAX_RETRIES = 64
+
+
+class ScoredHashTable:
+    """Scored hash table for ``T`` logical tables on one device.
+
+    Args:
+        specs: one :class:`TableSpec` per logical table (names unique); table id = position.
+        device: where the state and value rows live.
+    """
+
+    def __init__(self, specs: Sequence[TableSpec], device: Union[torch.device, str] = "cpu") -> None:
+        specs = list(specs)
+        if not specs or not all(isinstance(s, TableSpec) for s in specs):
+            raise TypeError(f"ScoredHashTable: specs must be a non-empty sequence of TableSpec, got {specs!r}")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ScoredHashTable: table names must be unique, got {names}")
+        self.specs = specs
+        self.device = torch.device(device)
+        layouts = [s.initial_layout() for s in specs]
+        self._caps: List[int] = [cap for _, cap in layouts]
+        self._offsets: List[int] = [0]
+        for num_buckets, cap in layouts:
+            self._offsets.append(self._offsets[-1] + num_buckets * cap)
+        dev, i64, total = self.device, torch.int64, self._offsets[-1]
+        self._state = TableState(
+            torch.zeros(total, dtype=i64, device=dev),
+            torch.zeros(total, dtype=torch.uint8, device=dev),
+            torch.zeros(total, 2, dtype=i64, device=dev),
+            torch.tensor(self._offsets, dtype=i64, device=dev),
+            torch.tensor(self._caps, dtype=i64, device=dev),
+            torch.tensor([s.policy for s in specs], dtype=i64, device=dev),
+            torch.zeros(len(specs), dtype=i64, device=dev),
+        )
+        self._values = [
+            torch.zeros(self.capacity(t), s.row_width, dtype=s.dtype, device=dev)
+            for t, s in enumerate(specs)
+        ]
+        self._reversed = torch.tensor([s.timestamp_first for s in specs], device=dev)
+        self._compound = torch.tensor([s.policy == COMPOUND_POLICY for s in specs], device=dev)
+        self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
+        self._score_fns = torch.tensor([self._score_fn_address(s) for s in specs], dtype=i64, device=dev)
+        self._steps = [0] * len(specs)
+        self._custom_scores = [0] * len(specs)
+        self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
+
+    def _score_fn_address(self, spec: TableSpec) -> int:
+        if spec.score_function is None:
+            return 0
+        if self.device.type != "cpu":
+            # The CUDA kernels link a numba-cuda build of the function (csrc/cuda/table.cu).
+            raise NotImplementedError(
+                f"table {spec.name!r}: score_function tables are not supported on {self.device} yet"
+            )
+        return compile_score_function(spec.score_function, spec.strategies).address
+
+    # -- small helpers ---------------------------------------------------------------------------
+    @property
+    def num_tables(self) -> int:
+        return len(self.specs)
+
+    @property
+    def state(self) -> TableState:
+        """The flat state (for ops-level callers); replaced, not mutated, when a table grows."""
+        return self._state
+
+    def _where(self, table_ids: TableIds) -> str:
+        if isinstance(table_ids, int) and 0 <= table_ids < self.num_tables:
+            return f"table {self.specs[table_ids].name!r}"
+        if table_ids is None:
+            return f"table {self.specs[0].name!r}"
+        return "ScoredHashTable(" + ", ".join(repr(s.name) for s in self.specs) + ")"
+
+    def _table_id(self, table_id: object) -> int:
+        if not isinstance(table_id, int) or not 0 <= table_id < self.num_tables:
+            raise ValueError(
+                f"ScoredHashTable: table_id must be an int in [0, {self.num_tables}) "
+                f"(tables: {[s.name for s in self.specs]}), got {table_id!r}"
+            )
+        return table_id
+
+    def _keys_and_ids(self, keys: object, table_ids: TableIds) -> Tuple[str, Tensor, Tensor]:
+        where = self._where(table_ids)
+        keys = check_int64_vector(keys, where, "keys", self.device)
+        names = [s.name for s in self.specs]
+        tids = table_ids_tensor(table_ids, keys.numel(), self.num_tables, names, self.device, where)
+        return where, keys, tids
+
+    def _involved(self, table_ids: TableIds, tids: Tensor) -> List[int]:
+        if table_ids is None or isinstance(table_ids, int):
+            return [int(table_ids or 0)]
+        return [int(t) for t in torch.unique(tids).tolist()]
+
+    def _num_columns(self, table_ids: TableIds) -> int:
+        if table_ids is None or isinstance(table_ids, int):
+            return self.specs[int(table_ids or 0)].num_scores
+        return max(s.num_scores for s in self.specs)
+
+    def _shared(self, where: str, involved: List[int], attr: str) -> object:
+        values = {getattr(self.specs[t], attr) for t in involved}
+        if len(values) > 1:
+            raise ValueError(f"{where}: rows/scores need tables with one {attr}, got {sorted(map(str, values))}")
+        return values.pop() if values else getattr(self.specs[0], attr)
+
+    def _region(self, t: int) -> TableState:
+        return expansion.region_state(self._state, t, self._offsets[t], self._offsets[t + 1])
+
+    def _cur_scores(self, score: Optional[int]) -> Tensor:
+        """``cur_scores`` (T,): the call's score, or each table's default (-1 = read the clock)."""
+        if score is not None:
+            return torch.full((self.num_tables,), int(score), dtype=torch.int64, device=self.device)
+        return torch.tensor([self.get_score(t) if s.policy in (_STEP, _CUSTOMIZED) else -1
+                             for t, s in enumerate(self.specs)], dtype=torch.int64, device=self.device)
+
+    # -- growth ------------------------------------------------------------------------------------
+    def _double(self, t: int) -> Tuple[Tensor, Tensor]:
+        spec = self.specs[t]
+        done = expansion.double_table(
+            self._state, self._offsets, t, self._caps[t], spec.single_bucket, self._values[t]
+        )
+        self._state, self._offsets, self._caps[t], self._values[t] = (
+            done.state, done.offsets, done.bucket_cap, done.values)
+        return done.old_slots, done.new_slots
+
+    def _grow_for(self, keys: Tensor, tids: Tensor, involved: List[int]) -> None:
+        """Double each table this call's distinct keys would push past its load factor."""
+        sizes = self._state.sizes.tolist()
+        counts = torch.bincount(tids, minlength=self.num_tables).tolist() if len(involved) > 1 else None
+        for t in involved:
+            spec = self.specs[t]
+            args = (self.capacity(t), spec.max_capacity, spec.max_load_factor, spec.no_eviction)
+            upper = keys.numel() if counts is None else counts[t]
+            if not expansion.needs_growth(sizes[t], upper, *args):
+                continue
+            distinct = torch.unique(keys if counts is None else keys[tids == t]).numel()
+            if expansion.needs_growth(sizes[t], distinct, *args):
+                self._double(t)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def find(self, keys: Tensor, table_ids: TableIds = None, *, update_score: bool = False,
+             score: Optional[int] = None) -> FindResult:
+        """Look keys up; with ``update_score`` touch the found ones (score: this call's score)."""
+        _, keys, tids = self._keys_and_ids(keys, table_ids)
+        slots, found, words = table_ops.find(keys, tids, self._state, self._cur_scores(score), update_score)
+        scores = score_columns_for_user(words, tids, self._reversed, self._num_columns(table_ids))
+        return FindResult(slots, found, scores)
+
+    def insert(self, keys: Tensor, table_ids: TableIds = None, *, rows: Optional[Tensor] = None,
+               scores: Optional[Tensor] = None) -> Tensor:
+        """Insert-or-assign keys (touches use the policy default score); write ``rows``. -> slots (n,)"""
+        return self._insert(keys, table_ids, rows, scores, None, want_evicted=False).slots
+
+    def find_or_insert(self, keys: Tensor, table_ids: TableIds = None, *,
+                       score: Optional[int] = None) -> InsertResult:
+        """Find keys, inserting absent ones (their rows are left as they are)."""
+        return self._insert(keys, table_ids, None, None, score, want_evicted=True)
+
+    def insert_and_evict(self, keys: Tensor, table_ids: TableIds = None, *,
+                         rows: Optional[Tensor] = None, scores: Optional[Tensor] = None,
+                         score: Optional[int] = None) -> InsertResult:
+        """Insert keys and return what they evicted, with the evicted rows read before writing."""
+        return self._insert(keys, table_ids, rows, scores, score, want_evicted=True)
+
+    def _insert(self, keys: Tensor, table_ids: TableIds, rows: Optional[Tensor],
+                scores: Optional[Tensor], score: Optional[int], want_evicted: bool) -> InsertResult:
+        where, keys, tids = self._keys_and_ids(keys, table_ids)
+        n = keys.numel()
+        involved = self._involved(table_ids, tids)
+        if rows is not None:
+            width = self._shared(where, involved, "row_width")
+            rows = check_rows(rows, where, n, width, self._shared(where, involved, "dtype"), self.device)
+        words = None
+        if scores is not None:
+            k = self._shared(where, involved, "num_scores")
+            scores = check_user_scores(scores, where, n, k, self.device)
+            words = score_words_from_user(scores, tids, self._reversed, self._compound)
+        # Everything is validated: from here on the table changes.
+        self._grow_for(keys, tids, involved)
+        cur = self._cur_scores(score)
+        retain = any(self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved)
+        evicting = want_evicted or retain
+        slots, is_new, evicted = self._run_insert(keys, tids, cur, words, evicting, table_ids)
+        slots, is_new = self._retry_no_eviction(keys, tids, cur, words, evicting, slots, is_new)
+        self._collect_evicted(evicted)
+        if rows is not None:
+            self._write_rows_by_table(involved, tids, slots, rows, table_ids)
+        self._safe_check(involved, tids, slots)
+        if is_new is None:
+            is_new = torch.zeros(n, dtype=torch.bool, device=self.device)
+        return InsertResult(slots, is_new, evicted)
+
+    def _run_insert(self, keys: Tensor, tids: Tensor, cur: Tensor, words: Optional[Tensor],
+                    evicting: bool, table_ids: TableIds = None
+                    ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
+        if not evicting:
+            slots = table_ops.insert(keys, tids, self._state, self._score_fns, cur, words)
+            return slots, None, self._no_evictions(self._num_columns(table_ids))
+        slots, is_new, ek, es, ew, et = table_ops.insert_and_evict(
+            keys, tids, self._state, self._score_fns, cur, words)
+        scores = score_columns_for_user(ew, et, self._reversed, self._num_columns(table_ids))
+        return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))
+
+    def _no_evictions(self, columns: int) -> EvictedItems:
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        return EvictedItems(empty, empty, empty.reshape(0, columns), empty, None)
+
+    def _read_evicted_rows(self, slots: Tensor, tids: Tensor) -> Optional[Union[Tensor, List[Tensor]]]:
+        if slots.numel() == 0:
+            return None
+        tables = [int(t) for t in torch.unique(tids).tolist()]
+        widths = {self.specs[t].row_width for t in tables}
+        if widths == {0}:
+            return None
+        if len(widths) == 1 and len({self.specs[t].dtype for t in tables}) == 1:
+            if len(tables) == 1:
+                return table_ops.gather_rows(self._values[tables[0]], slots)
+            out = self._values[tables[0]].new_empty((slots.numel(), widths.pop()))
+            for t in tables:
+                mask = tids == t
+                out[mask] = table_ops.gather_rows(self._values[t], slots[mask])
+            return out
+        return [table_ops.gather_rows(self._values[t], s.reshape(1))[0]
+                for s, t in zip(slots, tids.tolist())]
+
+    def _retry_no_eviction(self, keys: Tensor, tids: Tensor, cur: Tensor, words: Optional[Tensor],
+                           evicting: bool, slots: Tensor, is_new: Optional[Tensor]
+                           ) -> Tuple[Tensor, Optional[Tensor]]:
+        """NO_EVICTION keys that found their bucket full: double the table, remap, retry them."""
+        for _ in range(_MAX_RETRIES):
+            failed = (slots < 0) & self._no_eviction[tids]
+            if not bool(failed.any()):
+                return slots, is_new
+            for t in torch.unique(tids[failed]).tolist():
+                capacity = self.capacity(t)
+                old_slots, new_slots = self._double(t)
+                remap = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
+                remap[old_slots] = new_slots
+                moved = (tids == t) & (slots >= 0)
+                slots[moved] = remap[slots[moved]]
+            idx = failed.nonzero().squeeze(1)
+            sub_words = None if words is None else words[idx]
+            sub_slots, sub_new, _ = self._run_insert(keys[idx], tids[idx], cur, sub_words, evicting)
+            slots[idx] = sub_slots
+            if is_new is not None:
+                is_new[idx] = sub_new
+        raise DynamicEmbError("NO_EVICTION insert did not converge after 64 doublings; this is a bug")
+
+    def _collect_evicted(self, evicted: EvictedItems) -> None:
+        if evicted.keys.numel() == 0:
+            return
+        for t, spec in enumerate(self.specs):
+            if spec.evicted_item_mode == EvictedItemMode.RETAIN_KEY:
+                mine = evicted.keys[evicted.table_ids == t]
+                if mine.numel():
+                    self._evicted_keys[t].append(mine.clone())
+
+    def _write_rows_by_table(self, involved: List[int], tids: Tensor, slots: Tensor, rows: Tensor,
+                             table_ids: TableIds) -> None:
+        if self.specs[involved[0]].row_width == 0:
+            return
+        if table_ids is None or isinstance(table_ids, int):
+            table_ops.scatter_rows(self._values[involved[0]], slots, rows)
+            return
+        for t in involved:
+            mask = tids == t
+            table_ops.scatter_rows(self._values[t], slots[mask], rows[mask])
+
+    def _safe_check(self, involved: List[int], tids: Tensor, slots: Tensor) -> None:
+        """Apply each table's safe_check_mode to keys left without a slot."""
+        modes = {self.specs[t].safe_check_mode for t in involved}
+        if modes == {DynamicEmbCheckMode.IGNORE}:
+            return
+        failed = torch.bincount(tids[slots < 0], minlength=self.num_tables).tolist()
+        totals = torch.bincount(tids, minlength=self.num_tables).tolist()
+        for t in involved:
+            spec = self.specs[t]
+            if failed[t] == 0 or spec.safe_check_mode == DynamicEmbCheckMode.IGNORE:
+                continue
+            message = (
+                f"table {spec.name!r}: {failed[t]} of {totals[t]} keys could not be inserted (their "
+                f"buckets were full of keys this call wrote); they read as zeros. Increase the "
+                f"capacity or bucket_capacity (now {self.capacity(t)} / {self._caps[t]})"
+            )
+            if spec.safe_check_mode == DynamicEmbCheckMode.ERROR:
+                raise DynamicEmbError(message)
+            warnings.warn(message, DynamicEmbWarning, stacklevel=4)
+
+    def erase(self, keys: Tensor, table_ids: TableIds = None) -> Tensor:
+        """Remove keys. -> erased (n,) bool"""
+        _, keys, tids = self._keys_and_ids(keys, table_ids)
+        return table_ops.erase(keys, tids, self._state)
+
+    def export(self, table_id: int, threshold: Optional[int] = None) -> ExportResult:
+        """Keys of one table in slot order whose score passes ``threshold`` (None: all).
+
+        The compared word is the timestamp for the compound strategy, the only word otherwise.
+        """
+        t = self._table_id(table_id)
+        spec = self.specs[t]
+        limit = -(2**63) if threshold is None else int(threshold)
+        thresholds = torch.full((1,), limit, dtype=torch.int64, device=self.device)
+        column = 1 if spec.policy == COMPOUND_POLICY else 0
+        keys, slots, words, _ = table_ops.export_if(self._region(t), thresholds, column)
+        tids = torch.full_like(keys, t)
+        return ExportResult(keys, slots, score_columns_for_user(words, tids, self._reversed, spec.num_scores))
+
+    def insert_at(self, table_id: int, keys: Tensor, slots: Tensor, *, rows: Optional[Tensor] = None,
+                  scores: Optional[Tensor] = None) -> None:
+        """Put each key at exactly its given local slot (replay), or raise before writing anything.
+
+        Raises:
+            DynamicEmbError: naming the first key whose slot is outside its home bucket, held by
+                another key, or claimed twice in this batch.
+        """
+        from dynamicemb_core.table.replay import check_insert_at, failing_index
+
+        t = self._table_id(table_id)
+        spec = self.specs[t]
+        where = f"table {spec.name!r}"
+        keys = check_int64_vector(keys, where, "keys", self.device)
+        n = keys.numel()
+        slots = check_int64_vector(slots, where, "slots", self.device, n)
+        if rows is not None:
+            rows = check_rows(rows, where, n, spec.row_width, spec.dtype, self.device)
+        tids = torch.full_like(keys, t)
+        if scores is None:
+            words = torch.zeros(n, 2, dtype=torch.int64, device=self.device)
+        else:
+            scores = check_user_scores(scores, where, n, spec.num_scores, self.device)
+            words = score_words_from_user(scores, tids, self._reversed, self._compound)
+        placed = table_ops.insert_at(keys, tids, slots, self._state, words, True)
+        bad = failing_index(placed, keys, slots)
+        if bad is not None:
+            raise DynamicEmbError(check_insert_at(where, int(keys[bad]), int(slots[bad]),
+                                                  self.capacity(t), self._caps[t]))
+        table_ops.insert_at(keys, tids, slots, self._state, words, False)
+        if rows is not None and spec.row_width:
+            table_ops.scatter_rows(self._values[t], slots, rows)
+
+    # -- value rows --------------------------------------------------------------------------------
+    def read_rows(self, table_id: int, slots: Tensor) -> Tensor:
+        """Rows at local ``slots`` (n,); slot -1 gives zeros. -> (n, row_width)"""
+        t = self._table_id(table_id)
+        slots = check_int64_vector(slots, f"table {self.specs[t].name!r}", "slots", self.device)
+        return table_ops.gather_rows(self._values[t], slots)
+
+    def write_rows(self, table_id: int, slots: Tensor, rows: Tensor) -> None:
+        """Write ``rows`` (n, row_width) at local ``slots``; -1 skipped, the last of duplicates wins."""
+        t = self._table_id(table_id)
+        spec = self.specs[t]
+        where = f"table {spec.name!r}"
+        slots = check_int64_vector(slots, where, "slots", self.device)
+        rows = check_rows(rows, where, slots.numel(), spec.row_width, spec.dtype, self.device)
+        table_ops.scatter_rows(self._values[t], slots, rows)
+
+    def values(self, table_id: int) -> Tensor:
+        """The table's (capacity, row_width) value buffer itself (replaced when the table grows)."""
+        return self._values[self._table_id(table_id)]
+
+    # -- sizes and scores ---------------------------------------------------------------------------
+    def size(self, table_id: int = 0) -> int:
+        return int(self._state.sizes[self._table_id(table_id)])
+
+    def capacity(self, table_id: int = 0) -> int:
+        t = self._table_id(table_id)
+        return self._offsets[t + 1] - self._offsets[t]
+
+    def bucket_capacity(self, table_id: int = 0) -> int:
+        """Slots per bucket of the table now (a single-bucket table's width grows with it)."""
+        return self._caps[self._table_id(table_id)]
+
+    def load_factor(self, table_id: int = 0) -> float:
+        return self.size(table_id) / self.capacity(table_id)
+
+    def clear(self, table_id: Optional[int] = None) -> None:
+        """Empty one table (or all); value rows and RETAIN_KEY buffers are kept."""
+        for t in range(self.num_tables) if table_id is None else [self._table_id(table_id)]:
+            self._state.digests[self._offsets[t] : self._offsets[t + 1]].zero_()
+            self._state.sizes[t] = 0
+
+    def set_score(self, table_id: int, score: int) -> None:
+        """Set the score of a CUSTOMIZED table (or the step of a STEP table) for later calls.
+
+        Warns (DynamicEmbWarning) when a CUSTOMIZED score goes down, unless
+        ``DYNAMICEMB_CSTM_SCORE_CHECK=0``.
+        """
+        t = self._table_id(table_id)
+        spec = self.specs[t]
+        if spec.policy not in (_STEP, _CUSTOMIZED):
+            raise ValueError(
+                f"table {spec.name!r}: set_score needs a CUSTOMIZED or STEP table, got "
+                f"{tuple(s.name for s in spec.strategies)}"
+            )
+        score = int(score)
+        if spec.policy == _STEP:
+            self._steps[t] = score
+            return
+        if score < self._custom_scores[t] and custom_score_check_enabled():
+            warnings.warn(
+                f"table {spec.name!r}: CUSTOMIZED score goes down from {self._custom_scores[t]} to "
+                f"{score}; keys touched from now on rank below older ones (set "
+                "DYNAMICEMB_CSTM_SCORE_CHECK=0 to silence)",
+                DynamicEmbWarning,
+                stacklevel=2,
+            )
+        self._custom_scores[t] = score
+
+    def get_score(self, table_id: int) -> int:
+        """The score the next call will use: step, custom score, 0 for LFU, or the clock (ns)."""
+        t = self._table_id(table_id)
+        policy = self.specs[t].policy
+        if policy == _STEP:
+            return self._steps[t]
+        if policy == _CUSTOMIZED:
+            return self._custom_scores[t]
+        if policy == _LFU:
+            return 0
+        return time.monotonic_ns()  # the CPU kernels' std::chrono::steady_clock
+
+    def advance_step(self, table_id: Optional[int] = None) -> None:
+        """Add one to the step of STEP tables (one, or all); the lookup calls it once per forward."""
+        for t in range(self.num_tables) if table_id is None else [self._table_id(table_id)]:
+            if self.specs[t].policy == _STEP:
+                self._steps[t] += 1
+
+    def pop_evicted_keys(self, table_id: int) -> Tensor:
+        """RETAIN_KEY tables: keys evicted since the last pop, deduplicated and sorted; then cleared.
+
+        Other tables return an empty tensor.
+        """
+        t = self._table_id(table_id)
+        chunks, self._evicted_keys[t] = self._evicted_keys[t], []
+        if not chunks:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return torch.unique(torch.cat(chunks))
