@@ -131,32 +131,35 @@ __device__ __forceinline__ void scan16(const uint8_t* digests, int64_t g, int64_
 
 /**
  * @brief Probe [home.begin, home.end) for `key` with a tile of threads (cooperative groups), each
- * reading 16 digests per step, so a tile of 8 covers a 128-slot bucket in one step. Full keys are
- * compared only where the digest matches (~1/255 false matches). With `want_empty` the same reads
- * also give the lowest empty slot. Every thread of the tile gets the answer.
+ * reading kVec x 16 digests per step with independent 16-byte loads, so a tile of 4 with kVec 2
+ * covers a 128-slot bucket in one step. Full keys are compared only where the digest matches
+ * (~1/255 false matches). With `want_empty` the same reads also give the lowest empty slot.
+ * Every thread of the tile gets the answer.
  */
-template <typename Tile>
+template <int kVec, typename Tile>
 __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* table_keys,
                                             const uint8_t* digests, int64_t key,
                                             const KeyHome& home, bool want_empty) {
   const int rank = tile.thread_rank();
-  const int64_t stride = 16 * static_cast<int64_t>(tile.size());
+  const int64_t stride = 16 * kVec * static_cast<int64_t>(tile.size());
   Probe r{-1, -1};
   for (int64_t base = home.begin; base < home.end; base += stride) {
-    const int64_t g = base + 16 * rank;
+    const int64_t g0 = base + 16 * kVec * rank;
+    uint32_t m[kVec], e[kVec];
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      m[v] = e[v] = 0;
+      if (g0 + 16 * v < home.end) scan16(digests, g0 + 16 * v, home.end, home.digest, &m[v], &e[v]);
+    }
     int64_t hit = -1, empty = -1;
-    if (g < home.end) {
-      uint32_t m, e;
-      scan16(digests, g, home.end, home.digest, &m, &e);
-      while (m) {
-        const int b = __ffs(m) - 1;
-        m &= m - 1;
-        if (table_keys[g + b] == key) {
-          hit = g + b;
-          break;
-        }
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      while (m[v] && hit < 0) {
+        const int b = __ffs(m[v]) - 1;
+        m[v] &= m[v] - 1;
+        if (table_keys[g0 + 16 * v + b] == key) hit = g0 + 16 * v + b;
       }
-      if (e) empty = g + __ffs(e) - 1;
+      if (e[v] && empty < 0) empty = g0 + 16 * v + __ffs(e[v]) - 1;
     }
     const unsigned hits = tile.ballot(hit >= 0);
     if (hits) return Probe{tile.shfl(hit, __ffs(hits) - 1), -1};

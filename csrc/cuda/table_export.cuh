@@ -5,10 +5,10 @@
  * The output is every occupied slot passing its table's threshold, in global slot order, so it is
  * a stream compaction: a counting pass (per block), a scan of the block counts, one read of the
  * total to size the outputs (the only host synchronisation: the count depends on the data), and a
- * writing pass that places each block's matches at its offset with a block-wide scan. Each thread
- * owns 16 consecutive slots and reads their digests with one 16-byte load where aligned; score
- * words are read only for occupied slots, and not at all in the counting pass when the threshold
- * is INT64_MIN ("export everything").
+ * writing pass that places each block's matches at its offset with block-wide scans. Counting
+ * threads own 16 consecutive slots (one 16-byte digest load where aligned); score words are read
+ * only for occupied slots, and not at all in the counting pass when the threshold is INT64_MIN
+ * ("export everything").
  */
 #pragma once
 
@@ -94,34 +94,41 @@ __global__ void __launch_bounds__(kBlockThreads) export_count_kernel(ExportParam
   if (threadIdx.x == 0) p.block_counts[blockIdx.x] = total;
 }
 
+/**
+ * @brief Writes a block's matches in slot order. Unlike the counting pass, thread k takes slots
+ * k, k + 256, ... of the block's range, one block-wide scan per round, so consecutive threads write
+ * consecutive outputs (coalesced stores; a thread writing its own 16-slot run would not be).
+ */
 __global__ void __launch_bounds__(kBlockThreads) export_write_kernel(ExportParams p) {
-  using BlockScan = cub::BlockScan<int64_t, kBlockThreads>;
+  using BlockScan = cub::BlockScan<int32_t, kBlockThreads>;
   __shared__ typename BlockScan::TempStorage temp;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kExportSlotsPerBlock +
-                        int64_t{threadIdx.x} * kExportSlotsPerThread;
-  uint32_t mask = 0;
-  int64_t t = 0;
-  if (first < p.total_slots) {
-    t = table_of_slot(p.slot_offsets, p.num_tables, first);
-    int64_t t_scan = t;
-    mask = export_mask(p, first, &t_scan);
-  }
-  int64_t pos;
-  BlockScan(temp).ExclusiveSum(static_cast<int64_t>(__popc(mask)), pos);
-  pos += p.block_offsets[blockIdx.x];
-  while (mask) {
-    const int k = __ffs(mask) - 1;
-    mask &= mask - 1;
-    const int64_t g = first + k;
-    while (t + 1 < p.num_tables && g >= p.slot_offsets[t + 1]) ++t;
-    int64_t w[2];
-    load_words(p.scores, g, w);
-    p.out_keys[pos] = p.table_keys[g];
-    p.out_slots[pos] = g - p.slot_offsets[t];
-    p.out_scores[2 * pos] = w[0];
-    p.out_scores[2 * pos + 1] = w[1];
-    p.out_table_ids[pos] = t;
-    ++pos;
+  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * kExportSlotsPerBlock;
+  int64_t pos = p.block_offsets[blockIdx.x];
+  const int64_t first_mine = block_first + threadIdx.x;
+  int64_t t = table_of_slot(p.slot_offsets, p.num_tables,
+                            first_mine < p.total_slots ? first_mine : p.total_slots - 1);
+  for (int round = 0; round < kExportSlotsPerThread; ++round) {
+    const int64_t g = block_first + int64_t{round} * kBlockThreads + threadIdx.x;
+    bool keep = false;
+    if (g < p.total_slots && p.digests[g] != 0) {
+      while (t + 1 < p.num_tables && g >= p.slot_offsets[t + 1]) ++t;
+      const int64_t limit = p.thresholds[t];
+      keep = limit == INT64_MIN || p.scores[2 * g + p.column] >= limit;
+    }
+    int32_t offset, total;
+    BlockScan(temp).ExclusiveSum(keep ? 1 : 0, offset, total);
+    if (keep) {
+      const int64_t o = pos + offset;
+      int64_t w[2];
+      load_words(p.scores, g, w);
+      p.out_keys[o] = p.table_keys[g];
+      p.out_slots[o] = g - p.slot_offsets[t];
+      p.out_scores[2 * o] = w[0];
+      p.out_scores[2 * o + 1] = w[1];
+      p.out_table_ids[o] = t;
+    }
+    pos += total;
+    __syncthreads();  // temp is reused by the next round's scan
   }
 }
 

@@ -2,8 +2,8 @@
  * @file table_find.cuh
  * @brief find on CUDA: params struct, kernels, launcher, selector (STYLE rule 7).
  *
- * A lookup never writes a key or digest, so keys are probed fully in parallel: a tile of 8 threads
- * per key, each thread reading 16 digests with one 16-byte load (128 slots per step, one default
+ * A lookup never writes a key or digest, so keys are probed fully in parallel: a tile of 4 threads
+ * per key, each thread reading 32 digests with two 16-byte loads (128 slots per step, one default
  * bucket), comparing full keys only where the digest matches. With update_score the found slots'
  * words are touched with atomics, which commute: a key that occurs c times in the call gains c
  * counts whatever the order, so the result is deterministic and equals the CPU kernel's. The words
@@ -20,7 +20,11 @@ namespace cuda_table {
 
 namespace cg = cooperative_groups;
 
-constexpr int kFindTile = 8;  // threads per key; 8 x 16 digests = one 128-slot bucket per step
+// Threads per key and 16-byte loads per thread: 4 x 2 x 16 digests = one 128-slot bucket per step,
+// with 64 keys in flight per 256-thread block (a lookup is a chain of dependent loads, so keys in
+// flight, not bandwidth, bound it).
+constexpr int kFindTile = 4;
+constexpr int kFindVec = 2;
 
 struct FindParams {
   const int64_t* keys;
@@ -72,7 +76,7 @@ __global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
   KeyHome home;
   int64_t g = -1;
   if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-    g = tile_probe(tile, p.table_keys, p.digests, key, home, false).hit;
+    g = tile_probe<kFindVec>(tile, p.table_keys, p.digests, key, home, false).hit;
   }
   if (tile.thread_rank() != 0) return;
   p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;

@@ -6,12 +6,14 @@
  * Why grouped: the contract's outcome (docs/table_design.md, "Semantics shared by every inserting
  * op") depends on the order in which a bucket's new keys take its empty slots and victims. The
  * engine sorts the call's keys by home bucket with a stable radix sort, so each bucket's keys stay
- * in input order, and gives each bucket to one warp. The warp runs the contract's two passes over
+ * in input order, and gives each bucket to one owner, which runs the contract's two passes over
  * its keys: (A) present keys keep their slots, are touched and protected; (B) new keys, in input
  * order, take the lowest empty slot, else the unprotected slot of lowest rank. One owner per bucket
  * means no locks, and the result is deterministic and slot-for-slot equal to the CPU kernels (so
- * DEMB_DETERMINISM_MODE needs nothing extra on CUDA). The whole warp probes a bucket's digests, 4
- * per lane per step; lane 0 does the few scalar writes.
+ * DEMB_DETERMINISM_MODE needs nothing extra on CUDA). The owner is a tile of 4 threads (8 buckets
+ * per warp, for memory-level parallelism: the work is a chain of dependent loads), which probes 128
+ * digests per step with two 16-byte loads per thread; its rank-0 thread does the few scalar writes.
+ * The first keys of a run are loaded once, in parallel, and handed to the passes by shuffles.
  */
 #pragma once
 
@@ -82,7 +84,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 namespace cg = cooperative_groups;
-constexpr int kUpsertTile = 8;  // threads per bucket owner; 8 x 16 digests = 128 slots per step
+constexpr int kUpsertTile = 4;  // threads per bucket owner
+constexpr int kUpsertVec = 2;   // 16-byte digest loads per thread: 4 x 2 x 16 = 128 slots per step
 using UpsertTile = cg::thread_block_tile<kUpsertTile>;
 
 /** @brief A victim candidate: global slot (-1: none), its words and its score-function rank. */
@@ -165,10 +168,10 @@ __device__ __forceinline__ KeyHome home_for(const Segment& seg, int64_t key) {
 }
 
 /** @brief Pass A for one key: present keys keep their slot (touched; or found, for erase). */
-__device__ __forceinline__ void pass_present(const UpsertTile& tile, const UpsertParams& p,
-                                             const Segment& seg, int64_t i) {
-  const int64_t key = p.keys[i];
-  const int64_t g = tile_probe(tile, p.table_keys, p.digests, key, home_for(seg, key), false).hit;
+__device__ __forceinline__ bool pass_present(const UpsertTile& tile, const UpsertParams& p,
+                                             const Segment& seg, int64_t i, int64_t key) {
+  const int64_t g =
+      tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home_for(seg, key), false).hit;
   if (tile.thread_rank() == 0) {
     if (p.mode == UpsertMode::kErase) {
       p.out_flag[i] = g >= 0;
@@ -186,6 +189,7 @@ __device__ __forceinline__ void pass_present(const UpsertTile& tile, const Upser
     }
   }
   tile.sync();
+  return g >= 0;
 }
 
 /**
@@ -193,10 +197,9 @@ __device__ __forceinline__ void pass_present(const UpsertTile& tile, const Upser
  * slot, else a victim. Returns the change in the table's size (rank 0 only).
  */
 __device__ __forceinline__ int64_t pass_new(const UpsertTile& tile, const UpsertParams& p,
-                                            const Segment& seg, int64_t i) {
-  const int64_t key = p.keys[i];
+                                            const Segment& seg, int64_t i, int64_t key) {
   const KeyHome home = home_for(seg, key);
-  const Probe probe = tile_probe(tile, p.table_keys, p.digests, key, home, true);
+  const Probe probe = tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home, true);
   int64_t g = probe.hit >= 0 ? probe.hit : probe.empty;
   const bool again = probe.hit >= 0;  // an earlier occurrence of this key placed it in this call
   const bool was_empty = !again && g >= 0;
@@ -253,10 +256,9 @@ __device__ __forceinline__ int64_t pass_erase(const UpsertTile& tile, const Upse
  * empty while the key lives nowhere else in the bucket (as the CPU kernel rules).
  */
 __device__ __forceinline__ int64_t pass_insert_at(const UpsertTile& tile, const UpsertParams& p,
-                                                  const Segment& seg, int64_t i) {
-  const int64_t key = p.keys[i];
+                                                  const Segment& seg, int64_t i, int64_t key) {
   const KeyHome home = home_for(seg, key);
-  const int64_t at = tile_probe(tile, p.table_keys, p.digests, key, home, false).hit;
+  const int64_t at = tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home, false).hit;
   int64_t delta = 0;
   if (tile.thread_rank() == 0) {
     const int64_t local = p.in_slots[i];
@@ -319,18 +321,38 @@ __global__ void __launch_bounds__(kBlockThreads)
     seg.policy = p.policies[seg.table];
     seg.now = p.now != nullptr ? p.now[seg.table] : 0;
     seg.use_fn = p.has_fn != nullptr && p.has_fn[seg.table] != 0;
+    // The run's first kUpsertTile keys: thread r loads key w + r once; the passes shuffle them.
+    const int rank = tile.thread_rank();
+    const int64_t mine = w + rank < end ? order[w + rank] : 0;
+    const int64_t my_key = w + rank < end ? p.keys[mine] : 0;
+    bool my_found = false;  // pass A's answer for key w + rank
+    auto index_of = [&](int64_t j) {
+      return j - w < kUpsertTile ? tile.shfl(mine, static_cast<int>(j - w)) : int64_t{order[j]};
+    };
+    auto key_of = [&](int64_t j, int64_t i) {
+      return j - w < kUpsertTile ? tile.shfl(my_key, static_cast<int>(j - w)) : p.keys[i];
+    };
     int64_t delta = 0;
     if (p.mode == UpsertMode::kInsertAt) {
-      for (int64_t j = w; j < end; ++j) delta += pass_insert_at(tile, p, seg, order[j]);
-    } else {
-      for (int64_t j = w; j < end; ++j) pass_present(tile, p, seg, order[j]);
       for (int64_t j = w; j < end; ++j) {
-        const int64_t i = order[j];
+        const int64_t i = index_of(j);
+        delta += pass_insert_at(tile, p, seg, i, key_of(j, i));
+      }
+    } else {
+      for (int64_t j = w; j < end; ++j) {
+        const int64_t i = index_of(j);
+        const bool found = pass_present(tile, p, seg, i, key_of(j, i));
+        if (j - w == rank) my_found = found;
+      }
+      for (int64_t j = w; j < end; ++j) {
+        const int64_t i = index_of(j);
         if (p.mode == UpsertMode::kErase) {
           delta += pass_erase(tile, p, i);
-        } else if (p.out_slots[i] == kPending) {
-          delta += pass_new(tile, p, seg, i);
+          continue;
         }
+        const bool found = j - w < kUpsertTile ? tile.shfl(static_cast<int>(my_found), static_cast<int>(j - w)) != 0
+                                               : p.out_slots[i] != kPending;
+        if (!found) delta += pass_new(tile, p, seg, i, key_of(j, i));
       }
     }
     if (tile.thread_rank() == 0 && delta != 0) {
