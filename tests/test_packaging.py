@@ -27,7 +27,8 @@ from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import layout as repo_layout  # noqa: E402  (scripts/ is not a package)
+import freeze_lock  # noqa: E402  (scripts/ is not a package)
+import layout as repo_layout  # noqa: E402
 import run_tests as test_runner  # noqa: E402
 
 # Distributions that come in CPU and CUDA builds: a package must never ask pip to resolve them.
@@ -97,6 +98,21 @@ def test_running_environment_matches_lock():
             mismatches.append(f"{name}: pinned {version}, installed {installed}")
     assert not mismatches, "environment differs from requirements/lock.txt:\n" + "\n".join(
         mismatches
+    )
+
+
+def test_lock_lists_every_package_of_running_environment():
+    """Nothing was installed beside the lock: re-freezing this environment reproduces the file."""
+    assert (
+        freeze_lock.render(freeze_lock.frozen_pins(sys.executable)) == repo_layout.LOCK.read_text()
+    )
+
+
+def test_freeze_keeps_header_and_torch_include(tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# how to install\n-r torch.txt\nold==1.0\n")
+    assert (
+        freeze_lock.render(["a==1", "b==2"], lock) == "# how to install\n-r torch.txt\na==1\nb==2\n"
     )
 
 
