@@ -40,7 +40,9 @@ BATCH = 4096
 DIM = 128  # 128 float32 = 512 bytes per row
 
 
-def _compare(ours: Callable[[], None], peer: Callable[[], None], rows_per_call: int, calls: int, repeats: int) -> Tuple[float, float]:
+def _compare(
+    ours: Callable[[], None], peer: Callable[[], None], rows_per_call: int, calls: int, repeats: int
+) -> Tuple[float, float]:
     """(our rows/s, peer rows/s): medians over ``repeats``, ours and peer alternating per repeat so
     that a busy machine slows both alike."""
     ours()  # warm-up
@@ -52,7 +54,9 @@ def _compare(ours: Callable[[], None], peer: Callable[[], None], rows_per_call: 
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls)
-    return rows_per_call / statistics.median(times["ours"]), rows_per_call / statistics.median(times["peer"])
+    return rows_per_call / statistics.median(times["ours"]), rows_per_call / statistics.median(
+        times["peer"]
+    )
 
 
 class _Batches:
@@ -66,7 +70,10 @@ class _Batches:
         codec = RowCodec(self.spec)
         g = torch.Generator().manual_seed(0)
         self.all_keys = torch.randperm(key_space, generator=g).to(torch.int64) * 7919 - 12345
-        self.keys = [self.all_keys[torch.randint(0, key_space, (BATCH,), generator=g)].unique() for _ in range(num_batches)]
+        self.keys = [
+            self.all_keys[torch.randint(0, key_space, (BATCH,), generator=g)].unique()
+            for _ in range(num_batches)
+        ]
         self.rows = [torch.randn(k.numel(), DIM, generator=g) for k in self.keys]
         self.scores = [torch.randint(0, 2**40, (k.numel(), 1), generator=g) for k in self.keys]
         self.values = [codec.encode(r, s) for r, s in zip(self.rows, self.scores)]
@@ -80,6 +87,7 @@ class _Batches:
 
 def bench_redis(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
     import redis
+
     from demb_redis import RedisStorage
     from demb_redis.server import LocalRedisServer
 
@@ -113,7 +121,10 @@ def bench_redis(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
             assert values[0] is not None
 
         n = b.keys[0].numel()
-        for case, ours, peer in [("redis insert (HSET vs MSET)", ours_insert, peer_insert), ("redis find (HMGET vs MGET)", ours_find, peer_find)]:
+        for case, ours, peer in [
+            ("redis insert (HSET vs MSET)", ours_insert, peer_insert),
+            ("redis find (HMGET vs MGET)", ours_find, peer_find),
+        ]:
             out.append((case, *_compare(ours, peer, n, args.calls, args.repeats)))
         storage.clear()
         storage.close()
@@ -161,7 +172,10 @@ def bench_rocksdb(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
             assert values[0] is not None
 
         n = b.keys[0].numel()
-        for case, ours, peer in [("rocksdb insert (WriteBatch)", ours_insert, peer_insert), ("rocksdb find (multi-get)", ours_find, peer_find)]:
+        for case, ours, peer in [
+            ("rocksdb insert (WriteBatch)", ours_insert, peer_insert),
+            ("rocksdb find (multi-get)", ours_find, peer_find),
+        ]:
             out.append((case, *_compare(ours, peer, n, args.calls, args.repeats)))
         storage.close()
         raw.close()
@@ -194,7 +208,9 @@ def _redis_server_version() -> str:
 
 
 def render(results: List[Tuple[str, float, float]], command: str) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     lines = [
         f"Machine: {_cpu()}; GPU: none (host-side storage tiers). torch {torch.__version__}, "
         f"fbgemm-gpu-cpu {_version('fbgemm-gpu-cpu')}, torchrec {_version('torchrec')}; redis-server "
@@ -239,7 +255,10 @@ def main(argv: List[str] | None = None) -> int:
         results += bench_redis(args)
     if args.only in (None, "rocksdb"):
         results += bench_rocksdb(args)
-    command = "python benchmarks/bench_storage_plugins.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    command = (
+        "python benchmarks/bench_storage_plugins.py"
+        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    )
     table = render(results, command.replace(" --write-docs", ""))
     print(table)
     if args.write_docs:

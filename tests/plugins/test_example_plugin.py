@@ -25,12 +25,31 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Directory the example was pip-installed into (a wheel built from the source tree)."""
     target = tmp_path_factory.mktemp("site")
     build = tmp_path_factory.mktemp("build")
-    source = build / "src"  # setuptools writes build/ and egg-info next to the sources: not in the repo
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    source = (
+        build / "src"
+    )  # setuptools writes build/ and egg-info next to the sources: not in the repo
+    shutil.copytree(
+        EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--quiet", "--target", str(target), str(source)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(build)},
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TMPDIR": str(build)},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (target / "demb_example_plugin" / "plugin.py").exists()
@@ -40,7 +59,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _python(installed: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(installed), str(REPO)])}
     env.pop("DYNAMICEMB_DISABLE_PLUGIN_AUTOLOAD", None)
-    return subprocess.run([sys.executable, *args], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_installed_example_is_listed_and_resolved_by_name(installed: Path) -> None:
@@ -63,14 +84,23 @@ def test_installed_example_is_listed_and_resolved_by_name(installed: Path) -> No
     assert result.returncode == 0, result.stderr
     path, plugin, storage = result.stdout.splitlines()
     assert path.startswith(str(installed))  # the installed copy, not the source tree
-    assert plugin == "demb-example-plugin 0.1.0 dynamicemb_register_admission_strategies,dynamicemb_register_storages"
+    assert (
+        plugin
+        == "demb-example-plugin 0.1.0 dynamicemb_register_admission_strategies,dynamicemb_register_storages"
+    )
     assert storage == "ArrayStorage [True, False]"
 
 
 def test_installed_example_passes_its_own_tests(installed: Path) -> None:
-    result = _python(installed, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(EXAMPLE / "tests"))
+    result = _python(
+        installed, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(EXAMPLE / "tests")
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout and "failed" not in result.stdout and "skipped" not in result.stdout
+    assert (
+        " passed" in result.stdout
+        and "failed" not in result.stdout
+        and "skipped" not in result.stdout
+    )
 
 
 def test_cli_lists_the_installed_example(installed: Path) -> None:

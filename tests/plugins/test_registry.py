@@ -87,7 +87,9 @@ def test_builtins_register_through_the_hooks(registry: PluginRegistry) -> None:
     assert ("storages", "dict") in info.provides
 
 
-def test_unknown_name_lists_installed_names_and_the_package_to_install(registry: PluginRegistry) -> None:
+def test_unknown_name_lists_installed_names_and_the_package_to_install(
+    registry: PluginRegistry,
+) -> None:
     with pytest.raises(UnknownPluginError) as info:
         registry.get(PluginKind.STORAGE, "redis")
     assert str(info.value) == (
@@ -97,8 +99,12 @@ def test_unknown_name_lists_installed_names_and_the_package_to_install(registry:
     assert isinstance(info.value, ValueError)
 
 
-def test_unknown_name_without_a_known_package_lists_installed_only(registry: PluginRegistry) -> None:
-    with pytest.raises(UnknownPluginError, match=r"^unknown admit_strategy 'nope'; installed: 'frequency'$"):
+def test_unknown_name_without_a_known_package_lists_installed_only(
+    registry: PluginRegistry,
+) -> None:
+    with pytest.raises(
+        UnknownPluginError, match=r"^unknown admit_strategy 'nope'; installed: 'frequency'$"
+    ):
         registry.get(PluginKind.ADMISSION_STRATEGY, "nope")
 
 
@@ -158,7 +164,10 @@ def test_resolve_storage_by_name_builds_it_with_options() -> None:
 
 def test_resolve_storage_accepts_an_instance_a_class_and_none() -> None:
     instance = PyDictStorage(TABLES)
-    assert resolve_storage(DynamicEmbTableOptions(external_storage=instance), TABLES, "cpu") is instance
+    assert (
+        resolve_storage(DynamicEmbTableOptions(external_storage=instance), TABLES, "cpu")
+        is instance
+    )
     built = resolve_storage(DynamicEmbTableOptions(external_storage=PyDictStorage), TABLES, "cpu")
     assert isinstance(built, PyDictStorage) and built is not instance
     assert resolve_storage(DynamicEmbTableOptions(), TABLES, "cpu") is None
@@ -168,29 +177,43 @@ def test_options_with_an_instance_are_rejected() -> None:
     options = DynamicEmbTableOptions(
         external_storage=PyDictStorage(TABLES), external_storage_options={"url": "x"}
     )
-    with pytest.raises(ValueError, match=r"external_storage_options \['url'\] given but external_storage is an instance"):
+    with pytest.raises(
+        ValueError,
+        match=r"external_storage_options \['url'\] given but external_storage is an instance",
+    ):
         resolve_storage(options, TABLES, "cpu")
 
 
 def test_factory_rejecting_its_options_names_the_plugin() -> None:
-    options = DynamicEmbTableOptions(external_storage="dict", external_storage_options={"colour": 1})
-    with pytest.raises(PluginResultError, match=r"external_storage 'dict' from plugin 'dynamicemb_core'.*colour"):
+    options = DynamicEmbTableOptions(
+        external_storage="dict", external_storage_options={"colour": 1}
+    )
+    with pytest.raises(
+        PluginResultError, match=r"external_storage 'dict' from plugin 'dynamicemb_core'.*colour"
+    ):
         resolve_storage(options, TABLES, "cpu")
 
 
 def test_factory_returning_the_wrong_type_is_an_error(registry: PluginRegistry) -> None:
     registry.add_plugin(_plugin(counters={"liar": lambda: "not a counter"}), "liar")
-    with pytest.raises(PluginResultError, match="admission_counter 'liar' .* must build Counter, got str"):
+    with pytest.raises(
+        PluginResultError, match="admission_counter 'liar' .* must build Counter, got str"
+    ):
         resolve(PluginKind.COUNTER, "liar", {}, registry=registry)
 
 
 def test_wrong_value_type_lists_what_is_accepted() -> None:
-    with pytest.raises(TypeError, match="admit_strategy must be a registered name, None, a AdmissionStrategy instance"):
+    with pytest.raises(
+        TypeError,
+        match="admit_strategy must be a registered name, None, a AdmissionStrategy instance",
+    ):
         resolve(PluginKind.ADMISSION_STRATEGY, 3.5, {})
 
 
 def test_runtime_plugin_is_resolved_through_the_table_options(everything_plugin: None) -> None:
-    options = DynamicEmbTableOptions(admit_strategy="everything", admit_strategy_options={"initializer_args": None})
+    options = DynamicEmbTableOptions(
+        admit_strategy="everything", admit_strategy_options={"initializer_args": None}
+    )
     strategy = resolve_admission_strategy(options)
     assert isinstance(strategy, _Everything)
     assert strategy.admit(torch.tensor([1, 2]), torch.tensor([0, 0])).all()
@@ -203,7 +226,9 @@ def test_counter_and_score_function_none_resolve_to_none() -> None:
     assert resolve_score_function(options) is None
 
 
-def test_score_function_callable_passes_through_and_name_gets_strategy_tuple(registry: PluginRegistry) -> None:
+def test_score_function_callable_passes_through_and_name_gets_strategy_tuple(
+    registry: PluginRegistry,
+) -> None:
     seen = {}
 
     def factory(strategy: Any, scale: float = 1.0) -> Any:

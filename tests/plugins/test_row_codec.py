@@ -29,7 +29,9 @@ def test_encode_then_decode_is_bitwise_identity(dtype: torch.dtype, num_scores: 
     values = codec.encode(rows, scores)
     assert len(values) == 50 and all(len(v) == codec.value_bytes for v in values)
     found, got_rows, got_scores = codec.decode(values)
-    assert found.all() and torch.equal(bits(got_rows), bits(rows)) and torch.equal(got_scores, scores)
+    assert (
+        found.all() and torch.equal(bits(got_rows), bits(rows)) and torch.equal(got_scores, scores)
+    )
 
 
 def test_layout_matches_the_documented_bytes() -> None:
@@ -49,7 +51,11 @@ def test_missing_values_decode_as_not_found_with_zero_rows() -> None:
     values = codec.encode(rows, scores)
     found, got_rows, got_scores = codec.decode([values[0], None, values[2]])
     assert found.tolist() == [True, False, True]
-    assert torch.equal(bits(got_rows[2]), bits(rows[2])) and not got_rows[1].any() and not got_scores[1].any()
+    assert (
+        torch.equal(bits(got_rows[2]), bits(rows[2]))
+        and not got_rows[1].any()
+        and not got_scores[1].any()
+    )
     found, got_rows, _ = codec.decode([None, None])
     assert not found.any() and tuple(got_rows.shape) == (2, 2)
 
@@ -67,7 +73,10 @@ def test_reader_refuses_rows_of_another_layout_naming_the_key(writer: StorageTab
     reader = RowCodec(StorageTableSpec("t", dim=2, row_width=4), context="my table")
     rows, scores = make_rows(writer, 2, seed=2)
     values = RowCodec(writer).encode(rows, scores)
-    with pytest.raises(RowFormatError, match=r"my table key 11: .*this reader expects version 1, dtype torch.float32, num_scores 1, row_width 4"):
+    with pytest.raises(
+        RowFormatError,
+        match=r"my table key 11: .*this reader expects version 1, dtype torch.float32, num_scores 1, row_width 4",
+    ):
         reader.decode([None, values[1]], torch.tensor([10, 11]))
 
 

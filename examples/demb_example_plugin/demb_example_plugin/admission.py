@@ -23,7 +23,9 @@ class HashSampleAdmissionStrategy(AdmissionStrategy):
         initializer_args: initializer of keys not admitted (None: the table's own).
     """
 
-    def __init__(self, rate: float, initializer_args: Optional[DynamicEmbInitializerArgs] = None) -> None:
+    def __init__(
+        self, rate: float, initializer_args: Optional[DynamicEmbInitializerArgs] = None
+    ) -> None:
         if not 0.0 < rate <= 1.0:
             raise ValueError(f"HashSampleAdmissionStrategy: rate must be in (0, 1], got {rate}")
         self.rate = rate

@@ -21,4 +21,8 @@ def dynamicemb_register_storages(register: RegisterFn) -> None:
 def dynamicemb_register_admission_strategies(register: RegisterFn) -> None:
     from demb_example_plugin.admission import HashSampleAdmissionStrategy
 
-    register("example_hash_sample", HashSampleAdmissionStrategy, description="example: admit a fixed hash sample")
+    register(
+        "example_hash_sample",
+        HashSampleAdmissionStrategy,
+        description="example: admit a fixed hash sample",
+    )

@@ -10,7 +10,13 @@ from typing import Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
-from dynamicemb_core.plugins.storage_checks import check_erase, check_find, check_insert, check_table_id, check_table_specs
+from dynamicemb_core.plugins.storage_checks import (
+    check_erase,
+    check_find,
+    check_insert,
+    check_table_id,
+    check_table_specs,
+)
 from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
 
 
@@ -26,8 +32,22 @@ class _Table:
     def grow_to(self, n: int) -> None:
         if n > self.rows.shape[0]:
             cap = max(n, 2 * self.rows.shape[0])
-            self.rows = torch.cat([self.rows, torch.empty(cap - self.rows.shape[0], self.rows.shape[1], dtype=self.rows.dtype)])
-            self.scores = torch.cat([self.scores, torch.empty(cap - self.scores.shape[0], self.scores.shape[1], dtype=torch.int64)])
+            self.rows = torch.cat(
+                [
+                    self.rows,
+                    torch.empty(
+                        cap - self.rows.shape[0], self.rows.shape[1], dtype=self.rows.dtype
+                    ),
+                ]
+            )
+            self.scores = torch.cat(
+                [
+                    self.scores,
+                    torch.empty(
+                        cap - self.scores.shape[0], self.scores.shape[1], dtype=torch.int64
+                    ),
+                ]
+            )
 
 
 class ArrayStorage(Storage):
@@ -38,12 +58,16 @@ class ArrayStorage(Storage):
         device: where ``find`` and ``export`` return tensors.
     """
 
-    def __init__(self, tables: Sequence[StorageTableSpec], device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, tables: Sequence[StorageTableSpec], device: torch.device | str = "cpu"
+    ) -> None:
         check_table_specs(type(self).__name__, tables)  # validate before building anything
         super().__init__(tables, torch.device(device))
         self._tables = [_Table(spec) for spec in self.tables]
 
-    def find(self, table_id: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         spec = check_find(self.tables, table_id, keys)
         t = self._tables[table_id]
         idx = torch.tensor([t.index.get(k, -1) for k in keys.tolist()], dtype=torch.int64)
@@ -53,8 +77,12 @@ class ArrayStorage(Storage):
         rows[found], scores[found] = t.rows[idx[found]], t.scores[idx[found]]
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
-    def insert(self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
-        check_insert(self.tables, table_id, keys, rows, scores)  # whole batch checked before writing
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        check_insert(
+            self.tables, table_id, keys, rows, scores
+        )  # whole batch checked before writing
         t = self._tables[table_id]
         positions = []
         for k in keys.tolist():
@@ -84,14 +112,20 @@ class ArrayStorage(Storage):
         check_table_id(self.tables, table_id)
         return len(self._tables[table_id].keys)
 
-    def export(self, table_id: int, batch_size: int = 65536) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         check_table_id(self.tables, table_id)
         t = self._tables[table_id]
         n = len(t.keys)
         keys = torch.tensor(t.keys, dtype=torch.int64)
         rows, scores = t.rows[:n].clone(), t.scores[:n].clone()  # snapshot
         for lo in range(0, n, batch_size):
-            yield keys[lo : lo + batch_size].to(self.device), rows[lo : lo + batch_size].to(self.device), scores[lo : lo + batch_size].to(self.device)
+            yield (
+                keys[lo : lo + batch_size].to(self.device),
+                rows[lo : lo + batch_size].to(self.device),
+                scores[lo : lo + batch_size].to(self.device),
+            )
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         if mem_type is not MemoryType.HOST:

@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-
 from demb_example_plugin import ArrayStorage, HashSampleAdmissionStrategy
+
 from dynamicemb_core.config import DynamicEmbTableOptions
-from dynamicemb_core.plugins import PluginKind, PluginRegistry, resolve_admission_strategy, resolve_storage
+from dynamicemb_core.plugins import (
+    PluginKind,
+    PluginRegistry,
+    resolve_admission_strategy,
+    resolve_storage,
+)
 from dynamicemb_core.testing.counter_suite import AdmissionStrategySuite
 from dynamicemb_core.testing.storage_suite import StorageSuite
 from dynamicemb_core.types import AdmissionStrategy, Storage, StorageTableSpec
@@ -16,15 +21,22 @@ from dynamicemb_core.types import AdmissionStrategy, Storage, StorageTableSpec
 
 def test_entry_point_is_discovered_by_the_registry() -> None:
     registry = PluginRegistry()
-    assert registry.get(PluginKind.STORAGE, "example_array").distribution == "demb-example-plugin 0.1.0"
+    assert (
+        registry.get(PluginKind.STORAGE, "example_array").distribution
+        == "demb-example-plugin 0.1.0"
+    )
     assert registry.get(PluginKind.ADMISSION_STRATEGY, "example_hash_sample").plugin == "example"
 
 
 def test_table_options_build_the_example_by_name() -> None:
     options = DynamicEmbTableOptions(
-        external_storage="example_array", admit_strategy="example_hash_sample", admit_strategy_options={"rate": 0.5}
+        external_storage="example_array",
+        admit_strategy="example_hash_sample",
+        admit_strategy_options={"rate": 0.5},
     )
-    assert isinstance(resolve_storage(options, [StorageTableSpec("t", dim=2, row_width=2)], "cpu"), ArrayStorage)
+    assert isinstance(
+        resolve_storage(options, [StorageTableSpec("t", dim=2, row_width=2)], "cpu"), ArrayStorage
+    )
     assert resolve_admission_strategy(options).rate == 0.5
 
 

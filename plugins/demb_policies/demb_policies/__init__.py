@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from demb_policies.admission import ProbabilisticAdmissionStrategy
 from demb_policies.bloom_counter import CountingBloomCounter
-from demb_policies.score_functions import decayed_lfu_count_first, decayed_lfu_ts_first, make_decayed_lfu
+from demb_policies.score_functions import (
+    decayed_lfu_count_first,
+    decayed_lfu_ts_first,
+    make_decayed_lfu,
+)
 
 __all__ = [
     "CountingBloomCounter",

@@ -36,7 +36,9 @@ class ProbabilisticAdmissionStrategy(AdmissionStrategy):
         initializer_args: Optional[DynamicEmbInitializerArgs] = None,
     ) -> None:
         if not 0.0 < float(probability) <= 1.0:
-            raise ValueError(f"ProbabilisticAdmissionStrategy: probability must be in (0, 1], got {probability}")
+            raise ValueError(
+                f"ProbabilisticAdmissionStrategy: probability must be in (0, 1], got {probability}"
+            )
         self.probability = float(probability)
         self.seed = seed
         self.initializer_args = initializer_args
@@ -63,7 +65,12 @@ class ProbabilisticAdmissionStrategy(AdmissionStrategy):
                 f"{tuple(keys.shape)} and {tuple(frequencies.shape)}"
             )
         p = self.admission_probability(frequencies.to(keys.device))
-        u = torch.rand(keys.numel(), generator=self._generator(keys.device), device=keys.device, dtype=torch.float64)
+        u = torch.rand(
+            keys.numel(),
+            generator=self._generator(keys.device),
+            device=keys.device,
+            dtype=torch.float64,
+        )
         return u < p
 
     def get_initializer_args(self) -> Optional[DynamicEmbInitializerArgs]:

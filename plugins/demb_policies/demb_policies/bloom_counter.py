@@ -26,8 +26,16 @@ __all__ = ["CountingBloomCounter"]
 _INT32_MAX = 2**31 - 1
 _FORMAT = 1  # version of the dump's key_file header
 # Odd 64-bit salts (digits of pi); one per hash function, so the k cells of a key are independent.
-_SALTS: List[int] = [0x243F6A8885A308D3, 0x13198A2E03707344, 0x2A4093822299F31D, 0x082EFA98EC4E6C89,
-                     0x452821E638D01377, 0x3E38D4A72F2C7BE5, 0x0BE5466CF34E90C7, 0x40D3C9778A5AB6E5]
+_SALTS: List[int] = [
+    0x243F6A8885A308D3,
+    0x13198A2E03707344,
+    0x2A4093822299F31D,
+    0x082EFA98EC4E6C89,
+    0x452821E638D01377,
+    0x3E38D4A72F2C7BE5,
+    0x0BE5466CF34E90C7,
+    0x40D3C9778A5AB6E5,
+]
 
 
 def _as_int64(u: int) -> int:
@@ -43,7 +51,12 @@ class CountingBloomCounter(Counter):
         device: where the cells live (default CPU); :meth:`create` picks another.
     """
 
-    def __init__(self, num_counters: int = 1 << 20, num_hashes: int = 4, device: Optional[torch.device | str] = None) -> None:
+    def __init__(
+        self,
+        num_counters: int = 1 << 20,
+        num_hashes: int = 4,
+        device: Optional[torch.device | str] = None,
+    ) -> None:
         if int(num_counters) < 1 or not 1 <= int(num_hashes) <= len(_SALTS):
             raise ValueError(
                 f"CountingBloomCounter: need num_counters >= 1 and 1 <= num_hashes <= {len(_SALTS)}, "
@@ -62,7 +75,11 @@ class CountingBloomCounter(Counter):
         return (h & ((1 << 63) - 1)) % self.num_counters
 
     def _estimate(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.cells[idx].amin(dim=1).to(torch.int64) if idx.numel() else torch.zeros(idx.shape[0], dtype=torch.int64, device=self.device)
+        return (
+            self.cells[idx].amin(dim=1).to(torch.int64)
+            if idx.numel()
+            else torch.zeros(idx.shape[0], dtype=torch.int64, device=self.device)
+        )
 
     def _apply(self, idx: torch.Tensor, delta: torch.Tensor) -> None:
         """cells[idx[i, j]] += delta[i] for every hash j, summed per cell in int64, clamped to int32."""
@@ -77,7 +94,9 @@ class CountingBloomCounter(Counter):
 
     def _check(self, keys: torch.Tensor, frequencies: Optional[torch.Tensor] = None) -> None:
         if keys.dtype != torch.int64 or keys.dim() != 1:
-            raise TypeError(f"CountingBloomCounter: keys must be 1-D int64, got {keys.dtype} {tuple(keys.shape)}")
+            raise TypeError(
+                f"CountingBloomCounter: keys must be 1-D int64, got {keys.dtype} {tuple(keys.shape)}"
+            )
         if frequencies is not None and tuple(frequencies.shape) != tuple(keys.shape):
             raise ValueError(
                 f"CountingBloomCounter: frequencies must have the keys' shape {tuple(keys.shape)}, "

@@ -21,7 +21,12 @@ from typing import Callable, Dict, Sequence, Tuple
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy, normalize_score_strategy
 
-__all__ = ["DEFAULT_HALF_LIFE_S", "decayed_lfu_count_first", "decayed_lfu_ts_first", "make_decayed_lfu"]
+__all__ = [
+    "DEFAULT_HALF_LIFE_S",
+    "decayed_lfu_count_first",
+    "decayed_lfu_ts_first",
+    "make_decayed_lfu",
+]
 
 ScoreFunction = Callable[..., float]
 DEFAULT_HALF_LIFE_S = 3600.0  # one hour: a key idle for a day keeps 2^-24 of its count
@@ -50,7 +55,9 @@ def _generate(timestamp_first: bool, half_life_s: float) -> ScoreFunction:
             rate_per_ns=math.log(2.0) / (half_life_s * 1e9),
         )
         namespace: Dict[str, object] = {"math": math}
-        exec(compile(source, f"<demb_policies.{name} half_life_s={half_life_s}>", "exec"), namespace)
+        exec(
+            compile(source, f"<demb_policies.{name} half_life_s={half_life_s}>", "exec"), namespace
+        )
         fn = namespace[name]
         fn.__module__ = __name__  # type: ignore[attr-defined]
         fn.__source__ = source  # type: ignore[attr-defined]  # for readers: the code numba compiles
@@ -79,8 +86,12 @@ def make_decayed_lfu(
             f"score_function 'decayed_lfu' needs the compound score_strategy (TIMESTAMP, LFU) in either "
             f"order, got {tuple(s.name for s in strategies)}"
         )
-    if not (isinstance(half_life_s, (int, float)) and math.isfinite(half_life_s) and half_life_s > 0):
-        raise ValueError(f"score_function 'decayed_lfu': half_life_s must be a positive number, got {half_life_s!r}")
+    if not (
+        isinstance(half_life_s, (int, float)) and math.isfinite(half_life_s) and half_life_s > 0
+    ):
+        raise ValueError(
+            f"score_function 'decayed_lfu': half_life_s must be a positive number, got {half_life_s!r}"
+        )
     return _generate(strategies[0] == DynamicEmbScoreStrategy.TIMESTAMP, float(half_life_s))
 
 

@@ -40,7 +40,9 @@ SECOND = 10**9
         (PluginKind.SCORE_FUNCTION, "decayed_lfu", make_decayed_lfu),
     ],
 )
-def test_entry_point_is_discovered_by_the_registry(kind: PluginKind, name: str, factory: object) -> None:
+def test_entry_point_is_discovered_by_the_registry(
+    kind: PluginKind, name: str, factory: object
+) -> None:
     entry = PluginRegistry().get(kind, name)
     assert entry.distribution.startswith("demb-policies ") and entry.plugin == "policies"
     assert entry.factory is factory
@@ -57,7 +59,10 @@ def test_table_options_resolve_every_policy_by_name() -> None:
         admission_counter_options={"num_counters": 1024},
     )
     fn = resolve_score_function(options)
-    assert fn is make_decayed_lfu(LFU_TS, half_life_s=60.0) and fn.__name__ == "decayed_lfu_count_first"
+    assert (
+        fn is make_decayed_lfu(LFU_TS, half_life_s=60.0)
+        and fn.__name__ == "decayed_lfu_count_first"
+    )
     assert resolve_admission_strategy(options).probability == 0.25
     assert resolve_counter(options).num_counters == 1024
 
@@ -96,13 +101,19 @@ def test_bloom_counter_cells_saturate_instead_of_wrapping() -> None:
 
 def test_bloom_counter_memory_is_four_bytes_a_cell() -> None:
     counter = CountingBloomCounter(num_counters=1000)
-    assert counter.memory_usage(MemoryType.DEVICE) == 4000 and counter.memory_usage(MemoryType.HOST) == 0
+    assert (
+        counter.memory_usage(MemoryType.DEVICE) == 4000
+        and counter.memory_usage(MemoryType.HOST) == 0
+    )
 
 
 def test_bloom_counter_load_rejects_a_filter_of_another_size(tmp_path: object) -> None:
     a, b = CountingBloomCounter(num_counters=100), CountingBloomCounter(num_counters=200)
     a.dump(f"{tmp_path}/k", f"{tmp_path}/c")
-    with pytest.raises(ValueError, match=r"\[format, num_counters, num_hashes\] = \[1, 100, 4\], this counter is \[1, 200, 4\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"\[format, num_counters, num_hashes\] = \[1, 100, 4\], this counter is \[1, 200, 4\]",
+    ):
         b.load(f"{tmp_path}/k", f"{tmp_path}/c")
 
 
@@ -126,8 +137,16 @@ def test_admission_rate_matches_one_minus_miss_probability_to_the_frequency(freq
 
 def test_unseen_keys_are_never_admitted_and_probability_one_admits_every_seen_key() -> None:
     keys = torch.arange(1000)
-    assert not ProbabilisticAdmissionStrategy(0.9, seed=0).admit(keys, torch.zeros(1000, dtype=torch.int64)).any()
-    assert ProbabilisticAdmissionStrategy(1.0, seed=0).admit(keys, torch.ones(1000, dtype=torch.int64)).all()
+    assert (
+        not ProbabilisticAdmissionStrategy(0.9, seed=0)
+        .admit(keys, torch.zeros(1000, dtype=torch.int64))
+        .any()
+    )
+    assert (
+        ProbabilisticAdmissionStrategy(1.0, seed=0)
+        .admit(keys, torch.ones(1000, dtype=torch.int64))
+        .all()
+    )
 
 
 def test_seeded_strategy_is_reproducible() -> None:
@@ -158,16 +177,25 @@ def test_decayed_lfu_ranks_like_count_halved_per_half_life() -> None:
     fn = make_decayed_lfu(TS_LFU, half_life_s=100.0)
     cases = [(now - rng.randrange(0, 1000 * SECOND), rng.randrange(0, 10_000)) for _ in range(300)]
     ours = sorted(range(300), key=lambda i: fn(cases[i], now))
-    theirs = sorted(range(300), key=lambda i: _oracle(cases[i][1], (now - cases[i][0]) / SECOND, 100.0))
-    assert [round(fn(cases[i], now), 9) for i in ours] == [round(fn(cases[i], now), 9) for i in theirs]
-    assert ours[0] == min(range(300), key=lambda i: _oracle(cases[i][1], (now - cases[i][0]) / SECOND, 100.0))
+    theirs = sorted(
+        range(300), key=lambda i: _oracle(cases[i][1], (now - cases[i][0]) / SECOND, 100.0)
+    )
+    assert [round(fn(cases[i], now), 9) for i in ours] == [
+        round(fn(cases[i], now), 9) for i in theirs
+    ]
+    assert ours[0] == min(
+        range(300), key=lambda i: _oracle(cases[i][1], (now - cases[i][0]) / SECOND, 100.0)
+    )
 
 
 def test_decayed_lfu_follows_the_strategy_tuple_order() -> None:
     now = 1000 * SECOND
     assert decayed_lfu_ts_first((now, 8), now) == pytest.approx(math.log(8))
     assert decayed_lfu_count_first((8, now), now) == pytest.approx(math.log(8))
-    assert make_decayed_lfu(TS_LFU) is decayed_lfu_ts_first and make_decayed_lfu(LFU_TS) is decayed_lfu_count_first
+    assert (
+        make_decayed_lfu(TS_LFU) is decayed_lfu_ts_first
+        and make_decayed_lfu(LFU_TS) is decayed_lfu_count_first
+    )
     # one half-life of idleness costs exactly ln 2
     assert decayed_lfu_ts_first((now - 3600 * SECOND, 8), now) == pytest.approx(math.log(4))
 
@@ -185,7 +213,9 @@ def test_decayed_lfu_compiles_with_numba_and_matches_python(order: tuple) -> Non
 
     fn = make_decayed_lfu(order, half_life_s=30.0)
     compiled = compile_score_function(fn, order)
-    cb = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)(compiled.address)
+    cb = ctypes.CFUNCTYPE(ctypes.c_double, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64)(
+        compiled.address
+    )
     rng = random.Random(1)
     for _ in range(200):
         count, ts, now = rng.randrange(0, 10**6), rng.randrange(0, 10**15), rng.randrange(0, 10**15)
@@ -195,7 +225,9 @@ def test_decayed_lfu_compiles_with_numba_and_matches_python(order: tuple) -> Non
 
 
 @pytest.mark.parametrize("order", [TS_LFU, LFU_TS], ids=["ts_lfu", "lfu_ts"])
-def test_full_bucket_evicts_the_stale_frequent_key_where_plain_lfu_evicts_the_rare_fresh_one(order: tuple) -> None:
+def test_full_bucket_evicts_the_stale_frequent_key_where_plain_lfu_evicts_the_rare_fresh_one(
+    order: tuple,
+) -> None:
     from dynamicemb_core.table import ScoredHashTable, TableSpec
 
     now = 10_000 * SECOND
@@ -205,8 +237,15 @@ def test_full_bucket_evicts_the_stale_frequent_key_where_plain_lfu_evicts_the_ra
     stamps = [now - 10 * 60 * SECOND, now] + [now] * 14
 
     def evicted(score_function: object) -> int:
-        spec = TableSpec("t", init_capacity=16, max_capacity=16, bucket_capacity=16, max_load_factor=1.0,
-                         score_strategy=order, score_function=score_function)
+        spec = TableSpec(
+            "t",
+            init_capacity=16,
+            max_capacity=16,
+            bucket_capacity=16,
+            max_load_factor=1.0,
+            score_strategy=order,
+            score_function=score_function,
+        )
         table = ScoredHashTable([spec])
         words = [[t, c] if order == TS_LFU else [c, t] for c, t in zip(counts, stamps)]
         table.insert(torch.arange(16), scores=torch.tensor(words))

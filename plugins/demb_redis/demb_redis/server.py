@@ -48,7 +48,9 @@ class LocalRedisServer:
         extra_args: more ``redis-server`` arguments.
     """
 
-    def __init__(self, password: Optional[str] = None, extra_args: Optional[List[str]] = None) -> None:
+    def __init__(
+        self, password: Optional[str] = None, extra_args: Optional[List[str]] = None
+    ) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise FileNotFoundError(
@@ -70,8 +72,25 @@ class LocalRedisServer:
     def start(self, timeout_s: float = 10.0) -> "LocalRedisServer":
         """Start on a free port and wait until it answers PING."""
         self.port = free_port()
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--daemonize", "yes", "--pidfile", self.pidfile, "--dir", self.dir, "--logfile", os.path.join(self.dir, "log")]
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "yes",
+            "--pidfile",
+            self.pidfile,
+            "--dir",
+            self.dir,
+            "--logfile",
+            os.path.join(self.dir, "log"),
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         subprocess.run(args + self.extra_args, check=True, capture_output=True, timeout=timeout_s)

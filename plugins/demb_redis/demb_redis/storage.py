@@ -122,7 +122,8 @@ class RedisStorage(Storage):
         )
         self._hash_keys = [f"demb:{{{model}:{t.name}}}:rows".encode() for t in self.tables]
         self._codecs = [
-            RowCodec(t, context=f"demb-redis: table {t.name!r} (model {model!r})") for t in self.tables
+            RowCodec(t, context=f"demb-redis: table {t.name!r} (model {model!r})")
+            for t in self.tables
         ]
         self._call("connect", None, self.client.ping)
 
@@ -156,7 +157,9 @@ class RedisStorage(Storage):
                 ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _pipelined(self, op: str, table_id: int, build: Callable[[Any, int, int], None], n: int) -> List[Any]:
+    def _pipelined(
+        self, op: str, table_id: int, build: Callable[[Any, int, int], None], n: int
+    ) -> List[Any]:
         def run() -> List[Any]:
             pipe = self.client.pipeline(transaction=False)
             for start in range(0, n, self.chunk_size):
@@ -167,18 +170,24 @@ class RedisStorage(Storage):
 
     # -- Storage ----------------------------------------------------------------------------
 
-    def find(self, table_id: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         check_find(self.tables, table_id, keys)
         fields = encode_keys(keys)
         name = self._hash_keys[table_id]
         values: List[Optional[bytes]] = []
         if fields:
-            for chunk in self._pipelined("find", table_id, lambda p, a, b: p.hmget(name, fields[a:b]), len(fields)):
+            for chunk in self._pipelined(
+                "find", table_id, lambda p, a, b: p.hmget(name, fields[a:b]), len(fields)
+            ):
                 values.extend(chunk)
         found, rows, scores = self._codecs[table_id].decode(values, keys)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
-    def insert(self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
         check_insert(self.tables, table_id, keys, rows, scores)
         if keys.numel() == 0:
             return
@@ -197,11 +206,15 @@ class RedisStorage(Storage):
         fields = encode_keys(keys)
         name = self._hash_keys[table_id]
         if fields:
-            self._pipelined("erase", table_id, lambda p, a, b: p.hdel(name, *fields[a:b]), len(fields))
+            self._pipelined(
+                "erase", table_id, lambda p, a, b: p.hdel(name, *fields[a:b]), len(fields)
+            )
 
     def size(self, table_id: int) -> int:
         check_table_id(self.tables, table_id)
-        return int(self._call("size", table_id, lambda: self.client.hlen(self._hash_keys[table_id])))
+        return int(
+            self._call("size", table_id, lambda: self.client.hlen(self._hash_keys[table_id]))
+        )
 
     def export(
         self, table_id: int, batch_size: int = 65536
@@ -214,7 +227,7 @@ class RedisStorage(Storage):
         spec = check_table_id(self.tables, table_id)
         if batch_size <= 0:
             raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
-        name, codec = self._hash_keys[table_id], self._codecs[table_id]
+        name = self._hash_keys[table_id]
         seen: set = set()
         cursor = 0
         pending: Dict[bytes, bytes] = {}
@@ -234,7 +247,9 @@ class RedisStorage(Storage):
             if cursor == 0:
                 return
 
-    def _decode_page(self, table_id: int, items: List[Tuple[bytes, bytes]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _decode_page(
+        self, table_id: int, items: List[Tuple[bytes, bytes]]
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         for field, _ in items:
             if len(field) != KEY_BYTES:
                 raise RedisStorageError(
@@ -260,4 +275,6 @@ class RedisStorage(Storage):
         """Payload bytes held in Redis (rows and keys, without Redis's own overhead)."""
         if mem_type is not MemoryType.EXTERNAL:
             return 0
-        return sum(self.size(t) * (KEY_BYTES + codec.value_bytes) for t, codec in enumerate(self._codecs))
+        return sum(
+            self.size(t) * (KEY_BYTES + codec.value_bytes) for t, codec in enumerate(self._codecs)
+        )

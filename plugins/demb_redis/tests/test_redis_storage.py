@@ -44,7 +44,9 @@ class TestRedisStorage(StorageSuite, StoragePersistenceSuite):
 
     def make_storage(self, tables: Sequence[StorageTableSpec], device: torch.device) -> Storage:
         # a fresh namespace per storage; chunk_size small enough that big batches span chunks
-        return RedisStorage(tables, device, url=self.server.url, model=uuid.uuid4().hex, chunk_size=1000)
+        return RedisStorage(
+            tables, device, url=self.server.url, model=uuid.uuid4().hex, chunk_size=1000
+        )
 
     def reopen_storage(self, storage: Storage) -> Storage:
         assert isinstance(storage, RedisStorage)
@@ -52,7 +54,9 @@ class TestRedisStorage(StorageSuite, StoragePersistenceSuite):
         return RedisStorage(storage.tables, storage.device, url=storage.url, model=storage.model)
 
 
-def test_rows_live_in_one_hash_per_model_and_table_with_a_cluster_hash_tag(redis_server: LocalRedisServer) -> None:
+def test_rows_live_in_one_hash_per_model_and_table_with_a_cluster_hash_tag(
+    redis_server: LocalRedisServer,
+) -> None:
     storage = RedisStorage([SPEC], url=redis_server.url, model="m1")
     rows, scores = make_rows(SPEC, 2, seed=0)
     storage.insert(0, torch.tensor([1, -1]), rows, scores)
@@ -83,13 +87,18 @@ def test_reader_with_another_layout_refuses_the_rows(redis_server: LocalRedisSer
     writer.insert(0, torch.tensor([10, 11]), rows, scores)
     wider = StorageTableSpec("emb", dim=4, row_width=12)  # e.g. the optimizer changed to Adam
     reader = RedisStorage([wider], url=redis_server.url, model="layout")
-    with pytest.raises(RowFormatError, match=r"table 'emb' \(model 'layout'\) key 11: .*row_width 8.*expects.*row_width 12"):
+    with pytest.raises(
+        RowFormatError,
+        match=r"table 'emb' \(model 'layout'\) key 11: .*row_width 8.*expects.*row_width 12",
+    ):
         reader.find(0, torch.tensor([11]))
     writer.clear()
 
 
 @pytest.mark.parametrize("bad", ["has{brace}", "a:b", ""])
-def test_names_that_would_break_the_key_are_rejected(redis_server: LocalRedisServer, bad: str) -> None:
+def test_names_that_would_break_the_key_are_rejected(
+    redis_server: LocalRedisServer, bad: str
+) -> None:
     with pytest.raises(ValueError, match="model"):
         RedisStorage([SPEC], url=redis_server.url, model=bad)
 
@@ -116,7 +125,10 @@ def test_unreachable_server_at_construction_is_a_clear_error() -> None:
     with LocalRedisServer() as server:
         url = server.url
     start = time.monotonic()
-    with pytest.raises(RedisStorageError, match=r"connect on \(model 'default'\) failed: Redis at redis://127\.0\.0\.1:\d+/0 did not answer after 3 attempts"):
+    with pytest.raises(
+        RedisStorageError,
+        match=r"connect on \(model 'default'\) failed: Redis at redis://127\.0\.0\.1:\d+/0 did not answer after 3 attempts",
+    ):
         RedisStorage([SPEC], url=url, retries=2, retry_backoff_s=0.01)
     assert time.monotonic() - start < 5
 
@@ -124,7 +136,9 @@ def test_unreachable_server_at_construction_is_a_clear_error() -> None:
 def test_server_killed_mid_use_gives_a_clear_error_not_zeros() -> None:
     server = LocalRedisServer().start()
     try:
-        storage = RedisStorage([SPEC], url=server.url, retries=2, retry_backoff_s=0.02, socket_timeout=1.0)
+        storage = RedisStorage(
+            [SPEC], url=server.url, retries=2, retry_backoff_s=0.02, socket_timeout=1.0
+        )
         rows, scores = make_rows(SPEC, 64, seed=4)
         storage.insert(0, torch.arange(64), rows, scores)
         assert storage.find(0, torch.arange(64))[0].all()
@@ -134,7 +148,11 @@ def test_server_killed_mid_use_gives_a_clear_error_not_zeros() -> None:
             storage.find(0, torch.arange(64))
         assert time.monotonic() - start < 10
         message = str(info.value)
-        assert "find on table 'emb'" in message and server.url in message and "after 3 attempts" in message
+        assert (
+            "find on table 'emb'" in message
+            and server.url in message
+            and "after 3 attempts" in message
+        )
         assert "No data was returned in its place" in message
         with pytest.raises(RedisStorageError, match="insert on table 'emb'"):
             storage.insert(0, torch.arange(64), rows, scores)

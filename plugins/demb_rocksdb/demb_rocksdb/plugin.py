@@ -9,4 +9,6 @@ from dynamicemb_core.plugins import RegisterFn, hookimpl
 def dynamicemb_register_storages(register: RegisterFn) -> None:
     from demb_rocksdb.storage import RocksDBStorage
 
-    register("rocksdb", RocksDBStorage, description="rows in a local RocksDB, a key prefix per table")
+    register(
+        "rocksdb", RocksDBStorage, description="rows in a local RocksDB, a key prefix per table"
+    )

@@ -21,7 +21,13 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 from rocksdict import Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
-from dynamicemb_core.plugins.row_codec import HEADER_BYTES, KEY_BYTES, RowCodec, decode_keys, encode_keys
+from dynamicemb_core.plugins.row_codec import (
+    HEADER_BYTES,
+    KEY_BYTES,
+    RowCodec,
+    decode_keys,
+    encode_keys,
+)
 from dynamicemb_core.plugins.storage_checks import (
     check_erase,
     check_find,
@@ -59,7 +65,9 @@ class RocksDBStorage(Storage):
         check_table_specs(type(self).__name__, tables)
         for spec in tables:
             if "\x00" in spec.name or not spec.name:
-                raise ValueError(f"RocksDBStorage: table name {spec.name!r} must be non-empty without NUL")
+                raise ValueError(
+                    f"RocksDBStorage: table name {spec.name!r} must be non-empty without NUL"
+                )
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ValueError(f"RocksDBStorage: path must be a directory path, got {path!r}")
         super().__init__(tables, torch.device(device))
@@ -78,7 +86,10 @@ class RocksDBStorage(Storage):
         self._write_options = WriteOptions()
         self._write_options.sync = sync_writes
         self._prefixes = [spec.name.encode() + b"\x00" for spec in self.tables]
-        self._codecs = [RowCodec(t, context=f"demb-rocksdb: table {t.name!r} at {self.path}") for t in self.tables]
+        self._codecs = [
+            RowCodec(t, context=f"demb-rocksdb: table {t.name!r} at {self.path}")
+            for t in self.tables
+        ]
         self._check_or_write_meta()
 
     def _check_or_write_meta(self) -> None:
@@ -103,19 +114,25 @@ class RocksDBStorage(Storage):
 
     # -- Storage ----------------------------------------------------------------------------
 
-    def find(self, table_id: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         check_find(self.tables, table_id, keys)
         raw = self._keys(table_id, keys)
         values: List[Optional[bytes]] = self._db[raw] if raw else []
         found, rows, scores = self._codecs[table_id].decode(values, keys)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
-    def insert(self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
         check_insert(self.tables, table_id, keys, rows, scores)
         if keys.numel() == 0:
             return
         batch = WriteBatch(raw_mode=True)
-        for key, value in zip(self._keys(table_id, keys), self._codecs[table_id].encode(rows, scores)):
+        for key, value in zip(
+            self._keys(table_id, keys), self._codecs[table_id].encode(rows, scores)
+        ):
             batch.put(key, value)
         self._db.write(batch, self._write_options)
 
@@ -155,7 +172,9 @@ class RocksDBStorage(Storage):
         if page:
             yield self._decode_page(table_id, page)
 
-    def _decode_page(self, table_id: int, page: List[Tuple[bytes, bytes]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _decode_page(
+        self, table_id: int, page: List[Tuple[bytes, bytes]]
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         prefix_len = len(self._prefixes[table_id])
         if any(len(k) != prefix_len + KEY_BYTES for k, _ in page):
             raise ValueError(
@@ -181,7 +200,9 @@ class RocksDBStorage(Storage):
         """Write a consistent RocksDB checkpoint (hard links where possible) to the new directory ``path``."""
         target = os.path.join(path, "rocksdb")
         if os.path.exists(target):
-            raise FileExistsError(f"demb-rocksdb: dump target {target} exists; dump into a fresh directory")
+            raise FileExistsError(
+                f"demb-rocksdb: dump target {target} exists; dump into a fresh directory"
+            )
         os.makedirs(path, exist_ok=True)
         Checkpoint(self._db).create_checkpoint(target)
 
@@ -217,4 +238,3 @@ class RocksDBStorage(Storage):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-

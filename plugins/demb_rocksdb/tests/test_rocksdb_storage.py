@@ -35,7 +35,9 @@ def test_entry_point_is_discovered_by_the_registry() -> None:
 
 
 def test_table_options_resolve_rocksdb_by_name(tmp_path: os.PathLike) -> None:
-    options = DynamicEmbTableOptions(external_storage="rocksdb", external_storage_options={"path": str(tmp_path)})
+    options = DynamicEmbTableOptions(
+        external_storage="rocksdb", external_storage_options={"path": str(tmp_path)}
+    )
     with resolve_storage(options, [SPEC], "cpu") as storage:
         assert isinstance(storage, RocksDBStorage) and storage.path == str(tmp_path)
 
@@ -57,7 +59,9 @@ class TestRocksDBStorage(StorageSuite, StoragePersistenceSuite, StorageDumpSuite
 def test_reopening_with_another_layout_fails_at_construction(tmp_path: os.PathLike) -> None:
     RocksDBStorage([SPEC], path=str(tmp_path)).close()
     wider = StorageTableSpec("emb", dim=4, row_width=12)
-    with pytest.raises(ValueError, match=r"table 'emb' .* written as .*row_width 8.* opened as .*row_width 12"):
+    with pytest.raises(
+        ValueError, match=r"table 'emb' .* written as .*row_width 8.* opened as .*row_width 12"
+    ):
         RocksDBStorage([wider], path=str(tmp_path))
     RocksDBStorage([SPEC], path=str(tmp_path)).close()  # the failed open released the lock
 
@@ -90,7 +94,9 @@ _WRITER = textwrap.dedent(
 def killed_writer_dir(tmp_path: os.PathLike) -> Iterator[str]:
     """A database directory whose writer process was SIGKILLed right after a flushed write."""
     path = os.path.join(str(tmp_path), "db")
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, path], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, path], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert line.strip() == "flushed", f"writer did not finish its write (rc={proc.poll()})"
@@ -109,7 +115,11 @@ def test_flushed_writes_survive_a_killed_writer(killed_writer_dir: str) -> None:
             keys = torch.arange(2000) * (t + 3) - 1000
             rows, scores = make_rows(spec, keys.numel(), seed=t)
             found, got_rows, got_scores = storage.find(t, keys)
-            erased = (keys >= -1000) & (keys < -900) if t == 0 else torch.zeros_like(keys, dtype=torch.bool)
+            erased = (
+                (keys >= -1000) & (keys < -900)
+                if t == 0
+                else torch.zeros_like(keys, dtype=torch.bool)
+            )
             assert torch.equal(found, ~erased)
             assert torch.equal(bits(got_rows[found]), bits(rows[found]))
             assert torch.equal(got_scores[found], scores[found])
