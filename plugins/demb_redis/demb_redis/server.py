@@ -124,12 +124,23 @@ class LocalRedisServer:
             time.sleep(0.01)
         self.pid = None
 
+    def pause(self) -> None:
+        """SIGSTOP the server: connections are still accepted by the kernel, replies never come."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the server (a crash, as the failure tests need)."""
         self._signal(signal.SIGKILL)
 
     def stop(self) -> None:
-        """SIGTERM the server and remove its directory."""
+        """SIGTERM the server (resuming it first if paused) and remove its directory."""
+        self.resume()
         self._signal(signal.SIGTERM)
         shutil.rmtree(self.dir, ignore_errors=True)
 

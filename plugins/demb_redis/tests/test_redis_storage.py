@@ -15,7 +15,12 @@ from demb_redis.server import LocalRedisServer
 from dynamicemb_core.config import DynamicEmbTableOptions
 from dynamicemb_core.plugins import PluginKind, PluginRegistry, resolve_storage
 from dynamicemb_core.plugins.row_codec import RowFormatError
-from dynamicemb_core.testing.storage_suite import StoragePersistenceSuite, StorageSuite, make_rows
+from dynamicemb_core.testing.storage_suite import (
+    StoragePersistenceSuite,
+    StorageSuite,
+    bits,
+    make_rows,
+)
 from dynamicemb_core.types import Storage, StorageTableSpec
 
 SPEC = StorageTableSpec("emb", dim=4, row_width=8)
@@ -170,3 +175,25 @@ def test_password_is_redacted_in_errors() -> None:
         with pytest.raises(RedisStorageError) as info:
             storage.size(0)
         assert "topsecret" not in str(info.value) and ":***@127.0.0.1" in str(info.value)
+
+
+def test_hung_server_times_out_after_bounded_retries() -> None:
+    with LocalRedisServer() as server:
+        storage = RedisStorage(
+            [SPEC], url=server.url, retries=1, retry_backoff_s=0.01, socket_timeout=0.3
+        )
+        rows, scores = make_rows(SPEC, 4, seed=5)
+        storage.insert(0, torch.arange(4), rows, scores)
+        server.pause()
+        try:
+            start = time.monotonic()
+            with pytest.raises(
+                RedisStorageError, match=r"find on table 'emb' .*after 2 attempts.*Timeout"
+            ):
+                storage.find(0, torch.arange(4))
+            assert 0.5 < time.monotonic() - start < 5  # two 0.3 s timeouts, not a hang
+        finally:
+            server.resume()
+        # the server is back: the same storage works again (broken connections are replaced)
+        found, got, _ = storage.find(0, torch.arange(4))
+        assert found.all() and torch.equal(bits(got), bits(rows))
