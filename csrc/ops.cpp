@@ -57,6 +57,8 @@ TORCH_LIBRARY(dynamicemb, m) {
   // ---------------------------------------------------------------------------------------------
   // Lookup and training ops (owned by the lookup engineer; kernels in csrc/{cpu,cuda}/lookup.*).
   // ---------------------------------------------------------------------------------------------
+  // Deduplicate keys: (n,) int64 -> (unique keys (u,), inverse (n,), counts (u,)); order unspecified.
+  m.def("unique(Tensor keys) -> (Tensor, Tensor, Tensor)");
   // Pool bags of unique rows: (u, D) rows, (n,) inverse, (b+1,) offsets -> (b, D); mode 0 SUM, 1 MEAN.
   m.def("pooled_gather(Tensor embeddings, Tensor inverse, Tensor offsets, Tensor? weights, int mode) -> Tensor");
   // Adjoint of pooled_gather: (b, D) bag gradients -> (num_unique, D) gradient per unique key.

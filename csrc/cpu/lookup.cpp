@@ -8,13 +8,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/AccumulateType.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <optional>
 #include <vector>
+
+#include "dynamicemb/hashing.h"
 
 namespace dynamicemb {
 namespace {
@@ -81,9 +83,11 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
                     ", got first ", off_p[0], " last ", off_p[num_bags]);
   const at::Tensor w_c = weights.has_value() ? weights->contiguous() : at::Tensor();
   const float* w_p = w_c.defined() ? w_c.data_ptr<float>() : nullptr;
-  auto out = at::zeros({num_bags, D}, emb.options());
+  // Every element of out is written below: no zero fill (fresh large buffers cost page faults).
+  auto out = at::empty({num_bags, D}, emb.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, emb.scalar_type(), "pooled_gather", [&] {
-    using acc_t = at::acc_type<scalar_t, false>;
+    // float for float/half/bfloat16 (as FBGEMM accumulates), double for double.
+    using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* e = emb.data_ptr<scalar_t>();
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, num_bags, 64, [&](int64_t begin, int64_t end) {
@@ -139,12 +143,13 @@ at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inver
   std::vector<int64_t> pos(n), fill(start.begin(), start.end() - 1);
   for (int64_t i = 0; i < n; ++i) pos[fill[inv_p[i]]++] = i;
 
-  auto out = at::zeros({num_unique, D}, g.options());
+  auto out = at::empty({num_unique, D}, g.options());
   const float* g_p = g.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, num_unique, 64, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
       float* row = o + k * D;
+      std::fill(row, row + D, 0.0f);
       for (int64_t j = start[k]; j < start[k + 1]; ++j) {
         const int64_t i = pos[j];
         const int64_t b = bag_of[i];
@@ -268,9 +273,57 @@ void adam_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tens
   });
 }
 
+// Deduplicates keys with an open-addressing hash set (linear probing over the table's own hash),
+// in one serial pass: O(n), and unique keys come out in order of first occurrence, which makes
+// the result (and the table's slot assignment that follows) deterministic.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_cpu(const at::Tensor& keys) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "unique: keys must be int64, got ",
+                   keys.scalar_type());
+  TORCH_CHECK_VALUE(keys.dim() == 1, "unique: keys must be 1-D, got ", keys.sizes());
+  const auto k = keys.contiguous();
+  const int64_t n = k.numel();
+  const int64_t* kp = k.data_ptr<int64_t>();
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  const uint64_t mask = static_cast<uint64_t>(cap - 1);
+  std::vector<int64_t> slot_of(cap, -1);  // unique index held by each hash slot, -1 = empty
+  auto inverse = at::empty({n}, k.options());
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  std::vector<int64_t> uniq;
+  std::vector<int64_t> counts;
+  uniq.reserve(n);
+  counts.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t h = hash_key(kp[i]) & mask;
+    while (true) {
+      const int64_t u = slot_of[h];
+      if (u < 0) {
+        slot_of[h] = static_cast<int64_t>(uniq.size());
+        inv[i] = slot_of[h];
+        uniq.push_back(kp[i]);
+        counts.push_back(1);
+        break;
+      }
+      if (uniq[u] == kp[i]) {
+        inv[i] = u;
+        ++counts[u];
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+  }
+  const int64_t m = static_cast<int64_t>(uniq.size());
+  auto out_keys = at::empty({m}, k.options());
+  auto out_counts = at::empty({m}, k.options());
+  std::copy(uniq.begin(), uniq.end(), out_keys.data_ptr<int64_t>());
+  std::copy(counts.begin(), counts.end(), out_counts.data_ptr<int64_t>());
+  return {out_keys, inverse, out_counts};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("unique", &unique_cpu);
   m.impl("pooled_gather", &pooled_gather_cpu);
   m.impl("reduce_grads", &reduce_grads_cpu);
   m.impl("sgd_update", &sgd_update_cpu);

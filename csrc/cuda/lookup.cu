@@ -282,9 +282,21 @@ void adam_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Ten
   launch_update<Opt::kAdam>(values, slots, grads, p);
 }
 
+// Sort-based on the GPU (torch's radix-sort unique): unique keys come out ascending, which is
+// deterministic too; the CPU kernel returns first-occurrence order (both are valid orders: the op
+// promises unique keys, the inverse and the counts, not an order).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_cuda(const at::Tensor& keys) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "unique: keys must be int64, got ",
+                   keys.scalar_type());
+  TORCH_CHECK_VALUE(keys.dim() == 1, "unique: keys must be 1-D, got ", keys.sizes());
+  const at::cuda::CUDAGuard guard(keys.device());
+  return at::_unique2(keys, /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/true);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("unique", &unique_cuda);
   m.impl("pooled_gather", &pooled_gather_cuda);
   m.impl("reduce_grads", &reduce_grads_cuda);
   m.impl("sgd_update", &sgd_update_cuda);

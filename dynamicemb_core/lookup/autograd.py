@@ -90,8 +90,13 @@ class LookupFunction(torch.autograd.Function):
         mode: Optional[int],
         out_shape: Tuple[int, int],
         batch_size: int,
+        num_tables: int,
     ) -> torch.Tensor:
-        out = torch.zeros(out_shape, dtype=torch.float32, device=dummy.device)
+        # Each output element belongs to exactly one table's part; zero-fill only if a table had
+        # no index in this batch (its columns / rows are then not written).
+        covered = len(parts) == num_tables
+        alloc = torch.empty if covered else torch.zeros
+        out = alloc(out_shape, dtype=torch.float32, device=dummy.device)
         for part in parts:
             if mode is None:
                 if part.row_index.numel():
@@ -112,4 +117,4 @@ class LookupFunction(torch.autograd.Function):
                 grads = pooled_grads(part, ctx.mode, grad_out, ctx.batch_size)
             part.apply_grads(grads)
         ctx.parts = None
-        return None, None, None, None, None
+        return None, None, None, None, None, None

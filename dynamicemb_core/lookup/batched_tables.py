@@ -305,7 +305,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             t = seg.table
             if seg.indices.numel() == 0:
                 continue
-            keys, inverse, counts = torch.unique(seg.indices, return_inverse=True, return_counts=True)
+            keys, inverse, counts = lookup_ops.unique(seg.indices)
             rows, row_index, homes = self._lookup_table(t, keys, counts, inverse)
             parts.append(
                 TableLookup(
@@ -331,7 +331,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if self.training and any(o.training for o in self.table_options):
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
-        out = LookupFunction.apply(self._dummy, parts, mode, shape, B)
+        out = LookupFunction.apply(
+            self._dummy, parts, mode, shape, B, sum(1 for f in self._features_of_table if f)
+        )
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     # ---- cache control ------------------------------------------------------------------------
@@ -343,7 +345,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             t = seg.table
             if seg.indices.numel() == 0 or not (self.training and self.table_options[t].training):
                 continue
-            keys = torch.unique(seg.indices)
+            keys = lookup_ops.unique(seg.indices)[0]
             if self._admission[t] is not None:
                 # Only keys already stored somewhere: admission decides about new ones in forward.
                 keys = keys[self.tables[t].lookup(0, keys, touch=False).found]

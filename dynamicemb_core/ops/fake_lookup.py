@@ -7,12 +7,18 @@ Shapes only: no kernel reads tensor data. The in-place optimizer updates return 
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 __all__ = ["FAKE_KERNELS"]
+
+
+def _unique_fake(keys: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    torch._check(keys.dim() == 1, lambda: "unique: keys must be 1-D")
+    u = torch.library.get_ctx().new_dynamic_size()
+    return keys.new_empty(u), keys.new_empty(keys.shape[0]), keys.new_empty(u)
 
 
 def _pooled_gather_fake(
@@ -76,6 +82,7 @@ def _adam_update_fake(
 
 
 FAKE_KERNELS = {
+    "unique": _unique_fake,
     "pooled_gather": _pooled_gather_fake,
     "reduce_grads": _reduce_grads_fake,
     "sgd_update": _sgd_update_fake,

@@ -2,6 +2,7 @@
 
 Each wrapper documents shapes, dtypes and devices and calls the registered op. The ops are:
 
+- ``unique``: per-table key deduplication (unique keys, inverse, counts).
 - ``pooled_gather``: bags of unique embeddings -> pooled rows (forward of SUM/MEAN; NONE uses a plain
   index gather).
 - ``reduce_grads``: gradients of bags -> one gradient row per unique key (the backward's reduction).
@@ -11,7 +12,7 @@ Each wrapper documents shapes, dtypes and devices and calls the registered op. T
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -24,6 +25,7 @@ __all__ = [
     "reduce_grads",
     "rowwise_adagrad_update",
     "sgd_update",
+    "unique",
 ]
 
 # Pooling codes passed to the ops (DynamicEmbPoolingMode values).
@@ -36,6 +38,20 @@ def _ops():
 
     loader.ensure_loaded()
     return torch.ops.dynamicemb
+
+
+def unique(keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deduplicate keys.
+
+    Args:
+        keys: (n,) int64.
+
+    Returns:
+        ``(unique_keys (u,), inverse (n,), counts (u,))``, int64 on ``keys.device``, with
+        ``unique_keys[inverse] == keys``. Order of unique keys: first occurrence on CPU, ascending on
+        CUDA; deterministic on both.
+    """
+    return _ops().unique.default(keys)
 
 
 def pooled_gather(
