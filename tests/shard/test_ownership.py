@@ -26,7 +26,7 @@ def _model(key: int, dist_type: str, world: int, num_embeddings: int) -> int:
     if dist_type == "roundrobin":
         return u % world
     if dist_type == "hash_roundrobin":
-        return _fmix64(u) % world
+        return (_fmix64(u) >> 32) % world
     block = -(-num_embeddings // world)
     return u // block if u < block * world else u % world
 
@@ -54,6 +54,17 @@ def test_hash_roundrobin_spreads_strided_keys_that_roundrobin_does_not() -> None
     assert set(owner_rank(keys, "roundrobin", 4).tolist()) == {0}
     counts = torch.bincount(owner_rank(keys, "hash_roundrobin", 4), minlength=4)
     assert counts.min() > 200  # about 250 each
+
+
+def test_hash_roundrobin_leaves_every_bucket_of_a_rank_usable() -> None:
+    """A rank's keys must reach all of its table's buckets (bucket = fmix64 % num_buckets)."""
+    from dynamicemb_core.table.hashing import buckets_of_tensor
+
+    keys = torch.arange(20_000, dtype=torch.int64)
+    owners = owner_rank(keys, "hash_roundrobin", 2)
+    for rank in (0, 1):
+        buckets = buckets_of_tensor(keys[owners == rank], 8)
+        assert set(buckets.tolist()) == set(range(8))
 
 
 def test_bad_arguments_raise_clear_errors() -> None:

@@ -1,0 +1,326 @@
+"""Helpers for the 2-process gloo tests: launcher, sharded/unsharded model builders, reference optimizer.
+
+The reference optimizer is the oracle for the fused update: FBGEMM's exact optimizers written out on
+dense rows (only the rows a batch touched move; Adam's bias correction uses the global step), applied
+to the gradient an unsharded TorchRec module computes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dynamicemb_core.planner import DynamicEmbeddingShardingPlanner
+from dynamicemb_core.planner.planner import default_topology
+from dynamicemb_core.shard import (
+    BatchedDynamicEmbeddingKernel,
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+)
+
+WORLD_SIZE = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, fn: Callable[..., None], args: Tuple[Any, ...]) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except BaseException:
+        # the parent prints the child's traceback; add the rank so failures are attributable
+        raise RuntimeError(f"rank {rank} failed:\n{traceback.format_exc()}")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_workers(fn: Callable[..., None], *args: Any, world: int = WORLD_SIZE, timeout: float = 240.0) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; raise if any fails or hangs."""
+    ctx = mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=False)
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} did not finish within {timeout} s")
+
+
+class Wrapper(nn.Module):
+    """A model holding one collection; returns its output as tensors (pooled) or per-feature rows."""
+
+    def __init__(self, collection: nn.Module) -> None:
+        super().__init__()
+        self.coll = collection
+
+    def forward(self, kjt: KeyedJaggedTensor) -> Any:
+        out = self.coll(kjt)
+        if isinstance(out, dict):  # EmbeddingCollection: {feature: JaggedTensor}
+            return out
+        return out.values()
+
+
+def make_collection(pooled: bool, configs: List[BaseEmbeddingConfig], device: torch.device) -> nn.Module:
+    cls = EmbeddingBagCollection if pooled else EmbeddingCollection
+    return cls(tables=configs, device=device)
+
+
+def shard_model(
+    pooled: bool,
+    configs: List[BaseEmbeddingConfig],
+    constraints: Dict[str, Any],
+    fused_params: Dict[str, Any],
+    world: int,
+) -> DistributedModelParallel:
+    """Plan with our planner and wrap in DMP, as a user would (collection built on meta)."""
+    model = Wrapper(make_collection(pooled, configs, torch.device("meta")))
+    sharder_cls = DynamicEmbeddingBagCollectionSharder if pooled else DynamicEmbeddingCollectionSharder
+    sharders = [sharder_cls(fused_params=dict(fused_params))]
+    planner = DynamicEmbeddingShardingPlanner(
+        eb_configs=configs, topology=default_topology(world, "cpu"), constraints=constraints
+    )
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+        device=torch.device("cpu"),
+        plan=plan,
+        sharders=sharders,
+    )
+
+
+def dynamic_kernels(model: nn.Module) -> Dict[str, Tuple[BatchedDynamicEmbeddingKernel, int]]:
+    """table name -> (kernel holding it on this rank, its index in the kernel)."""
+    found = {}
+    for m in model.modules():
+        if isinstance(m, BatchedDynamicEmbeddingKernel):
+            for i, name in enumerate(m.table_names):
+                found[name] = (m, i)
+    return found
+
+
+def global_batch(
+    step: int, features: List[str], num_embeddings: Dict[str, int], batch: int, max_len: int = 3
+) -> KeyedJaggedTensor:
+    """The step's whole batch (all ranks' samples), the same on every process."""
+    g = torch.Generator().manual_seed(1000 + step)
+    lengths = torch.randint(1, max_len + 1, (len(features), batch), generator=g)
+    values = [
+        torch.randint(0, num_embeddings[f], (int(lengths[i].sum()),), generator=g)
+        for i, f in enumerate(features)
+    ]
+    return KeyedJaggedTensor(keys=features, values=torch.cat(values), lengths=lengths.view(-1))
+
+
+def rank_slice(kjt: KeyedJaggedTensor, rank: int, world: int) -> KeyedJaggedTensor:
+    """Samples ``[rank * B/world, (rank+1) * B/world)`` of every feature."""
+    b = kjt.stride() // world
+    lengths, values = [], []
+    for key in kjt.keys():
+        jt = kjt[key]
+        offs = jt.offsets()
+        lo, hi = int(offs[rank * b]), int(offs[(rank + 1) * b])
+        lengths.append(jt.lengths()[rank * b : (rank + 1) * b])
+        values.append(jt.values()[lo:hi])
+    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths))
+
+
+@dataclass
+class ReferenceOptimizer:
+    """FBGEMM's exact row-sparse optimizers on a dense table (the oracle for the fused update)."""
+
+    kind: str  # exact_sgd | exact_adagrad | exact_row_wise_adagrad | adam
+    lr: float
+    eps: float
+    beta1: float
+    beta2: float
+    state: Optional[Dict[str, Any]] = None
+    step_count: int = 0
+
+    def step(self, weight: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor) -> None:
+        """Update ``weight[rows]`` in place from ``grad[rows]``; called once per training step."""
+        self.step_count += 1
+        if self.state is None:
+            self.state = {
+                "m": torch.zeros_like(weight),
+                "v": torch.zeros_like(weight),
+                "r": torch.zeros(weight.shape[0], dtype=weight.dtype),
+            }
+        g = grad[rows]
+        w = weight[rows]
+        if self.kind == "exact_sgd":
+            w = w - self.lr * g
+        elif self.kind == "exact_adagrad":
+            self.state["v"][rows] += g * g
+            w = w - self.lr * g / (self.state["v"][rows].sqrt() + self.eps)
+        elif self.kind == "exact_row_wise_adagrad":
+            self.state["r"][rows] += (g * g).mean(dim=1)
+            w = w - self.lr * g / (self.state["r"][rows].sqrt() + self.eps)[:, None]
+        elif self.kind == "adam":
+            m = self.state["m"][rows] * self.beta1 + (1 - self.beta1) * g
+            v = self.state["v"][rows] * self.beta2 + (1 - self.beta2) * g * g
+            self.state["m"][rows], self.state["v"][rows] = m, v
+            m_hat = m / (1 - self.beta1**self.step_count)
+            v_hat = v / (1 - self.beta2**self.step_count)
+            w = w - self.lr * m_hat / (v_hat.sqrt() + self.eps)
+        else:
+            raise ValueError(self.kind)
+        weight[rows] = w
+
+    def state_row(self, row: torch.Tensor) -> torch.Tensor:
+        """The stored optimizer state of rows, in the layout our value rows use after the embedding."""
+        if self.state is None:
+            raise RuntimeError("no step yet")
+        if self.kind == "exact_sgd":
+            return torch.zeros(len(row), 0)
+        if self.kind == "exact_adagrad":
+            return self.state["v"][row]
+        if self.kind == "exact_row_wise_adagrad":
+            return self.state["r"][row][:, None]
+        return torch.cat([self.state["m"][row], self.state["v"][row]], dim=1)
+
+
+# -- the oracle run -------------------------------------------------------------------------------
+
+
+def _twin_weight(twin: nn.Module, pooled: bool, name: str) -> nn.Parameter:
+    return (twin.embedding_bags if pooled else twin.embeddings)[name].weight
+
+
+def _flatten(out: Any, pooled: bool) -> torch.Tensor:
+    """Pooled output as is; sequence output as the rows of every feature, features sorted."""
+    if pooled:
+        return out
+    return torch.cat([out[f].values() for f in sorted(out)], dim=0)
+
+
+def _local_rows(flat: torch.Tensor, pooled: bool, kjt: KeyedJaggedTensor, rank: int, world: int) -> torch.Tensor:
+    """The rows of a whole-batch output (flattened by ``_flatten``) that are ``rank``'s samples."""
+    b = kjt.stride() // world
+    if pooled:
+        return flat[rank * b : (rank + 1) * b]
+    parts, base = [], 0
+    for f in sorted(kjt.keys()):
+        offs = kjt[f].offsets()
+        parts.append(flat[base + int(offs[rank * b]) : base + int(offs[(rank + 1) * b])])
+        base += int(offs[-1])
+    return torch.cat(parts, dim=0)
+
+
+def mirror_dynamic_rows(model: nn.Module, twin: nn.Module, pooled: bool, rank: int, world: int) -> None:
+    """Write the twin's initial rows (and fresh optimizer state) into the owners' dynamic tables."""
+    from dynamicemb_core.optim import initial_state_value
+    from dynamicemb_core.shard.ownership import owner_rank
+
+    for name, (kernel, t) in dynamic_kernels(model).items():
+        emb = kernel.emb_module
+        weight = _twin_weight(twin, pooled, name).detach()
+        keys = torch.arange(weight.shape[0])
+        mine = keys[owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank]
+        tier = emb.tables[t]
+        spec = tier.tables[0]
+        rows = torch.empty(len(mine), spec.row_width)
+        rows[:, : weight.shape[1]] = weight[mine]
+        rows[:, weight.shape[1] :] = initial_state_value(emb._kind, emb.optimizer_args)
+        tier.insert(0, mine, rows, torch.zeros(len(mine), spec.num_scores, dtype=torch.int64))
+
+
+def mirror_native_rows(model: nn.Module, twin: nn.Module) -> int:
+    """Copy the twin's weights into the local shards of native sharded tables; returns tables copied."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    twin_state = twin.state_dict()
+    copied = 0
+    for key, value in model.state_dict().items():
+        if not isinstance(value, ShardedTensor):
+            continue
+        full = twin_state[key.split("coll.", 1)[1]]
+        for shard in value.local_shards():
+            (r0, c0), (nr, nc) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+            shard.tensor.detach().copy_(full[r0 : r0 + nr, c0 : c0 + nc])
+        copied += 1
+    return copied
+
+
+def train_against_twin(
+    rank: int,
+    world: int,
+    pooled: bool,
+    configs: List[BaseEmbeddingConfig],
+    constraints: Dict[str, Any],
+    optimizer: str,
+    hyper: Dict[str, float],
+    steps: int,
+    batch_per_rank: int = 4,
+) -> DistributedModelParallel:
+    """Train the sharded model and its unsharded twin side by side and compare at every step.
+
+    Outputs must match at every step (they depend on every table's updated rows, native ones too);
+    at the end each dynamic table's rows (embedding and optimizer state) must equal the twin's, and
+    its keys must be stored only on their owner rank.
+    """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from dynamicemb_core.shard.ownership import owner_rank
+
+    model = shard_model(pooled, configs, constraints, {"optimizer": EmbOptimType(optimizer), **hyper}, world)
+    torch.manual_seed(0)
+    twin = make_collection(pooled, configs, torch.device("cpu"))
+    mirror_dynamic_rows(model, twin, pooled, rank, world)
+    mirror_native_rows(model, twin)
+    refs = {
+        c.name: ReferenceOptimizer(optimizer, hyper["learning_rate"], hyper["eps"], hyper["beta1"], hyper["beta2"])
+        for c in configs
+    }
+    table_of = {f: c for c in configs for f in c.feature_names}
+    for step in range(steps):
+        kjt = global_batch(
+            step, sorted(table_of), {f: c.num_embeddings for f, c in table_of.items()}, batch_per_rank * world
+        )
+        out = _flatten(model(rank_slice(kjt, rank, world)), pooled)
+        full = _flatten(twin(kjt) if not pooled else twin(kjt).values(), pooled)
+        target = torch.randn(full.shape, generator=torch.Generator().manual_seed(step))
+        torch.testing.assert_close(out, _local_rows(full, pooled, kjt, rank, world), atol=1e-5, rtol=1e-5)
+        (out * _local_rows(target, pooled, kjt, rank, world)).sum().backward()
+        model.fused_optimizer.step()
+        (full * target).sum().div(world).backward()
+        with torch.no_grad():
+            for c in configs:
+                w = _twin_weight(twin, pooled, c.name)
+                touched = torch.unique(torch.cat([kjt[f].values() for f in c.feature_names]))
+                refs[c.name].step(w.data, w.grad, touched)
+                w.grad = None
+
+    for name, (kernel, t) in dynamic_kernels(model).items():
+        tier = kernel.emb_module.tables[t]
+        weight = _twin_weight(twin, pooled, name).detach()
+        keys = torch.arange(weight.shape[0])
+        owned = owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank
+        found, rows, _ = tier.find(0, keys)
+        assert torch.equal(found, owned), f"table {name!r}: keys stored off their owner rank"
+        assert tier.size(0) == int(owned.sum())
+        dim = weight.shape[1]
+        torch.testing.assert_close(rows[owned][:, :dim], weight[keys[owned]], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rows[owned][:, dim:], refs[name].state_row(keys[owned]), atol=1e-5, rtol=1e-5)
+    return model

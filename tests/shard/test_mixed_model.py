@@ -1,0 +1,67 @@
+"""Dynamic and native TorchRec tables in one collection under DMP (2 processes, gloo).
+
+The native tables are sharded row-wise (sharing the all-to-all with the dynamic table, through our
+input dist) and table-wise (TorchRec's own sharding); all three train, and the model matches its
+unsharded twin step by step. The fused optimizer is exposed like TorchRec's, and the state_dict holds
+the native tables but not the dynamic one.
+"""
+
+from __future__ import annotations
+
+import pytest
+from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+
+from dist_harness import dynamic_kernels, run_workers, train_against_twin
+from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
+from dynamicemb_core.planner import DynamicEmbParameterConstraints
+
+HYPER = {"learning_rate": 0.05, "eps": 1e-3, "beta1": 0.9, "beta2": 0.99}
+
+
+def _configs(pooled: bool):
+    cls = EmbeddingBagConfig if pooled else EmbeddingConfig
+    return [
+        cls(name="dyn", embedding_dim=4, num_embeddings=50, feature_names=["f0"]),
+        cls(name="native_rw", embedding_dim=4, num_embeddings=20, feature_names=["f1"]),
+        cls(name="native_tw", embedding_dim=4, num_embeddings=10, feature_names=["f2"]),
+    ]
+
+
+def _constraints():
+    return {
+        "dyn": DynamicEmbParameterConstraints(
+            use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY)
+        ),
+        "native_rw": DynamicEmbParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value]),
+        "native_tw": DynamicEmbParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]),
+    }
+
+
+def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
+    model = train_against_twin(rank, world, pooled, _configs(pooled), _constraints(), optimizer, HYPER, steps=3)
+    kind = "embedding_bags" if pooled else "embeddings"
+    state = model.state_dict()
+    assert f"coll.{kind}.native_rw.weight" in state
+    assert f"coll.{kind}.native_tw.weight" in state
+    assert not any(".dyn." in k for k in state), sorted(state)
+    # TorchRec's fused optimizer view holds every table, the dynamic one keyed like the native ones
+    keys = set(model.fused_optimizer.params)
+    assert any(k.endswith(f"{kind}.dyn.weight") for k in keys), sorted(keys)
+    assert any(k.endswith(f"{kind}.native_rw.weight") for k in keys), sorted(keys)
+    # the learning rate set through param_groups reaches the dynamic table at step()
+    for group in model.fused_optimizer.param_groups:
+        group["lr"] = 0.001
+    model.fused_optimizer.step()
+    ((kernel, _),) = dynamic_kernels(model).values()
+    assert kernel.emb_module.get_learning_rate() == pytest.approx(0.001)
+
+
+@pytest.mark.parametrize("pooled", [True, False], ids=["ebc", "ec"])
+def test_dynamic_and_native_tables_train_together(pooled: bool) -> None:
+    run_workers(_all, pooled)
+
+
+def _all(rank: int, world: int, pooled: bool) -> None:
+    for optimizer in ("exact_sgd", "exact_row_wise_adagrad"):
+        _mixed(rank, world, pooled, optimizer)
