@@ -131,6 +131,7 @@ def pop_evicted_keys(
             local = take_evicted_keys(handle)
             if local is None:
                 continue
-            (gathered,) = gather_rows([local], pg)
-            out.setdefault(collection, {})[handle.name] = torch.unique(gathered)
+            if pg is not None:  # None means this rank's keys only (unlike incremental_dump's WORLD)
+                (local,) = gather_rows([local], pg)
+            out.setdefault(collection, {})[handle.name] = torch.unique(local)
     return out

@@ -17,7 +17,9 @@ def _load(name: str):
     """Import an example script as a module (its own folder first on sys.path, as when run)."""
     sys.path.insert(0, EXAMPLE)
     try:
-        spec = importlib.util.spec_from_file_location(f"online_sync_{name}", os.path.join(EXAMPLE, f"{name}.py"))
+        spec = importlib.util.spec_from_file_location(
+            f"online_sync_{name}", os.path.join(EXAMPLE, f"{name}.py")
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
@@ -29,14 +31,30 @@ def test_trainer_then_replica_commands_match_bit_for_bit(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     common = ["--dir", str(tmp_path)]
     trainer = subprocess.run(
-        [sys.executable, "-W", "ignore", os.path.join(EXAMPLE, "trainer.py"), *common, "--steps", "7", "--dump-every", "3"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            os.path.join(EXAMPLE, "trainer.py"),
+            *common,
+            "--steps",
+            "7",
+            "--dump-every",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert trainer.returncode == 0, trainer.stderr
     assert "3 delta files" in trainer.stdout  # after steps 3 and 6, and once after the last step
     replica = subprocess.run(
         [sys.executable, "-W", "ignore", os.path.join(EXAMPLE, "replica.py"), *common],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert replica.returncode == 0, replica.stdout + replica.stderr
     assert "forward matches" in replica.stdout
@@ -44,8 +62,12 @@ def test_trainer_then_replica_commands_match_bit_for_bit(tmp_path):
 
 def test_trainer_clears_stale_files_of_an_earlier_run(tmp_path):
     trainer, replica = _load("trainer"), _load("replica")
-    assert trainer.main(["--dir", str(tmp_path), "--steps", "12", "--dump-every", "2"]) == 0  # files 0000..0005
-    assert trainer.main(["--dir", str(tmp_path), "--steps", "4", "--dump-every", "2"]) == 0  # a shorter run
+    assert (
+        trainer.main(["--dir", str(tmp_path), "--steps", "12", "--dump-every", "2"]) == 0
+    )  # files 0000..0005
+    assert (
+        trainer.main(["--dir", str(tmp_path), "--steps", "4", "--dump-every", "2"]) == 0
+    )  # a shorter run
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("delta")) == [
         "delta_rank0_0000.pt",
         "delta_rank0_0001.pt",
