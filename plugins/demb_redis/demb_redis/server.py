@@ -7,6 +7,7 @@ its pidfile, so only the process this helper started is ever signalled.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -15,14 +16,35 @@ import tempfile
 import time
 from typing import List, Optional
 
-__all__ = ["LocalRedisServer", "free_port"]
+__all__ = ["LocalRedisCluster", "LocalRedisServer", "free_port"]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(cluster: bool = False) -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Args:
+        cluster: also need ``port + 10000`` free (the cluster bus port), which caps the port at
+            55535; picked at random from 20000..55535.
+    """
+    if not cluster:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 55536)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise OSError("no free port pair (p, p + 10000) found for a Redis Cluster node")
 
 
 def _alive(pid: int) -> bool:
@@ -71,7 +93,7 @@ class LocalRedisServer:
 
     def start(self, timeout_s: float = 10.0) -> "LocalRedisServer":
         """Start on a free port and wait until it answers PING."""
-        self.port = free_port()
+        self.port = free_port(cluster="--cluster-enabled" in self.extra_args)
         args = [
             self.binary,
             "--port",
@@ -145,6 +167,70 @@ class LocalRedisServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalRedisServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalRedisCluster:
+    """A throw-away Redis Cluster of ``masters`` local servers (no replicas), for tests.
+
+    Args:
+        masters: number of master nodes (Redis needs at least 3).
+    """
+
+    def __init__(self, masters: int = 3) -> None:
+        self.servers: List[LocalRedisServer] = []
+        self.masters = masters
+
+    @property
+    def url(self) -> str:
+        """URL of the first node; the client discovers the others."""
+        return self.servers[0].url
+
+    def start(self, timeout_s: float = 20.0) -> "LocalRedisCluster":
+        """Start the nodes, assign the 16384 slots, and wait until the cluster reports ok."""
+        for _ in range(self.masters):
+            server = LocalRedisServer(extra_args=["--cluster-enabled", "yes"])
+            server.extra_args += ["--cluster-config-file", os.path.join(server.dir, "nodes.conf")]
+            self.servers.append(server.start())
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            info = subprocess.run(
+                ["redis-cli", "-p", str(self.servers[0].port), "cluster", "info"],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            ).stdout
+            if "cluster_state:ok" in info:
+                return self
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"Redis Cluster on {nodes} did not reach cluster_state:ok in {timeout_s}s"
+        )
+
+    def stop(self) -> None:
+        """Stop every node."""
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> "LocalRedisCluster":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -72,6 +72,8 @@ class RedisStorage(Storage):
         retries: extra attempts after a connection error or timeout (0 = fail at once).
         retry_backoff_s: first backoff; doubles per attempt.
         chunk_size: keys per HMGET / HSET / HDEL command inside one pipeline.
+        cluster: ``url`` is a node of a Redis Cluster (``redis.cluster.RedisCluster``); each table's
+            hash lives on the node owning its ``{model:table}`` slot.
         client_options: passed through to ``redis.Redis.from_url`` (TLS files, ``username``,
             ``ssl_cert_reqs``, ``health_check_interval``, ...).
     """
@@ -89,6 +91,7 @@ class RedisStorage(Storage):
         retries: int = 3,
         retry_backoff_s: float = 0.05,
         chunk_size: int = 4096,
+        cluster: bool = False,
         client_options: Optional[Dict[str, Any]] = None,
     ) -> None:
         check_table_specs(type(self).__name__, tables)
@@ -112,14 +115,21 @@ class RedisStorage(Storage):
         options = dict(client_options or {})
         if password is not None:
             options["password"] = password
+        self.cluster = cluster
         # Retries are ours (below), so that the attempt count and the final error are explicit.
-        self.client = redis.Redis.from_url(
-            url,
+        kwargs: Dict[str, Any] = dict(
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_connect_timeout,
             retry=Retry(NoBackoff(), 0),
             **options,
         )
+        if cluster:
+            from redis.cluster import RedisCluster
+
+            # RedisCluster discovers the nodes at construction: that is the first network call.
+            self.client = self._call("connect", None, lambda: RedisCluster.from_url(url, **kwargs))
+        else:
+            self.client = redis.Redis.from_url(url, **kwargs)
         self._hash_keys = [f"demb:{{{model}:{t.name}}}:rows".encode() for t in self.tables]
         self._codecs = [
             RowCodec(t, context=f"demb-redis: table {t.name!r} (model {model!r})")
@@ -269,7 +279,8 @@ class RedisStorage(Storage):
 
     def clear(self) -> None:
         """Delete every row of this storage's tables from Redis (not part of the Storage ABC)."""
-        self._call("clear", None, lambda: self.client.delete(*self._hash_keys))
+        for key in self._hash_keys:  # one DEL per hash: in a cluster they live in different slots
+            self._call("clear", None, lambda k=key: self.client.delete(k))
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Payload bytes held in Redis (rows and keys, without Redis's own overhead)."""
