@@ -249,7 +249,7 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--only", choices=["redis", "rocksdb"], help="run one backend")
     args = parser.parse_args(argv)
     args.key_space, args.batches = (20_000, 4) if args.small else (100_000, 24)
-    args.calls, args.repeats = (2, 2) if args.small else (10, 7)
+    args.calls, args.repeats = (2, 2) if args.small else (8, 11)
     results: List[Tuple[str, float, float]] = []
     if args.only in (None, "redis"):
         results += bench_redis(args)
