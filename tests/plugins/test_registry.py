@@ -270,3 +270,11 @@ def test_disable_autoload_env_loads_builtins_only() -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == "['dynamicemb_core']"
     assert "DYNAMICEMB_DISABLE_PLUGIN_AUTOLOAD is set" in lines[1]
+
+
+def test_every_core_name_in_known_plugins_is_registered_by_the_builtins(
+    registry: PluginRegistry,
+) -> None:
+    for (kind, name), dist in KNOWN_PLUGINS.items():
+        if dist == "dynamicemb-core":
+            assert name in registry.entries(PluginKind(kind)), (kind, name)

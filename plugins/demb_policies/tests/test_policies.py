@@ -19,6 +19,7 @@ from demb_policies import (
 from dynamicemb_core.config import DynamicEmbScoreStrategy as S
 from dynamicemb_core.config import DynamicEmbTableOptions
 from dynamicemb_core.plugins import (
+    KNOWN_PLUGINS,
     PluginKind,
     PluginRegistry,
     resolve_admission_strategy,
@@ -46,6 +47,7 @@ def test_entry_point_is_discovered_by_the_registry(
     entry = PluginRegistry().get(kind, name)
     assert entry.distribution.startswith("demb-policies ") and entry.plugin == "policies"
     assert entry.factory is factory
+    assert KNOWN_PLUGINS[(kind.value, name)] == "demb-policies"  # the core's install hint
 
 
 def test_table_options_resolve_every_policy_by_name() -> None:

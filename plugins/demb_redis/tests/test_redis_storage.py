@@ -13,7 +13,7 @@ import torch
 from demb_redis import RedisStorage, RedisStorageError
 from demb_redis.server import LocalRedisServer
 from dynamicemb_core.config import DynamicEmbTableOptions
-from dynamicemb_core.plugins import PluginKind, PluginRegistry, resolve_storage
+from dynamicemb_core.plugins import KNOWN_PLUGINS, PluginKind, PluginRegistry, resolve_storage
 from dynamicemb_core.plugins.row_codec import RowFormatError
 from dynamicemb_core.testing.storage_suite import (
     StoragePersistenceSuite,
@@ -30,6 +30,7 @@ def test_entry_point_is_discovered_by_the_registry() -> None:
     entry = PluginRegistry().get(PluginKind.STORAGE, "redis")
     assert entry.distribution.startswith("demb-redis ")
     assert entry.plugin == "redis" and entry.factory is RedisStorage
+    assert KNOWN_PLUGINS[("storages", "redis")] == "demb-redis"  # the core's install hint
 
 
 def test_table_options_resolve_redis_by_name(redis_server: LocalRedisServer) -> None:

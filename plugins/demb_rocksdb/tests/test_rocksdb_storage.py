@@ -14,7 +14,7 @@ import torch
 
 from demb_rocksdb import RocksDBStorage
 from dynamicemb_core.config import DynamicEmbTableOptions
-from dynamicemb_core.plugins import PluginKind, PluginRegistry, resolve_storage
+from dynamicemb_core.plugins import KNOWN_PLUGINS, PluginKind, PluginRegistry, resolve_storage
 from dynamicemb_core.testing.storage_suite import (
     StorageDumpSuite,
     StoragePersistenceSuite,
@@ -32,6 +32,7 @@ def test_entry_point_is_discovered_by_the_registry() -> None:
     entry = PluginRegistry().get(PluginKind.STORAGE, "rocksdb")
     assert entry.distribution.startswith("demb-rocksdb ")
     assert entry.plugin == "rocksdb" and entry.factory is RocksDBStorage
+    assert KNOWN_PLUGINS[("storages", "rocksdb")] == "demb-rocksdb"  # the core's install hint
 
 
 def test_table_options_resolve_rocksdb_by_name(tmp_path: os.PathLike) -> None:
