@@ -278,3 +278,24 @@ def test_every_core_name_in_known_plugins_is_registered_by_the_builtins(
     for (kind, name), dist in KNOWN_PLUGINS.items():
         if dist == "dynamicemb-core":
             assert name in registry.entries(PluginKind(kind)), (kind, name)
+
+
+def test_builtin_names_build_the_core_classes() -> None:
+    from dynamicemb_core.admission import FrequencyAdmissionStrategy, KVCounter
+    from dynamicemb_core.storage import DeviceStorage, HybridStorage
+
+    tables = [StorageTableSpec("t", dim=4, row_width=4)]
+    device = resolve_storage(DynamicEmbTableOptions(external_storage="device"), tables, "cpu")
+    hybrid = resolve_storage(DynamicEmbTableOptions(external_storage="hybrid"), tables, "cpu")
+    assert type(device) is DeviceStorage and type(hybrid) is HybridStorage
+    options = DynamicEmbTableOptions(
+        admission_counter="kv",
+        admission_counter_options={"capacity": 1024},
+        admit_strategy="frequency",
+        admit_strategy_options={"threshold": 3},
+    )
+    counter, strategy = resolve_counter(options), resolve_admission_strategy(options)
+    assert isinstance(counter, KVCounter) and isinstance(strategy, FrequencyAdmissionStrategy)
+    assert strategy.threshold == 3
+    with pytest.raises(PluginResultError, match="admit_strategy 'frequency' .* could not be built"):
+        resolve_admission_strategy(DynamicEmbTableOptions(admit_strategy="frequency"))
