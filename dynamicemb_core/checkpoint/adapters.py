@@ -9,7 +9,7 @@ directly, or the backing table of a device cache, whose flush and invalidation b
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -23,7 +23,10 @@ def _is_slot_storage(tier: Any) -> bool:
     return all(hasattr(tier, a) for a in ("table", "read_rows", "write_rows", "row_blocks"))
 
 
-def _last_tier(name: str, tier: Any):
+_Tier = Tuple[Any, int, Optional[Callable[[], None]], Optional[Callable[[torch.Tensor], None]]]
+
+
+def _last_tier(name: str, tier: Any) -> _Tier:
     """``(storage, table_id, flush, drop)`` for one table's tier."""
     from dynamicemb_core.storage import CachedStorage
 

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from dynamicemb_core.checkpoint.discovery import find_tables
 from dynamicemb_core.checkpoint.errors import IncompatibleDeltaError
@@ -57,7 +58,13 @@ def _fail(handle: TableHandle, message: str) -> IncompatibleDeltaError:
     )
 
 
-def _check_tensor(handle, name, tensor, shape, dtypes) -> torch.Tensor:
+def _check_tensor(
+    handle: TableHandle,
+    name: str,
+    tensor: object,
+    shape: Sequence[int],
+    dtypes: Sequence[torch.dtype],
+) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise _fail(handle, f"{name} must be a tensor, got {type(tensor).__name__}")
     if tuple(tensor.shape) != tuple(shape) or tensor.dtype not in dtypes:
@@ -244,7 +251,7 @@ def _evict_displaced(job: ReplayJob) -> torch.Tensor:
     return same
 
 
-def apply_replay(job: ReplayJob, content: ReplayContent, bar=None) -> None:
+def apply_replay(job: ReplayJob, content: ReplayContent, bar: Optional[tqdm] = None) -> None:
     """Write one checked table: erase its erased keys, displace occupants, place every key at its slot."""
     handle, table, t = job.handle, job.handle.table, job.handle.table_id
     if job.erased.numel():

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
+from tqdm.auto import tqdm
 
 from dynamicemb_core.checkpoint.scores import clock_columns, from_ages, to_ages
 from dynamicemb_core.checkpoint.types import TableHandle
@@ -54,7 +55,9 @@ def table_now(handle: TableHandle) -> int:
     return time.monotonic_ns()
 
 
-def export_rows(handle: TableHandle, threshold: Optional[int] = None, bar=None) -> TableRows:
+def export_rows(
+    handle: TableHandle, threshold: Optional[int] = None, bar: Optional[tqdm] = None
+) -> TableRows:
     """Export every row (or those whose score passes ``threshold``) with embedding, state and scores.
 
     Args:
@@ -133,7 +136,7 @@ def insert_rows(
     embeddings: torch.Tensor,
     optimizer_states: Optional[torch.Tensor],
     ages: torch.Tensor,
-    bar=None,
+    bar: Optional[tqdm] = None,
 ) -> Tuple[int, int]:
     """Insert (or overwrite) keys with their rows and scores, as a load does.
 

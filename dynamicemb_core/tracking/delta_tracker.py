@@ -23,7 +23,7 @@ torchrec without the hook) are recorded with a forward hook on the module.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -168,7 +168,9 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
             self.tracked_fqns.append(table_fqn)
         self._modules[table_fqn] = module
 
-    def _forward_hook(self, fqns: List[str]):
+    def _forward_hook(
+        self, fqns: List[str]
+    ) -> Callable[[nn.Module, Tuple[Any, ...], torch.Tensor], None]:
         def hook(module: nn.Module, args: Tuple[Any, ...], output: torch.Tensor) -> None:
             indices, offsets = args[0], args[1]
             self._record_batch(module, fqns, indices, offsets, output)
