@@ -263,13 +263,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, input_scores);
   // Evictions in input order of the keys that caused them (one device sync: m depends on data).
-  const Tensor idx = r.ev_flag.nonzero().squeeze(1);
-  return {r.slots,
-          r.flag,
-          r.ev_keys.index_select(0, idx),
-          r.ev_slots.index_select(0, idx),
-          r.ev_scores.index_select(0, idx),
-          table_ids.contiguous().index_select(0, idx)};
+  auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
+                                          table_ids.contiguous(),
+                                          c10::cuda::getCurrentCUDAStream());
+  return {r.slots, r.flag, ek, es, ew, et};
 }
 
 Tensor erase_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
