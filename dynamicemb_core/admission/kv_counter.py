@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from dynamicemb_core.storage.tier import normalize_device
 from dynamicemb_core.config import BUCKET_ALIGNMENT, DynamicEmbScoreStrategy
 from dynamicemb_core.types import Counter, MemoryType
 
@@ -52,7 +53,7 @@ class KVCounter(Counter):
         capacity = -(-capacity // bucket) * bucket
         self.capacity = capacity
         self.bucket_capacity = bucket
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = normalize_device(device if device is not None else "cpu")
         spec = TableSpec(
             name="kv_counter",
             row_width=0,

@@ -34,6 +34,7 @@ from dynamicemb_core.optim import (
     row_width,
 )
 from dynamicemb_core.storage import HOME_NONE, LookupTier
+from dynamicemb_core.storage.tier import normalize_device
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 
 __all__ = ["BatchedDynamicEmbeddingTables"]
@@ -72,7 +73,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         **optimizer_kwargs: Any,
     ) -> None:
         super().__init__()
-        self.device = torch.device(device)
+        self.device = normalize_device(device)
         self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
         self.optimizer = optimizer
         self._kind = optimizer_kind(optimizer)

@@ -25,6 +25,7 @@ from dynamicemb_core.storage.tier import (
     RowInit,
     RowUpdate,
     TierRows,
+    normalize_device,
 )
 from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
 
@@ -53,7 +54,7 @@ class CachedStorage(LookupTier):
         table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
         backing_ids: Optional[Sequence[int]] = None,
     ) -> None:
-        super().__init__(tables, torch.device(device))
+        super().__init__(tables, normalize_device(device))
         n = len(self.tables)
         self.backing = backing
         self.backing_ids = list(backing_ids) if backing_ids is not None else list(range(n))

@@ -12,7 +12,14 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbCheckMode, DynamicEmbTableOptions, EvictedItemMode
-from dynamicemb_core.storage.tier import HOME_NONE, LookupTier, RowInit, RowUpdate, TierRows
+from dynamicemb_core.storage.tier import (
+    HOME_NONE,
+    LookupTier,
+    RowInit,
+    RowUpdate,
+    TierRows,
+    normalize_device,
+)
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
 __all__ = ["DeviceStorage", "table_spec_for"]
@@ -101,7 +108,7 @@ class DeviceStorage(LookupTier):
         evicted_item_mode: Optional[EvictedItemMode] = None,
         capacities: Optional[Sequence[Optional[int]]] = None,
     ) -> None:
-        super().__init__(tables, torch.device(device))
+        super().__init__(tables, normalize_device(device))
         from dynamicemb_core.table import ScoredHashTable
 
         n = len(self.tables)
