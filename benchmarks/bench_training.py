@@ -157,6 +157,7 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--optimizers", default="sgd,adam")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -171,6 +172,9 @@ def main(argv: List[str] | None = None) -> None:
     for name in args.optimizers.split(","):
         opt = EmbOptimType.EXACT_SGD if name == "sgd" else EmbOptimType.ADAM
         ours = time_steps(ours_step(args, opt, batches, device), args.warmup, args.repeats, device)
+        if args.no_peer:
+            rows.append((f"{name.upper()} training step", ours, "not run", float("nan")))
+            continue
         if name == "adam" and device.type == "cpu":
             peer_name = "torch SparseAdam + EmbeddingBag(sparse)"
             peer = time_steps(sparse_adam_step(args, batches, device), args.warmup, args.repeats, device)
