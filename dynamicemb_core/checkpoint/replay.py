@@ -98,13 +98,16 @@ def _check_slots(handle: TableHandle, keys: torch.Tensor, slots: torch.Tensor) -
             f"key {int(keys[i])} cannot be placed at slot {int(slots[i])}: its home bucket is "
             f"{int(home[i])} (slots {int(home[i]) * width}..{int(home[i]) * width + width - 1})",
         )
-    order = torch.argsort(slots, stable=True)
-    s, k = slots[order], keys[order]
-    clash = (s[1:] == s[:-1]) & (k[1:] != k[:-1])
+    # O(n) slot check: the first claimant of every slot, by scatter (no sort)
+    index = torch.arange(keys.numel(), device=keys.device)
+    first = torch.full((capacity,), keys.numel(), dtype=torch.int64, device=keys.device)
+    first.scatter_reduce_(0, slots, index, reduce="amin")
+    clash = keys[first[slots]] != keys
     if bool(clash.any()):
         i = int(clash.nonzero()[0])
-        raise _fail(handle, f"keys {int(k[i])} and {int(k[i + 1])} both claim slot {int(s[i])}")
-    korder = torch.argsort(keys, stable=True)
+        j = int(first[slots[i]])
+        raise _fail(handle, f"keys {int(keys[j])} and {int(keys[i])} both claim slot {int(slots[i])}")
+    korder = torch.argsort(keys)  # any order among equal keys will do
     ks, ss = keys[korder], slots[korder]
     split = (ks[1:] == ks[:-1]) & (ss[1:] != ss[:-1])
     if bool(split.any()):

@@ -230,18 +230,40 @@ def test_slot_outside_home_bucket_raises_before_writing():
     assert all(len(s.keys()) == 0 for s in snapshot(dst).values())
 
 
+def _append_row(d, i: int, key: int, slot: int) -> None:
+    """Append to table i of delta d a copy of its first row under another key and/or slot."""
+    d.keys[i] = torch.cat([d.keys[i], torch.tensor([key])])
+    d.meta[i]["slot_index"] = torch.cat([d.meta[i]["slot_index"], torch.tensor([slot])])
+    for field in ("values", "optimizer_states", "scores"):
+        column = getattr(d, field)
+        column[i] = torch.cat([column[i], column[i][:1]])
+
+
 def test_two_keys_claiming_one_slot_raise():
+    from dynamicemb_core.table.hashing import buckets_of_tensor
+
     src = make_model()
     train(src, 2)
     deltas = incremental_dump(src, OLDEST)
     d = deltas["ebc"]
-    d.keys[0] = torch.cat([d.keys[0], d.keys[0][:1] + 0])
-    d.keys[0][-1] = 10**9 + 7
-    d.meta[0]["slot_index"] = torch.cat([d.meta[0]["slot_index"], d.meta[0]["slot_index"][:1]])
-    d.values[0] = torch.cat([d.values[0], d.values[0][:1]])
-    d.optimizer_states[0] = torch.cat([d.optimizer_states[0], d.optimizer_states[0][:1]])
-    d.scores[0] = torch.cat([d.scores[0], d.scores[0][:1]])
-    with pytest.raises(IncompatibleDeltaError, match="home bucket|both claim slot"):
+    key, slot = int(d.keys[0][0]), int(d.meta[0]["slot_index"][0])
+    candidates = torch.arange(10**9, 10**9 + 1000)
+    same_bucket = candidates[buckets_of_tensor(candidates, 16) == buckets_of_tensor(torch.tensor([key]), 16)]
+    _append_row(d, 0, int(same_bucket[0]), slot)  # a different key, home bucket right, slot taken
+    with pytest.raises(IncompatibleDeltaError, match=f"both claim slot {slot}"):
+        replay_increment(make_model(), deltas)
+
+
+def test_one_key_at_two_slots_raises():
+    src = make_model()
+    train(src, 2)
+    deltas = incremental_dump(src, OLDEST)
+    d = deltas["ebc"]
+    key, slot = int(d.keys[0][0]), int(d.meta[0]["slot_index"][0])
+    used = set(d.meta[0]["slot_index"].tolist())
+    free = next(s for s in range(slot - slot % 16, slot - slot % 16 + 16) if s not in used)
+    _append_row(d, 0, key, free)
+    with pytest.raises(IncompatibleDeltaError, match=f"key {key} appears at two slots"):
         replay_increment(make_model(), deltas)
 
 
