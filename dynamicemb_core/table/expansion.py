@@ -39,7 +39,7 @@ def needs_growth(
     """
     load_factor = NO_EVICTION_LOAD_FACTOR if no_eviction else max_load_factor
     may_grow = no_eviction or capacity < max_capacity
-    return may_grow and size + incoming > load_factor * capacity
+    return may_grow and incoming > 0 and size + incoming > load_factor * capacity
 
 
 def region_state(state: TableState, t: int, begin: int, end: int) -> TableState:
