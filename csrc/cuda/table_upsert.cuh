@@ -111,49 +111,23 @@ __device__ __forceinline__ bool evicts_before(const Candidate& a, const Candidat
   return a.g < b.g;
 }
 
-/** @brief Protection bits of the 16 slots at global slot g (a 16-bit window of the bitmap). */
-__device__ __forceinline__ uint32_t protected16(const uint32_t* bits, int64_t g) {
-  const int64_t word = g >> 5;
-  const int shift = static_cast<int>(g & 31);
-  uint64_t two = __ldcg(bits + word);  // through L2: the bits are set with atomics
-  if (shift > 16) two |= static_cast<uint64_t>(__ldcg(bits + word + 1)) << 32;
-  return static_cast<uint32_t>(two >> shift) & 0xffffu;
-}
-
 /**
- * @brief The unprotected occupied slot of [begin, end) that the contract evicts first, or -1.
- * Each thread takes kVec runs of 16 consecutive slots per step (the probe's layout), reads their
- * digests and protection bits as words and all their score words with independent loads (the
- * loads, not the comparisons, are the cost), then the tile reduces. All threads get the answer.
+ * @brief The unprotected occupied slot of [begin, end) that the contract evicts first, or -1;
+ * each thread scans a strided share of the bucket, then the tile reduces. All threads get it.
  */
 __device__ __forceinline__ int64_t tile_victim(const UpsertTile& tile, const UpsertParams& p,
                                                const KeyHome& home, int64_t policy, bool use_fn) {
   Candidate best{-1, 0, 0, 0.0};
-  const int64_t stride = 16 * kUpsertVec * kUpsertTile;
-  for (int64_t base = home.begin; base < home.end; base += stride) {
-#pragma unroll
-    for (int v = 0; v < kUpsertVec; ++v) {
-      const int64_t g0 = base + 16 * (kUpsertVec * tile.thread_rank() + v);
-      if (g0 >= home.end) continue;
-      uint32_t unused, empty;
-      scan16(p.digests, g0, home.end, 1, &unused, &empty);
-      const int valid = home.end - g0 < 16 ? static_cast<int>(home.end - g0) : 16;
-      uint32_t cand = ~empty & ~protected16(p.protect_bits, g0) & ((1u << valid) - 1u);
-#pragma unroll 4
-      for (int k = 0; k < 16; ++k) {
-        if (!((cand >> k) & 1u)) continue;
-        Candidate c{g0 + k, 0, 0, 0.0};
-        if (use_fn) {
-          c.f = p.fn_scores[c.g];
-        } else {
-          int64_t w[2];
-          load_words(p.scores, c.g, w);
-          c.w0 = w[0];
-          c.w1 = w[1];
-        }
-        if (evicts_before(c, best, policy, use_fn)) best = c;
-      }
+  for (int64_t g = home.begin + tile.thread_rank(); g < home.end; g += kUpsertTile) {
+    if (p.digests[g] == 0 || is_protected(p.protect_bits, g)) continue;
+    Candidate c{g, 0, 0, use_fn ? p.fn_scores[g] : 0.0};
+    if (!use_fn) {
+      int64_t w[2];
+      load_words(p.scores, g, w);
+      c.w0 = w[0];
+      c.w1 = w[1];
     }
+    if (evicts_before(c, best, policy, use_fn)) best = c;
   }
   for (int o = kUpsertTile / 2; o > 0; o >>= 1) {
     Candidate other;
@@ -194,12 +168,10 @@ __device__ __forceinline__ KeyHome home_for(const Segment& seg, int64_t key) {
 }
 
 /** @brief Pass A for one key: present keys keep their slot (touched; or found, for erase). */
-__device__ __forceinline__ Probe pass_present(const UpsertTile& tile, const UpsertParams& p,
-                                              const Segment& seg, int64_t i, int64_t key) {
-  const bool want_empty = p.mode != UpsertMode::kErase;
-  const Probe probe =
-      tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home_for(seg, key), want_empty);
-  const int64_t g = probe.hit;
+__device__ __forceinline__ bool pass_present(const UpsertTile& tile, const UpsertParams& p,
+                                             const Segment& seg, int64_t i, int64_t key) {
+  const int64_t g =
+      tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home_for(seg, key), false).hit;
   if (tile.thread_rank() == 0) {
     if (p.mode == UpsertMode::kErase) {
       p.out_flag[i] = g >= 0;
@@ -217,22 +189,17 @@ __device__ __forceinline__ Probe pass_present(const UpsertTile& tile, const Upse
     }
   }
   tile.sync();
-  return probe;
+  return g >= 0;
 }
 
 /**
  * @brief Pass B for one new key: a duplicate placed earlier in this call, else the lowest empty
- * slot, else a victim. `known` is pass A's probe of this key when nothing was placed in the bucket
- * since (keys and digests unchanged, so the answer is the same), else null: probe again.
- * Returns the change in the table's size (rank 0 only).
+ * slot, else a victim. Returns the change in the table's size (rank 0 only).
  */
 __device__ __forceinline__ int64_t pass_new(const UpsertTile& tile, const UpsertParams& p,
-                                            const Segment& seg, int64_t i, int64_t key,
-                                            const Probe* known) {
+                                            const Segment& seg, int64_t i, int64_t key) {
   const KeyHome home = home_for(seg, key);
-  const Probe probe = known != nullptr
-                          ? *known
-                          : tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home, true);
+  const Probe probe = tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home, true);
   int64_t g = probe.hit >= 0 ? probe.hit : probe.empty;
   const bool again = probe.hit >= 0;  // an earlier occurrence of this key placed it in this call
   const bool was_empty = !again && g >= 0;
@@ -358,7 +325,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int rank = tile.thread_rank();
     const int64_t mine = w + rank < end ? order[w + rank] : 0;
     const int64_t my_key = w + rank < end ? p.keys[mine] : 0;
-    Probe my_probe{-1, -1};  // pass A's answer for key w + rank
+    bool my_found = false;  // pass A's answer for key w + rank
     auto index_of = [&](int64_t j) {
       return j - w < kUpsertTile ? tile.shfl(mine, static_cast<int>(j - w)) : int64_t{order[j]};
     };
@@ -374,26 +341,20 @@ __global__ void __launch_bounds__(kBlockThreads)
     } else {
       for (int64_t j = w; j < end; ++j) {
         const int64_t i = index_of(j);
-        const Probe probe = pass_present(tile, p, seg, i, key_of(j, i));
-        if (j - w == rank) my_probe = probe;
+        const bool found = pass_present(tile, p, seg, i, key_of(j, i));
+        if (j - w == rank) my_found = found;
       }
-      bool placed_any = false;  // once a key is placed, pass A's probes are stale
       for (int64_t j = w; j < end; ++j) {
         const int64_t i = index_of(j);
         if (p.mode == UpsertMode::kErase) {
           delta += pass_erase(tile, p, i);
           continue;
         }
-        if (j - w < kUpsertTile) {
-          const int r = static_cast<int>(j - w);
-          const Probe known{tile.shfl(my_probe.hit, r), tile.shfl(my_probe.empty, r)};
-          if (known.hit >= 0) continue;
-          delta += pass_new(tile, p, seg, i, key_of(j, i), placed_any ? nullptr : &known);
-        } else {
-          if (p.out_slots[i] != kPending) continue;
-          delta += pass_new(tile, p, seg, i, key_of(j, i), nullptr);
-        }
-        placed_any = true;
+        const bool found =
+            j - w < kUpsertTile
+                ? tile.shfl(static_cast<int>(my_found), static_cast<int>(j - w)) != 0
+                : p.out_slots[i] != kPending;
+        if (!found) delta += pass_new(tile, p, seg, i, key_of(j, i));
       }
     }
     if (tile.thread_rank() == 0 && delta != 0) {
