@@ -41,6 +41,7 @@ def batched(
     optimizer: str = "EXACT_ROWWISE_ADAGRAD",
     pooling: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
     names: Sequence[str] = ("t0", "t1"),
+    device: str = "cpu",
     **overrides,
 ) -> nn.Module:
     """A BatchedDynamicEmbeddingTables with one feature per table."""
@@ -55,7 +56,7 @@ def batched(
         feature_table_map=list(range(len(dims))),
         pooling_mode=pooling,
         optimizer=getattr(EmbOptimType, optimizer),
-        device="cpu",
+        device=device,
         learning_rate=0.1,
     )
 
@@ -68,7 +69,7 @@ class Holder(nn.Module):
         self.ebc = module
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return self.ebc(indices, offsets)
+        return self.ebc(indices.to(self.ebc.device), offsets.to(self.ebc.device))
 
 
 def make_model(**kwargs) -> Holder:
