@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import statistics
 import subprocess
@@ -306,15 +307,15 @@ def run(args: argparse.Namespace) -> str:
 
 
 def render(args: argparse.Namespace, rows: List[List[str]]) -> str:
-    try:
-        commit = (
-            subprocess.run(
+    commit = os.environ.get("DEMB_COMMIT", "")  # set it where the tree is a copy without .git
+    if not commit:
+        try:
+            commit = subprocess.run(
                 ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
             ).stdout.strip()
-            or "unknown"
-        )
-    except OSError:
-        commit = "unknown"
+        except OSError:
+            pass
+    commit = commit or "unknown"
     head = [
         f"Machine: {platform.node()} ({platform.machine()}), GPU: {torch.cuda.get_device_name()}, "
         f"torch {torch.__version__}, CUDA {torch.version.cuda}, commit {commit}, "
