@@ -11,12 +11,19 @@ import pytest
 import torch
 
 from dynamicemb_core.checkpoint import DynamicEmbDump, DynamicEmbLoad
-from dynamicemb_core.incremental_dump import ReplayContent, get_score, incremental_dump, replay_increment
+from dynamicemb_core.incremental_dump import (
+    ReplayContent,
+    get_score,
+    incremental_dump,
+    replay_increment,
+)
 from tests.checkpoint.helpers import EVICTING, S, assert_same_tables, make_model, snapshot, train
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CPU runs test_replay.py)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device (CPU runs test_replay.py)"
+    ),
 ]
 
 

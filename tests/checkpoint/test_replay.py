@@ -248,7 +248,9 @@ def test_two_keys_claiming_one_slot_raise():
     d = deltas["ebc"]
     key, slot = int(d.keys[0][0]), int(d.meta[0]["slot_index"][0])
     candidates = torch.arange(10**9, 10**9 + 1000)
-    same_bucket = candidates[buckets_of_tensor(candidates, 16) == buckets_of_tensor(torch.tensor([key]), 16)]
+    same_bucket = candidates[
+        buckets_of_tensor(candidates, 16) == buckets_of_tensor(torch.tensor([key]), 16)
+    ]
     _append_row(d, 0, int(same_bucket[0]), slot)  # a different key, home bucket right, slot taken
     with pytest.raises(IncompatibleDeltaError, match=f"both claim slot {slot}"):
         replay_increment(make_model(), deltas)
@@ -301,3 +303,35 @@ def test_replay_rejects_bad_arguments():
         replay_increment(make_model(), {"ebc": {"keys": []}})
     with pytest.raises(ValueError, match="no collection 'other'"):
         replay_increment(make_model(), {"other": deltas["ebc"]})
+
+
+# Row bytes of a dim-8 rowwise-Adagrad row: 9 float32.
+_ROW_BYTES = 9 * 4
+
+
+@pytest.mark.parametrize(
+    "storage",
+    [
+        dict(caching=True, local_hbm_for_values=32 * _ROW_BYTES),
+        dict(local_hbm_for_values=100 * _ROW_BYTES),
+    ],
+    ids=["cache_over_host_table", "hybrid_rows"],
+)
+def test_replay_through_cache_and_hybrid_storage(storage):
+    src = make_model(dims=(8, 8), **storage)
+    dst = make_model(dims=(8, 8), **storage)
+    train(dst, 3, seed=11, key_range=200)  # the replica's cache holds rows the delta will replace
+    train(src, 6, key_range=200)
+    replay_increment(dst, incremental_dump(src, OLDEST), ReplayContent.ALL)
+    a, b = snapshot(src), snapshot(dst)
+    for name in a:
+        for k in a[name].keys():
+            assert b[name].slots[k] == a[name].slots[k]
+            assert torch.equal(a[name].rows[k], b[name].rows[k])
+    # the replica serves the replayed rows, not what its cache held before
+    keys = torch.tensor(a["ebc/t0"].keys()[:40], dtype=torch.int64)
+    offsets = torch.tensor([0, keys.numel(), keys.numel()])
+    src.eval()
+    dst.eval()
+    with torch.no_grad():
+        assert torch.equal(src(keys, offsets), dst(keys, offsets))
