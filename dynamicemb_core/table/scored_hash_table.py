@@ -60,7 +60,9 @@ class ScoredHashTable:
             raise ValueError(f"ScoredHashTable: table names must be unique, got {names}")
         self.specs = specs
         self.device = torch.device(device)
-        layouts = [s.initial_layout() for s in specs]
+        layouts = []
+        for spec in specs:  # a plain loop: the rounding warning points at the caller (stacklevel)
+            layouts.append(spec.initial_layout())
         self._caps: List[int] = [cap for _, cap in layouts]
         self._offsets: List[int] = [0]
         for num_buckets, cap in layouts:
