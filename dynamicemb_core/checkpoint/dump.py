@@ -10,7 +10,7 @@ table, so a bad checkpoint leaves the model exactly as it was.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
 from torch import nn
@@ -216,7 +216,7 @@ def DynamicEmbDump(
 def DynamicEmbLoad(
     path: str,
     model: nn.Module,
-    table_names: TableNames = None,
+    table_names: Union[TableNames, List[str]] = None,
     optim: bool = False,
     pg: Optional[dist.ProcessGroup] = None,
     *,
@@ -230,7 +230,8 @@ def DynamicEmbLoad(
     Args:
         path: checkpoint folder.
         model: the model holding dynamic tables.
-        table_names: ``{collection_path: [table, ...]}`` to load a subset; None loads every dynamic table.
+        table_names: ``{collection_path: [table, ...]}`` (or a plain list of table names, matched in every
+            collection) to load a subset; None loads every dynamic table.
         optim: also restore optimizer states (otherwise keys already present keep theirs, new keys get a
             fresh state).
         pg: process group of the loading ranks (used only for the progress bar's rank).
@@ -241,7 +242,14 @@ def DynamicEmbLoad(
         CheckpointMismatchError: a table missing from the checkpoint, or of another dim / dtype / score
             columns / optimizer width (nothing was written).
     """
-    handles = find_tables(model, table_names)
+    if isinstance(table_names, (list, tuple)):  # the seed's signature: names in any collection
+        wanted = set(table_names)
+        handles = [h for h in find_tables(model, None) if h.name in wanted]
+        missing = wanted - {h.name for h in handles}
+        if missing:
+            raise ValueError(f"table_names: the model has no dynamic table {sorted(missing)}")
+    else:
+        handles = find_tables(model, table_names)
     load_tables(
         path, handles, optim=optim, show_progress=show_progress, rank_for_bar=group_rank(pg)
     )

@@ -106,7 +106,9 @@ def _check_slots(handle: TableHandle, keys: torch.Tensor, slots: torch.Tensor) -
     if bool(clash.any()):
         i = int(clash.nonzero()[0])
         j = int(first[slots[i]])
-        raise _fail(handle, f"keys {int(keys[j])} and {int(keys[i])} both claim slot {int(slots[i])}")
+        raise _fail(
+            handle, f"keys {int(keys[j])} and {int(keys[i])} both claim slot {int(slots[i])}"
+        )
     korder = torch.argsort(keys)  # any order among equal keys will do
     ks, ss = keys[korder], slots[korder]
     split = (ks[1:] == ks[:-1]) & (ss[1:] != ss[:-1])

@@ -207,3 +207,15 @@ def test_table_names_select_a_subset(tmp_path):
     )
     with pytest.raises(ValueError, match="no dynamic table \\['nope'\\]"):
         DynamicEmbDump(str(tmp_path), src, table_names={"ebc": ["nope"]})
+
+
+def test_load_accepts_a_plain_list_of_table_names(tmp_path):
+    src = make_model()
+    train(src, 2)
+    DynamicEmbDump(str(tmp_path), src)
+    dst = make_model()
+    DynamicEmbLoad(str(tmp_path), dst, table_names=["t0"])
+    snap = snapshot(dst)
+    assert snap["ebc/t0"].keys() == snapshot(src)["ebc/t0"].keys() and not snap["ebc/t1"].keys()
+    with pytest.raises(ValueError, match="no dynamic table \\['zz'\\]"):
+        DynamicEmbLoad(str(tmp_path), dst, table_names=["zz"])
