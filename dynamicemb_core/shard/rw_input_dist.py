@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.embedding_sharding import BaseSparseFeaturesDist
+from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -120,8 +121,12 @@ def bucketize_kjt_by_owner(
     return bucketized, unbucketize
 
 
-class RwDynamicSparseFeaturesDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
+class RwDynamicSparseFeaturesDist(RwSparseFeaturesDist):
     """Bucketizes features by owner (:func:`bucketize_kjt_by_owner`) and redistributes them.
+
+    A subclass of TorchRec's ``RwSparseFeaturesDist`` because ``ShardedEmbeddingCollection`` reads
+    ``unbucketize_permute_tensor`` only from instances of that class; none of its block-bucketizing
+    state is used, so its constructor is skipped.
 
     Args:
         pg: process group of the sharding.
@@ -130,7 +135,7 @@ class RwDynamicSparseFeaturesDist(BaseSparseFeaturesDist[KeyedJaggedTensor]):
     """
 
     def __init__(self, pg: dist.ProcessGroup, routes: List[FeatureRoute], is_sequence: bool) -> None:
-        super().__init__()
+        BaseSparseFeaturesDist.__init__(self)
         self._world_size: int = pg.size()
         self._routes = list(routes)
         self._is_sequence = is_sequence

@@ -73,12 +73,13 @@ class Wrapper(nn.Module):
     def __init__(self, collection: nn.Module) -> None:
         super().__init__()
         self.coll = collection
+        self.pooled = isinstance(collection, EmbeddingBagCollection)
 
     def forward(self, kjt: KeyedJaggedTensor) -> Any:
-        out = self.coll(kjt)
-        if isinstance(out, dict):  # EmbeddingCollection: {feature: JaggedTensor}
-            return out
-        return out.values()
+        out = self.coll(kjt)  # sharded: a LazyAwaitable of the same result
+        if self.pooled:
+            return out.values()
+        return {f: out[f] for f in out.keys()}  # EmbeddingCollection: {feature: JaggedTensor}
 
 
 def make_collection(pooled: bool, configs: List[BaseEmbeddingConfig], device: torch.device) -> nn.Module:
