@@ -185,10 +185,24 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
 
     def attach(self, dmp: nn.Module) -> None:
         """Make DistributedModelParallel step this tracker before each forward and return it from
-        ``get_delta_tracker()`` (TorchRec's own slot for its delta tracker)."""
-        from torchrec.distributed.model_tracker.types import Trackers
+        ``get_delta_tracker()`` (TorchRec's own slot for its delta tracker).
 
-        dmp.model_trackers[Trackers.DELTA_TRACKER.name] = self
+        Raises:
+            TypeError: ``dmp`` has no tracker slot (a torchrec without ModelDeltaTracker support in DMP).
+        """
+        trackers = getattr(dmp, "model_trackers", None)
+        if not isinstance(trackers, dict):
+            raise TypeError(
+                f"DynamicEmbDeltaTracker.attach: {type(dmp).__name__} has no model_trackers slot; call "
+                f"tracker.step() before each forward instead"
+            )
+        try:
+            from torchrec.distributed.model_tracker.types import Trackers
+
+            name = Trackers.DELTA_TRACKER.name
+        except ImportError:  # torchrec before the Trackers enum keyed the slot by this name too
+            name = "DELTA_TRACKER"
+        trackers[name] = self
 
     # ---- recording ----------------------------------------------------------------------------
     def _append(self, fqn: str, ids: torch.Tensor, states: Optional[torch.Tensor]) -> None:
