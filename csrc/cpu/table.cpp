@@ -17,6 +17,10 @@
 #include <unordered_map>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "dynamicemb/bucket_layout.h"
 #include "dynamicemb/hashing.h"
 #include "dynamicemb/score_policy.h"
@@ -170,11 +174,46 @@ Home home_of(const State& s, int64_t key, int64_t t) {
   return Home{t, bucket_begin(l, b), s.bucket_base[t] + b, digest_of(h)};
 }
 
-/** Global slot holding key in its home bucket, or -1; also the bucket's first empty slot. */
+/**
+ * Global slot holding key in its home bucket, or -1; also the bucket's first empty slot.
+ *
+ * Digests are compared 16 at a time with SSE2 (one compare for the digest, one for empty slots),
+ * so a miss in a 128-slot bucket costs 8 vector compares instead of 128 byte compares; keys are
+ * read only on a digest match. Buckets need not start 16-aligned (single-bucket tables of any
+ * width), hence unaligned loads and a scalar tail.
+ */
 int64_t probe(const State& s, const Home& home, int64_t key, int64_t* first_empty) {
-  const int64_t cap = s.caps[home.table];
+  const int64_t end = home.begin + s.caps[home.table];
   int64_t empty = -1;
-  for (int64_t g = home.begin; g < home.begin + cap; ++g) {
+  int64_t g = home.begin;
+#if defined(__SSE2__)
+  const __m128i want = _mm_set1_epi8(static_cast<char>(home.digest));
+  const __m128i zero = _mm_setzero_si128();
+  for (; g + 16 <= end; g += 16) {
+    const __m128i group = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.digests + g));
+    uint32_t match = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, want)));
+    while (match != 0) {
+      const int bit = __builtin_ctz(match);
+      if (s.keys[g + bit] == key) {
+        if (first_empty) {
+          // The first empty slot may lie in this very group, before the match.
+          if (empty < 0) {
+            const uint32_t e = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, zero)));
+            if (e != 0) empty = g + __builtin_ctz(e);
+          }
+          *first_empty = empty;
+        }
+        return g + bit;
+      }
+      match &= match - 1;
+    }
+    if (empty < 0) {
+      const uint32_t e = static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpeq_epi8(group, zero)));
+      if (e != 0) empty = g + __builtin_ctz(e);
+    }
+  }
+#endif
+  for (; g < end; ++g) {
     const uint8_t d = s.digests[g];
     if (d == home.digest && s.keys[g] == key) {
       if (first_empty) *first_empty = empty;
