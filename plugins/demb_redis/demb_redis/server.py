@@ -225,6 +225,16 @@ class LocalRedisCluster:
             f"Redis Cluster on {nodes} did not reach cluster_state:ok in {timeout_s}s"
         )
 
+    @staticmethod
+    def _node_ok(port: int, timeout_s: float) -> bool:
+        info = subprocess.run(
+            ["redis-cli", "-p", str(port), "cluster", "info"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        ).stdout
+        return "cluster_state:ok" in info
+
     def stop(self) -> None:
         """Stop every node."""
         for server in self.servers:

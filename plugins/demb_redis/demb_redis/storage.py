@@ -40,12 +40,24 @@ __all__ = ["RedisStorage", "RedisStorageError"]
 T = TypeVar("T")
 # Braces would break the hash tag and ':' the namespace; keep names to a plain alphabet.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-/]+$")
-_TRANSIENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# ClusterDown / TryAgain: a cluster mid-failover or mid-resharding answers again shortly.
+_TRANSIENT = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
 _PERMANENT = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
 
 
 class RedisStorageError(DynamicEmbError):
     """Redis could not be reached (after the bounded retries) or refused a command."""
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    """The exception text, cut: redis-py quotes whole pipelined commands, binary rows included."""
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _redact(url: str) -> str:
@@ -148,14 +160,14 @@ class RedisStorage(Storage):
             except _PERMANENT as exc:  # redis-py derives these from ConnectionError: never retry
                 raise RedisStorageError(
                     f"demb-redis: {op} on {where}(model {self.model!r}) at {_redact(self.url)} was "
-                    f"refused: {type(exc).__name__}: {exc}"
+                    f"refused: {type(exc).__name__}: {_short(exc)}"
                 ) from exc
             except _TRANSIENT as exc:
                 if attempt == self.retries:
                     raise RedisStorageError(
                         f"demb-redis: {op} on {where}(model {self.model!r}) failed: Redis at "
                         f"{_redact(self.url)} did not answer after {attempt + 1} attempts over "
-                        f"{time.monotonic() - start:.2f}s ({type(exc).__name__}: {exc}). No data was "
+                        f"{time.monotonic() - start:.2f}s ({type(exc).__name__}: {_short(exc)}). No data was "
                         f"returned in its place. Check that the server is up and reachable, or raise "
                         f"retries / socket_timeout in external_storage_options"
                     ) from exc
@@ -163,7 +175,7 @@ class RedisStorage(Storage):
             except redis.exceptions.RedisError as exc:  # auth, OOM, wrong type: retrying won't help
                 raise RedisStorageError(
                     f"demb-redis: {op} on {where}(model {self.model!r}) at {_redact(self.url)} was "
-                    f"refused: {type(exc).__name__}: {exc}"
+                    f"refused: {type(exc).__name__}: {_short(exc)}"
                 ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
