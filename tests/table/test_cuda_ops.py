@@ -44,6 +44,8 @@ LAYOUTS = {
     ],
     "one_bucket128": [(128, 128, COMPOUND)],
     "wide": [(1024, 128, TIMESTAMP), (512, 128, LFU)],
+    # Buckets wider than one probe step (128 slots): probes, first-empty and victim scans loop.
+    "big_buckets": [(512, 256, LFU), (1024, 1024, COMPOUND), (200, 200, TIMESTAMP)],
 }
 
 
@@ -207,6 +209,15 @@ def test_random_op_sequence_matches_cpu_slot_for_slot(layout: str, seed: int) ->
     for _ in range(60):
         seen.add(twin.step_random())
     assert len(seen) >= 6  # the sequence exercised most ops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("seed", range(3, 23))
+def test_long_random_op_sequence_matches_cpu(layout: str, seed: int) -> None:
+    twin = Twin(LAYOUTS[layout], seed)
+    for _ in range(300):
+        twin.step_random()
 
 
 def test_full_buckets_evict_same_victims_as_cpu() -> None:

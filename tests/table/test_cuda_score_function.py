@@ -17,13 +17,14 @@ from dynamicemb_core.config import DynamicEmbScoreStrategy as S
 from dynamicemb_core.ops import table_ops as ops
 from dynamicemb_core.table.score_function import compile_score_function
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
+
+def needs_gpu(test):
+    """Mark a test as CUDA-only; the CPU side of the same behaviour is test_against_reference.py."""
+    test = pytest.mark.gpu(test)
+    return pytest.mark.skipif(
         not torch.cuda.is_available(),
         reason="needs a CUDA device (CPU side: test_against_reference.py)",
-    ),
-]
+    )(test)
 
 
 def decayed_lfu(scores, cur_timestamp):
@@ -39,6 +40,7 @@ def count_mod_with_nan(scores, cur_timestamp):
     return float(scores[0] % 2)
 
 
+@needs_gpu
 @pytest.mark.parametrize(
     "fn, strategy",
     [(decayed_lfu, (S.TIMESTAMP, S.LFU)), (count_mod_with_nan, (S.LFU, S.TIMESTAMP))],
@@ -66,6 +68,7 @@ def test_score_function_evicts_same_victims_on_cuda_and_cpu(fn, strategy, seed) 
     assert evicted > 20  # the score function actually ranked victims
 
 
+@needs_gpu
 def test_compiled_kernel_is_cached_per_source_and_device() -> None:
     from dynamicemb_core.table.score_function_cuda import (
         compile_score_function_cuda,
@@ -81,3 +84,21 @@ def test_compiled_kernel_is_cached_per_source_and_device() -> None:
     assert score_fn_handle(None, (S.TIMESTAMP, S.LFU), "cuda") == 0
     with pytest.raises(ValueError, match="compound"):
         compile_score_function_cuda(decayed_lfu, (S.LFU,), "cuda")
+
+
+def test_cuda_compiler_rejects_non_compound_strategy_and_cpu_device() -> None:
+    """Checked before numba-cuda is touched, so this runs (and must fail the same way) anywhere."""
+    from dynamicemb_core.table.score_function_cuda import compile_score_function_cuda
+
+    with pytest.raises(ValueError, match="compound"):
+        compile_score_function_cuda(decayed_lfu, (S.TIMESTAMP,), "cuda")
+    with pytest.raises(ValueError, match="needs a CUDA device, got cpu"):
+        compile_score_function_cuda(decayed_lfu, (S.TIMESTAMP, S.LFU), "cpu")
+
+
+def test_score_fn_handle_on_cpu_is_the_cfunc_address() -> None:
+    from dynamicemb_core.table.score_function_cuda import score_fn_handle
+
+    expected = compile_score_function(decayed_lfu, (S.TIMESTAMP, S.LFU)).address
+    assert score_fn_handle(decayed_lfu, (S.TIMESTAMP, S.LFU), "cpu") == expected != 0
+    assert score_fn_handle(None, (S.TIMESTAMP, S.LFU), "cpu") == 0
