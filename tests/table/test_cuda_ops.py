@@ -213,7 +213,7 @@ def test_random_op_sequence_matches_cpu_slot_for_slot(layout: str, seed: int) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("seed", range(3, 23))
+@pytest.mark.parametrize("seed", range(3, 8))
 def test_long_random_op_sequence_matches_cpu(layout: str, seed: int) -> None:
     twin = Twin(LAYOUTS[layout], seed)
     for _ in range(300):
