@@ -38,7 +38,9 @@ from dynamicemb_core.table import ScoredHashTable, TableSpec
 BUCKET = 128
 
 
-def median_time(fn: Callable[[], object], repeats: int, setup: Callable[[], None] = lambda: None) -> float:
+def median_time(
+    fn: Callable[[], object], repeats: int, setup: Callable[[], None] = lambda: None
+) -> float:
     setup()
     fn()  # warm-up
     times = []
@@ -50,11 +52,19 @@ def median_time(fn: Callable[[], object], repeats: int, setup: Callable[[], None
     return statistics.median(times)
 
 
-def build(capacity: int, load_factor: float, dim: int, seed: int) -> Tuple[ScoredHashTable, torch.Tensor]:
+def build(
+    capacity: int, load_factor: float, dim: int, seed: int
+) -> Tuple[ScoredHashTable, torch.Tensor]:
     """A table filled to ``load_factor`` with random distinct keys; returns it and those keys."""
-    spec = TableSpec("bench", row_width=dim, init_capacity=capacity, max_capacity=capacity,
-                     bucket_capacity=BUCKET, max_load_factor=1.0,
-                     score_strategy=DynamicEmbScoreStrategy.LFU)
+    spec = TableSpec(
+        "bench",
+        row_width=dim,
+        init_capacity=capacity,
+        max_capacity=capacity,
+        bucket_capacity=BUCKET,
+        max_load_factor=1.0,
+        score_strategy=DynamicEmbScoreStrategy.LFU,
+    )
     table = ScoredHashTable([spec])
     gen = torch.Generator().manual_seed(seed)
     keys = torch.randint(-(2**62), 2**62, (int(capacity * load_factor),), generator=gen).unique()
@@ -129,15 +139,24 @@ def run_case(op: str, load_factor: float, dim: int, args: argparse.Namespace) ->
     mutating = op != "find"
     t_ours = median_time(ours, args.repeats, restore if mutating else lambda: None)
     t_dense = median_time(dense, args.repeats)
-    t_dict = median_time(py_dict, max(1, args.repeats // 2),
-                         (lambda: lookup.clear() or lookup.update(zip(present.tolist(), range(present.numel())))) if mutating else lambda: None)
+    t_dict = median_time(
+        py_dict,
+        max(1, args.repeats // 2),
+        (lambda: lookup.clear() or lookup.update(zip(present.tolist(), range(present.numel()))))
+        if mutating
+        else lambda: None,
+    )
     return {"ours": t_ours, "dense": t_dense, "dict": t_dict}
 
 
 def header(argv: List[str]) -> str:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip() or "unknown"
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         commit = "unknown"
     versions = [f"torch {torch.__version__}"]
@@ -145,15 +164,19 @@ def header(argv: List[str]) -> str:
         try:
             module = __import__(name)
             versions.append(f"{name} {getattr(module, '__version__', '?')}")
-        except Exception:  # noqa: BLE001  (optional peers: report, never fail)
+        except Exception:
             versions.append(f"{name} n/a")
     cpu = platform.processor() or platform.machine()
-    return "\n".join([
-        f"- machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; GPU: none",
-        f"- versions: {', '.join(versions)}; Python {platform.python_version()}",
-        f"- commit: {commit}",
-        f"- command: `PYTHONPATH=. python benchmarks/bench_table_cpu.py {' '.join(argv)}`".replace(" `", " `", 1),
-    ])
+    return "\n".join(
+        [
+            f"- machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; GPU: none",
+            f"- versions: {', '.join(versions)}; Python {platform.python_version()}",
+            f"- commit: {commit}",
+            f"- command: `PYTHONPATH=. python benchmarks/bench_table_cpu.py {' '.join(argv)}`".replace(
+                " `", " `", 1
+            ),
+        ]
+    )
 
 
 def main(argv: List[str]) -> int:
@@ -163,22 +186,30 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dims", type=int, nargs="+", default=[16, 128])
     parser.add_argument("--load-factors", type=float, nargs="+", default=[0.25, 0.5, 0.9])
-    parser.add_argument("--ops", nargs="+", default=["find", "insert", "find_or_insert", "insert_and_evict"])
+    parser.add_argument(
+        "--ops", nargs="+", default=["find", "insert", "find_or_insert", "insert_and_evict"]
+    )
     args = parser.parse_args(argv)
     print(header(argv))
-    print(f"- {args.keys:,} keys per op; table of {args.capacity:,} slots in buckets of {BUCKET}; "
-          f"median of {args.repeats}; M keys/s (higher is better); speedup = peer time / our time\n")
-    print("| op | load factor | dim | ours (M keys/s) | index_select (M keys/s) | speedup vs index_select "
-          "| dict (M keys/s) | speedup vs dict |")
+    print(
+        f"- {args.keys:,} keys per op; table of {args.capacity:,} slots in buckets of {BUCKET}; "
+        f"median of {args.repeats}; M keys/s (higher is better); speedup = peer time / our time\n"
+    )
+    print(
+        "| op | load factor | dim | ours (M keys/s) | index_select (M keys/s) | speedup vs index_select "
+        "| dict (M keys/s) | speedup vs dict |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for dim in args.dims:
         for lf in args.load_factors:
             for op in args.ops:
                 t = run_case(op, lf, dim, args)
                 rate = {k: args.keys / v / 1e6 for k, v in t.items()}
-                print(f"| {op} | {lf} | {dim} | {rate['ours']:.1f} | {rate['dense']:.1f} | "
-                      f"{t['dense'] / t['ours']:.2f} | {rate['dict']:.2f} | {t['dict'] / t['ours']:.1f} |",
-                      flush=True)
+                print(
+                    f"| {op} | {lf} | {dim} | {rate['ours']:.1f} | {rate['dense']:.1f} | "
+                    f"{t['dense'] / t['ours']:.2f} | {rate['dict']:.2f} | {t['dict'] / t['ours']:.1f} |",
+                    flush=True,
+                )
     return 0
 
 

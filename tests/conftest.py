@@ -24,7 +24,9 @@ if torch.cuda.is_available():
     _DEVICES.append(pytest.param("cuda", marks=pytest.mark.gpu))
 else:
     _DEVICES.append(
-        pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device here")])
+        pytest.param(
+            "cuda", marks=[pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device here")]
+        )
     )
 
 

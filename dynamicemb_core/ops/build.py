@@ -28,8 +28,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     Returns:
         0 on success (a build failure raises with the compiler's output).
     """
-    parser = argparse.ArgumentParser(prog="python -m dynamicemb_core build",
-                                     description="Compile csrc/ against the installed torch.")
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamicemb_core build",
+        description="Compile csrc/ against the installed torch.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show compiler commands")
     args = parser.parse_args(argv)
     start = time.monotonic()

@@ -32,9 +32,17 @@ def _check_keys(keys: Tensor, table_ids: Tensor) -> int:
 
 @torch.library.register_fake(_NS + "find")
 def _find_fake(
-    keys: Tensor, table_ids: Tensor, table_keys: Tensor, digests: Tensor, scores: Tensor,
-    slot_offsets: Tensor, bucket_caps: Tensor, policies: Tensor, sizes: Tensor,
-    cur_scores: Tensor, update_score: bool,
+    keys: Tensor,
+    table_ids: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    sizes: Tensor,
+    cur_scores: Tensor,
+    update_score: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool), keys.new_empty(n, 2)
@@ -42,18 +50,35 @@ def _find_fake(
 
 @torch.library.register_fake(_NS + "insert")
 def _insert_fake(
-    keys: Tensor, table_ids: Tensor, table_keys: Tensor, digests: Tensor, scores: Tensor,
-    slot_offsets: Tensor, bucket_caps: Tensor, policies: Tensor, score_fns: Tensor,
-    sizes: Tensor, cur_scores: Tensor, input_scores: Optional[Tensor],
+    keys: Tensor,
+    table_ids: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    score_fns: Tensor,
+    sizes: Tensor,
+    cur_scores: Tensor,
+    input_scores: Optional[Tensor],
 ) -> Tensor:
     return keys.new_empty(_check_keys(keys, table_ids))
 
 
 @torch.library.register_fake(_NS + "find_or_insert")
 def _find_or_insert_fake(
-    keys: Tensor, table_ids: Tensor, table_keys: Tensor, digests: Tensor, scores: Tensor,
-    slot_offsets: Tensor, bucket_caps: Tensor, policies: Tensor, score_fns: Tensor,
-    sizes: Tensor, cur_scores: Tensor,
+    keys: Tensor,
+    table_ids: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    score_fns: Tensor,
+    sizes: Tensor,
+    cur_scores: Tensor,
 ) -> Tuple[Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool)
@@ -61,30 +86,57 @@ def _find_or_insert_fake(
 
 @torch.library.register_fake(_NS + "insert_and_evict")
 def _insert_and_evict_fake(
-    keys: Tensor, table_ids: Tensor, table_keys: Tensor, digests: Tensor, scores: Tensor,
-    slot_offsets: Tensor, bucket_caps: Tensor, policies: Tensor, score_fns: Tensor,
-    sizes: Tensor, cur_scores: Tensor, input_scores: Optional[Tensor],
+    keys: Tensor,
+    table_ids: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    score_fns: Tensor,
+    sizes: Tensor,
+    cur_scores: Tensor,
+    input_scores: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     m = torch.library.get_ctx().new_dynamic_size()
     return (
-        keys.new_empty(n), keys.new_empty(n, dtype=torch.bool),
-        keys.new_empty(m), keys.new_empty(m), keys.new_empty(m, 2), keys.new_empty(m),
+        keys.new_empty(n),
+        keys.new_empty(n, dtype=torch.bool),
+        keys.new_empty(m),
+        keys.new_empty(m),
+        keys.new_empty(m, 2),
+        keys.new_empty(m),
     )
 
 
 @torch.library.register_fake(_NS + "erase")
 def _erase_fake(
-    keys: Tensor, table_ids: Tensor, table_keys: Tensor, digests: Tensor, scores: Tensor,
-    slot_offsets: Tensor, bucket_caps: Tensor, policies: Tensor, sizes: Tensor,
+    keys: Tensor,
+    table_ids: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    sizes: Tensor,
 ) -> Tensor:
     return keys.new_empty(_check_keys(keys, table_ids), dtype=torch.bool)
 
 
 @torch.library.register_fake(_NS + "export_if")
 def _export_if_fake(
-    table_keys: Tensor, digests: Tensor, scores: Tensor, slot_offsets: Tensor,
-    bucket_caps: Tensor, policies: Tensor, sizes: Tensor, thresholds: Tensor, column: int,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    sizes: Tensor,
+    thresholds: Tensor,
+    column: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     torch._check(column in (0, 1), lambda: f"column must be 0 or 1, got {column}")
     m = torch.library.get_ctx().new_dynamic_size()
@@ -94,9 +146,18 @@ def _export_if_fake(
 
 @torch.library.register_fake(_NS + "insert_at")
 def _insert_at_fake(
-    keys: Tensor, table_ids: Tensor, slots: Tensor, table_keys: Tensor, digests: Tensor,
-    scores: Tensor, slot_offsets: Tensor, bucket_caps: Tensor, policies: Tensor, sizes: Tensor,
-    input_scores: Tensor, dry_run: bool,
+    keys: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    sizes: Tensor,
+    input_scores: Tensor,
+    dry_run: bool,
 ) -> Tensor:
     n = _check_keys(keys, table_ids)
     torch._check(slots.shape[0] == n, lambda: "slots and keys differ in length")

@@ -113,8 +113,15 @@ def build_plan() -> BuildPlan:
     for path in sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
-    for part in (torch.__version__, str(torch.version.cuda), arch, sys.version, str(cflags),
-                 str(cuda_cflags), sysconfig.get_config_var("SOABI") or ""):
+    for part in (
+        torch.__version__,
+        str(torch.version.cuda),
+        arch,
+        sys.version,
+        str(cflags),
+        str(cuda_cflags),
+        sysconfig.get_config_var("SOABI") or "",
+    ):
         digest.update(part.encode())
     return BuildPlan(
         sources=sources,

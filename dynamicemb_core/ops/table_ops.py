@@ -7,7 +7,7 @@ slots and scores are int64. Slots are local to their table; -1 means missing / n
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -50,7 +50,7 @@ class TableState(NamedTuple):
     sizes: Tensor
 
 
-def _ops():
+def _ops() -> Any:
     ensure_loaded()
     return torch.ops.dynamicemb
 
@@ -63,14 +63,28 @@ def find(
 
 
 def insert(
-    keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor,
+    keys: Tensor,
+    table_ids: Tensor,
+    state: TableState,
+    score_fns: Tensor,
+    cur_scores: Tensor,
     input_scores: Optional[Tensor] = None,
 ) -> Tensor:
     """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words."""
     s = state
     return _ops().insert.default(
-        keys, table_ids, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
-        s.policies, score_fns, s.sizes, cur_scores, input_scores,
+        keys,
+        table_ids,
+        s.table_keys,
+        s.digests,
+        s.scores,
+        s.slot_offsets,
+        s.bucket_caps,
+        s.policies,
+        score_fns,
+        s.sizes,
+        cur_scores,
+        input_scores,
     )
 
 
@@ -80,13 +94,26 @@ def find_or_insert(
     """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``."""
     s = state
     return _ops().find_or_insert.default(
-        keys, table_ids, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
-        s.policies, score_fns, s.sizes, cur_scores,
+        keys,
+        table_ids,
+        s.table_keys,
+        s.digests,
+        s.scores,
+        s.slot_offsets,
+        s.bucket_caps,
+        s.policies,
+        score_fns,
+        s.sizes,
+        cur_scores,
     )
 
 
 def insert_and_evict(
-    keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor,
+    keys: Tensor,
+    table_ids: Tensor,
+    state: TableState,
+    score_fns: Tensor,
+    cur_scores: Tensor,
     input_scores: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Insert and report evictions.
@@ -97,8 +124,18 @@ def insert_and_evict(
     """
     s = state
     return _ops().insert_and_evict.default(
-        keys, table_ids, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
-        s.policies, score_fns, s.sizes, cur_scores, input_scores,
+        keys,
+        table_ids,
+        s.table_keys,
+        s.digests,
+        s.scores,
+        s.slot_offsets,
+        s.bucket_caps,
+        s.policies,
+        score_fns,
+        s.sizes,
+        cur_scores,
+        input_scores,
     )
 
 
@@ -119,14 +156,28 @@ def export_if(
 
 
 def insert_at(
-    keys: Tensor, table_ids: Tensor, slots: Tensor, state: TableState, input_scores: Tensor,
+    keys: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    state: TableState,
+    input_scores: Tensor,
     dry_run: bool,
 ) -> Tensor:
     """Slot-exact placement (replay). Returns ``placed (n,) bool``; ``dry_run`` writes nothing."""
     s = state
     return _ops().insert_at.default(
-        keys, table_ids, slots, s.table_keys, s.digests, s.scores, s.slot_offsets, s.bucket_caps,
-        s.policies, s.sizes, input_scores, dry_run,
+        keys,
+        table_ids,
+        slots,
+        s.table_keys,
+        s.digests,
+        s.scores,
+        s.slot_offsets,
+        s.bucket_caps,
+        s.policies,
+        s.sizes,
+        input_scores,
+        dry_run,
     )
 
 

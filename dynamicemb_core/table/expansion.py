@@ -10,7 +10,7 @@ never evicts. Other tables' local slots are untouched; only the flat arrays are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List
 
 import torch
 from torch import Tensor
@@ -26,7 +26,11 @@ NO_EVICTION_LOAD_FACTOR = 0.5
 
 
 def needs_growth(
-    size: int, incoming: int, capacity: int, max_capacity: int, max_load_factor: float,
+    size: int,
+    incoming: int,
+    capacity: int,
+    max_capacity: int,
+    max_load_factor: float,
     no_eviction: bool,
 ) -> bool:
     """True when ``incoming`` candidate keys would push the table past its load factor and it may grow.
@@ -79,7 +83,11 @@ class Doubled:
 
 
 def double_table(
-    state: TableState, offsets: List[int], t: int, bucket_cap: int, single_bucket: bool,
+    state: TableState,
+    offsets: List[int],
+    t: int,
+    bucket_cap: int,
+    single_bucket: bool,
     values: Tensor,
 ) -> Doubled:
     """Double table ``t`` (its bucket count, or its one bucket's width) and rehash it.

@@ -13,8 +13,9 @@ from torch import Tensor
 __all__ = ["score_columns_for_user", "score_words_from_user"]
 
 
-def score_columns_for_user(words: Tensor, table_ids: Tensor, reversed_order: Tensor,
-                           num_columns: int) -> Tensor:
+def score_columns_for_user(
+    words: Tensor, table_ids: Tensor, reversed_order: Tensor, num_columns: int
+) -> Tensor:
     """Internal (n, 2) words -> (n, num_columns) user columns.
 
     Args:
@@ -29,8 +30,9 @@ def score_columns_for_user(words: Tensor, table_ids: Tensor, reversed_order: Ten
     return words.flip(1).where(flip, words)[:, :num_columns].contiguous()
 
 
-def score_words_from_user(columns: Tensor, table_ids: Tensor, reversed_order: Tensor,
-                          compound: Tensor) -> Tensor:
+def score_words_from_user(
+    columns: Tensor, table_ids: Tensor, reversed_order: Tensor, compound: Tensor
+) -> Tensor:
     """User (n, 1 or 2) columns -> internal (n, 2) words (the inverse of score_columns_for_user).
 
     Args:
@@ -39,7 +41,9 @@ def score_words_from_user(columns: Tensor, table_ids: Tensor, reversed_order: Te
         compound: (T,) bool, true for two-word tables; other tables' second word is forced to 0.
     """
     if columns.shape[1] == 1:
-        return columns.new_zeros((columns.shape[0], 2)).index_copy_(1, columns.new_zeros(1), columns)
+        return columns.new_zeros((columns.shape[0], 2)).index_copy_(
+            1, columns.new_zeros(1), columns
+        )
     flip = reversed_order[table_ids].unsqueeze(1)
     words = columns.flip(1).where(flip, columns).clone()
     words[:, 1] *= compound[table_ids].to(words.dtype)

@@ -40,8 +40,12 @@ def _source_key(fn: Callable[..., float]) -> Tuple[Any, ...]:
     except (OSError, TypeError):  # defined in a REPL or built dynamically: fall back to identity
         source = f"<id {id(fn)}>"
     code = getattr(fn, "__code__", None)
-    return (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None), source,
-            code.co_consts if code is not None else None)
+    return (
+        getattr(fn, "__module__", None),
+        getattr(fn, "__qualname__", None),
+        source,
+        code.co_consts if code is not None else None,
+    )
 
 
 def compile_score_function(
@@ -84,11 +88,11 @@ def _compile(fn: Callable[..., float], timestamp_first: bool) -> CompiledScoreFu
         signature = types.float64(types.CPointer(types.int64), types.int64)
         if timestamp_first:
 
-            def adapter(words, now):  # internal [count, ts] -> user [ts, count]
+            def adapter(words, now):  # noqa: ANN001, ANN202  (numba: internal [count, ts] -> user [ts, count])
                 return user((words[1], words[0]), now)
         else:
 
-            def adapter(words, now):  # internal order is already the user's [count, ts]
+            def adapter(words, now):  # noqa: ANN001, ANN202  (internal order is the user's [count, ts])
                 return user((words[0], words[1]), now)
 
         compiled = numba.cfunc(signature, nopython=True)(adapter)

@@ -51,10 +51,14 @@ class ScoredHashTable:
         device: where the state and value rows live.
     """
 
-    def __init__(self, specs: Sequence[TableSpec], device: Union[torch.device, str] = "cpu") -> None:
+    def __init__(
+        self, specs: Sequence[TableSpec], device: Union[torch.device, str] = "cpu"
+    ) -> None:
         specs = list(specs)
         if not specs or not all(isinstance(s, TableSpec) for s in specs):
-            raise TypeError(f"ScoredHashTable: specs must be a non-empty sequence of TableSpec, got {specs!r}")
+            raise TypeError(
+                f"ScoredHashTable: specs must be a non-empty sequence of TableSpec, got {specs!r}"
+            )
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"ScoredHashTable: table names must be unique, got {names}")
@@ -84,7 +88,9 @@ class ScoredHashTable:
         self._reversed = torch.tensor([s.timestamp_first for s in specs], device=dev)
         self._compound = torch.tensor([s.policy == COMPOUND_POLICY for s in specs], device=dev)
         self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
-        self._score_fns = torch.tensor([self._score_fn_address(s) for s in specs], dtype=i64, device=dev)
+        self._score_fns = torch.tensor(
+            [self._score_fn_address(s) for s in specs], dtype=i64, device=dev
+        )
         self._steps = [0] * len(specs)
         self._custom_scores = [0] * len(specs)
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
@@ -144,7 +150,9 @@ class ScoredHashTable:
     def _shared(self, where: str, involved: List[int], attr: str) -> object:
         values = {getattr(self.specs[t], attr) for t in involved}
         if len(values) > 1:
-            raise ValueError(f"{where}: rows/scores need tables with one {attr}, got {sorted(map(str, values))}")
+            raise ValueError(
+                f"{where}: rows/scores need tables with one {attr}, got {sorted(map(str, values))}"
+            )
         return values.pop() if values else getattr(self.specs[0], attr)
 
     def _region(self, t: int) -> TableState:
@@ -154,8 +162,14 @@ class ScoredHashTable:
         """``cur_scores`` (T,): the call's score, or each table's default (-1 = read the clock)."""
         if score is not None:
             return torch.full((self.num_tables,), int(score), dtype=torch.int64, device=self.device)
-        return torch.tensor([self.get_score(t) if s.policy in (_STEP, _CUSTOMIZED) else -1
-                             for t, s in enumerate(self.specs)], dtype=torch.int64, device=self.device)
+        return torch.tensor(
+            [
+                self.get_score(t) if s.policy in (_STEP, _CUSTOMIZED) else -1
+                for t, s in enumerate(self.specs)
+            ],
+            dtype=torch.int64,
+            device=self.device,
+        )
 
     # -- growth ------------------------------------------------------------------------------------
     def _double(self, t: int) -> Tuple[Tensor, Tensor]:
@@ -164,13 +178,19 @@ class ScoredHashTable:
             self._state, self._offsets, t, self._caps[t], spec.single_bucket, self._values[t]
         )
         self._state, self._offsets, self._caps[t], self._values[t] = (
-            done.state, done.offsets, done.bucket_cap, done.values)
+            done.state,
+            done.offsets,
+            done.bucket_cap,
+            done.values,
+        )
         return done.old_slots, done.new_slots
 
     def _grow_for(self, keys: Tensor, tids: Tensor, involved: List[int]) -> None:
         """Double each table this call's distinct keys would push past its load factor."""
         sizes = self._state.sizes.tolist()
-        counts = torch.bincount(tids, minlength=self.num_tables).tolist() if len(involved) > 1 else None
+        counts = (
+            torch.bincount(tids, minlength=self.num_tables).tolist() if len(involved) > 1 else None
+        )
         for t in involved:
             spec = self.specs[t]
             args = (self.capacity(t), spec.max_capacity, spec.max_load_factor, spec.no_eviction)
@@ -182,38 +202,68 @@ class ScoredHashTable:
                 self._double(t)
 
     # -- lookups -----------------------------------------------------------------------------------
-    def find(self, keys: Tensor, table_ids: TableIds = None, *, update_score: bool = False,
-             score: Optional[int] = None) -> FindResult:
+    def find(
+        self,
+        keys: Tensor,
+        table_ids: TableIds = None,
+        *,
+        update_score: bool = False,
+        score: Optional[int] = None,
+    ) -> FindResult:
         """Look keys up; with ``update_score`` touch the found ones (score: this call's score)."""
         _, keys, tids = self._keys_and_ids(keys, table_ids)
-        slots, found, words = table_ops.find(keys, tids, self._state, self._cur_scores(score), update_score)
+        slots, found, words = table_ops.find(
+            keys, tids, self._state, self._cur_scores(score), update_score
+        )
         scores = score_columns_for_user(words, tids, self._reversed, self._num_columns(table_ids))
         return FindResult(slots, found, scores)
 
-    def insert(self, keys: Tensor, table_ids: TableIds = None, *, rows: Optional[Tensor] = None,
-               scores: Optional[Tensor] = None) -> Tensor:
+    def insert(
+        self,
+        keys: Tensor,
+        table_ids: TableIds = None,
+        *,
+        rows: Optional[Tensor] = None,
+        scores: Optional[Tensor] = None,
+    ) -> Tensor:
         """Insert-or-assign keys (touches use the policy default score); write ``rows``. -> slots (n,)"""
         return self._insert(keys, table_ids, rows, scores, None, want_evicted=False).slots
 
-    def find_or_insert(self, keys: Tensor, table_ids: TableIds = None, *,
-                       score: Optional[int] = None) -> InsertResult:
+    def find_or_insert(
+        self, keys: Tensor, table_ids: TableIds = None, *, score: Optional[int] = None
+    ) -> InsertResult:
         """Find keys, inserting absent ones (their rows are left as they are)."""
         return self._insert(keys, table_ids, None, None, score, want_evicted=True)
 
-    def insert_and_evict(self, keys: Tensor, table_ids: TableIds = None, *,
-                         rows: Optional[Tensor] = None, scores: Optional[Tensor] = None,
-                         score: Optional[int] = None) -> InsertResult:
+    def insert_and_evict(
+        self,
+        keys: Tensor,
+        table_ids: TableIds = None,
+        *,
+        rows: Optional[Tensor] = None,
+        scores: Optional[Tensor] = None,
+        score: Optional[int] = None,
+    ) -> InsertResult:
         """Insert keys and return what they evicted, with the evicted rows read before writing."""
         return self._insert(keys, table_ids, rows, scores, score, want_evicted=True)
 
-    def _insert(self, keys: Tensor, table_ids: TableIds, rows: Optional[Tensor],
-                scores: Optional[Tensor], score: Optional[int], want_evicted: bool) -> InsertResult:
+    def _insert(
+        self,
+        keys: Tensor,
+        table_ids: TableIds,
+        rows: Optional[Tensor],
+        scores: Optional[Tensor],
+        score: Optional[int],
+        want_evicted: bool,
+    ) -> InsertResult:
         where, keys, tids = self._keys_and_ids(keys, table_ids)
         n = keys.numel()
         involved = self._involved(table_ids, tids)
         if rows is not None:
             width = self._shared(where, involved, "row_width")
-            rows = check_rows(rows, where, n, width, self._shared(where, involved, "dtype"), self.device)
+            rows = check_rows(
+                rows, where, n, width, self._shared(where, involved, "dtype"), self.device
+            )
         words = None
         if scores is not None:
             k = self._shared(where, involved, "num_scores")
@@ -222,7 +272,9 @@ class ScoredHashTable:
         # Everything is validated: from here on the table changes.
         self._grow_for(keys, tids, involved)
         cur = self._cur_scores(score)
-        retain = any(self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved)
+        retain = any(
+            self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
+        )
         evicting = want_evicted or retain
         slots, is_new, evicted = self._run_insert(keys, tids, cur, words, evicting, table_ids)
         slots, is_new = self._retry_no_eviction(keys, tids, cur, words, evicting, slots, is_new)
@@ -234,14 +286,21 @@ class ScoredHashTable:
             is_new = torch.zeros(n, dtype=torch.bool, device=self.device)
         return InsertResult(slots, is_new, evicted)
 
-    def _run_insert(self, keys: Tensor, tids: Tensor, cur: Tensor, words: Optional[Tensor],
-                    evicting: bool, table_ids: TableIds = None
-                    ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
+    def _run_insert(
+        self,
+        keys: Tensor,
+        tids: Tensor,
+        cur: Tensor,
+        words: Optional[Tensor],
+        evicting: bool,
+        table_ids: TableIds = None,
+    ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
         if not evicting:
             slots = table_ops.insert(keys, tids, self._state, self._score_fns, cur, words)
             return slots, None, self._no_evictions(self._num_columns(table_ids))
         slots, is_new, ek, es, ew, et = table_ops.insert_and_evict(
-            keys, tids, self._state, self._score_fns, cur, words)
+            keys, tids, self._state, self._score_fns, cur, words
+        )
         scores = score_columns_for_user(ew, et, self._reversed, self._num_columns(table_ids))
         return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))
 
@@ -249,7 +308,9 @@ class ScoredHashTable:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         return EvictedItems(empty, empty, empty.reshape(0, columns), empty, None)
 
-    def _read_evicted_rows(self, slots: Tensor, tids: Tensor) -> Optional[Union[Tensor, List[Tensor]]]:
+    def _read_evicted_rows(
+        self, slots: Tensor, tids: Tensor
+    ) -> Optional[Union[Tensor, List[Tensor]]]:
         if slots.numel() == 0:
             return None
         tables = [int(t) for t in torch.unique(tids).tolist()]
@@ -264,12 +325,21 @@ class ScoredHashTable:
                 mask = tids == t
                 out[mask] = table_ops.gather_rows(self._values[t], slots[mask])
             return out
-        return [table_ops.gather_rows(self._values[t], s.reshape(1))[0]
-                for s, t in zip(slots, tids.tolist())]
+        return [
+            table_ops.gather_rows(self._values[t], s.reshape(1))[0]
+            for s, t in zip(slots, tids.tolist())
+        ]
 
-    def _retry_no_eviction(self, keys: Tensor, tids: Tensor, cur: Tensor, words: Optional[Tensor],
-                           evicting: bool, slots: Tensor, is_new: Optional[Tensor]
-                           ) -> Tuple[Tensor, Optional[Tensor]]:
+    def _retry_no_eviction(
+        self,
+        keys: Tensor,
+        tids: Tensor,
+        cur: Tensor,
+        words: Optional[Tensor],
+        evicting: bool,
+        slots: Tensor,
+        is_new: Optional[Tensor],
+    ) -> Tuple[Tensor, Optional[Tensor]]:
         """NO_EVICTION keys that found their bucket full: double the table, remap, retry them."""
         for _ in range(_MAX_RETRIES):
             failed = (slots < 0) & self._no_eviction[tids]
@@ -288,7 +358,9 @@ class ScoredHashTable:
             slots[idx] = sub_slots
             if is_new is not None:
                 is_new[idx] = sub_new
-        raise DynamicEmbError("NO_EVICTION insert did not converge after 64 doublings; this is a bug")
+        raise DynamicEmbError(
+            "NO_EVICTION insert did not converge after 64 doublings; this is a bug"
+        )
 
     def _collect_evicted(self, evicted: EvictedItems) -> None:
         if evicted.keys.numel() == 0:
@@ -299,8 +371,9 @@ class ScoredHashTable:
                 if mine.numel():
                     self._evicted_keys[t].append(mine.clone())
 
-    def _write_rows_by_table(self, involved: List[int], tids: Tensor, slots: Tensor, rows: Tensor,
-                             table_ids: TableIds) -> None:
+    def _write_rows_by_table(
+        self, involved: List[int], tids: Tensor, slots: Tensor, rows: Tensor, table_ids: TableIds
+    ) -> None:
         if self.specs[involved[0]].row_width == 0:
             return
         if table_ids is None or isinstance(table_ids, int):
@@ -347,10 +420,19 @@ class ScoredHashTable:
         column = 1 if spec.policy == COMPOUND_POLICY else 0
         keys, slots, words, _ = table_ops.export_if(self._region(t), thresholds, column)
         tids = torch.full_like(keys, t)
-        return ExportResult(keys, slots, score_columns_for_user(words, tids, self._reversed, spec.num_scores))
+        return ExportResult(
+            keys, slots, score_columns_for_user(words, tids, self._reversed, spec.num_scores)
+        )
 
-    def insert_at(self, table_id: int, keys: Tensor, slots: Tensor, *, rows: Optional[Tensor] = None,
-                  scores: Optional[Tensor] = None) -> None:
+    def insert_at(
+        self,
+        table_id: int,
+        keys: Tensor,
+        slots: Tensor,
+        *,
+        rows: Optional[Tensor] = None,
+        scores: Optional[Tensor] = None,
+    ) -> None:
         """Put each key at exactly its given local slot (replay), or raise before writing anything.
 
         Raises:
@@ -376,8 +458,11 @@ class ScoredHashTable:
         placed = table_ops.insert_at(keys, tids, slots, self._state, words, True)
         bad = failing_index(placed, keys, slots)
         if bad is not None:
-            raise DynamicEmbError(check_insert_at(where, int(keys[bad]), int(slots[bad]),
-                                                  self.capacity(t), self._caps[t]))
+            raise DynamicEmbError(
+                check_insert_at(
+                    where, int(keys[bad]), int(slots[bad]), self.capacity(t), self._caps[t]
+                )
+            )
         table_ops.insert_at(keys, tids, slots, self._state, words, False)
         if rows is not None and spec.row_width:
             table_ops.scatter_rows(self._values[t], slots, rows)

@@ -92,7 +92,9 @@ class TableSpec:
                 f"({BUCKET_ALIGNMENT}) or MAX_BUCKET_CAPACITY, got {cap}"
             )
         if not 0.0 < self.max_load_factor <= 1.0:
-            raise ValueError(f"{where}: max_load_factor must be in (0, 1], got {self.max_load_factor}")
+            raise ValueError(
+                f"{where}: max_load_factor must be in (0, 1], got {self.max_load_factor}"
+            )
         try:
             strategies = normalize_score_strategy(self.score_strategy)
         except ValueError as err:
@@ -105,7 +107,9 @@ class TableSpec:
                     f"{tuple(s.name for s in strategies)}"
                 )
             if not callable(self.score_function):
-                raise TypeError(f"{where}: score_function must be callable, got {self.score_function!r}")
+                raise TypeError(
+                    f"{where}: score_function must be callable, got {self.score_function!r}"
+                )
         self.safe_check_mode = DynamicEmbCheckMode(self.safe_check_mode)
         self.evicted_item_mode = EvictedItemMode(self.evicted_item_mode)
 

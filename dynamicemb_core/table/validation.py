@@ -14,11 +14,14 @@ from torch import Tensor
 __all__ = ["check_int64_vector", "check_rows", "check_user_scores", "table_ids_tensor"]
 
 
-def check_int64_vector(value: object, where: str, arg: str, device: torch.device,
-                       length: Optional[int] = None) -> Tensor:
+def check_int64_vector(
+    value: object, where: str, arg: str, device: torch.device, length: Optional[int] = None
+) -> Tensor:
     """``value`` must be a 1-D int64 tensor on ``device`` (of ``length`` entries when given)."""
     if not isinstance(value, Tensor):
-        raise TypeError(f"{where}: {arg} must be a torch.Tensor of int64, got {type(value).__name__}")
+        raise TypeError(
+            f"{where}: {arg} must be a torch.Tensor of int64, got {type(value).__name__}"
+        )
     if value.dtype != torch.int64 or value.device != device:
         raise (TypeError if value.dtype != torch.int64 else ValueError)(
             f"{where}: {arg} must be int64 on {device}, got {value.dtype} on {value.device}"
@@ -26,12 +29,20 @@ def check_int64_vector(value: object, where: str, arg: str, device: torch.device
     if value.dim() != 1:
         raise ValueError(f"{where}: {arg} must be 1-D, got shape {tuple(value.shape)}")
     if length is not None and value.numel() != length:
-        raise ValueError(f"{where}: {arg} must have {length} entries like keys, got {value.numel()}")
+        raise ValueError(
+            f"{where}: {arg} must have {length} entries like keys, got {value.numel()}"
+        )
     return value
 
 
-def table_ids_tensor(table_ids: Union[None, int, Tensor], n: int, num_tables: int,
-                     names: Sequence[str], device: torch.device, where: str) -> Tensor:
+def table_ids_tensor(
+    table_ids: Union[None, int, Tensor],
+    n: int,
+    num_tables: int,
+    names: Sequence[str],
+    device: torch.device,
+    where: str,
+) -> Tensor:
     """The (n,) int64 table id of each key from None (table 0), an int, or a tensor; range-checked."""
     if table_ids is None or isinstance(table_ids, int):
         t = 0 if table_ids is None else int(table_ids)
@@ -52,8 +63,9 @@ def table_ids_tensor(table_ids: Union[None, int, Tensor], n: int, num_tables: in
     return tids
 
 
-def check_rows(rows: object, where: str, n: int, width: int, dtype: torch.dtype,
-               device: torch.device) -> Tensor:
+def check_rows(
+    rows: object, where: str, n: int, width: int, dtype: torch.dtype, device: torch.device
+) -> Tensor:
     """``rows`` must be (n, width) of the table's dtype on ``device``."""
     if not isinstance(rows, Tensor):
         raise TypeError(f"{where}: rows must be a torch.Tensor, got {type(rows).__name__}")
@@ -68,11 +80,14 @@ def check_rows(rows: object, where: str, n: int, width: int, dtype: torch.dtype,
     return rows
 
 
-def check_user_scores(scores: object, where: str, n: int, num_scores: int,
-                      device: torch.device) -> Tensor:
+def check_user_scores(
+    scores: object, where: str, n: int, num_scores: int, device: torch.device
+) -> Tensor:
     """``scores`` must be (n, num_scores) int64 on ``device`` (a 1-D (n,) is taken as one column)."""
     if not isinstance(scores, Tensor):
-        raise TypeError(f"{where}: scores must be a torch.Tensor of int64, got {type(scores).__name__}")
+        raise TypeError(
+            f"{where}: scores must be a torch.Tensor of int64, got {type(scores).__name__}"
+        )
     if scores.dtype != torch.int64:
         raise TypeError(f"{where}: scores must be int64, got {scores.dtype}")
     if scores.dim() == 1 and (num_scores == 1 or n == 0):

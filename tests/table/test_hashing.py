@@ -40,7 +40,9 @@ def test_tensor_mirror_matches_scalar_mirror() -> None:
     keys = _keys()
     t = torch.tensor(keys, dtype=torch.int64)
     for num_buckets in (1, 3, 16, 1000, 2**40 + 1):
-        assert buckets_of_tensor(t, num_buckets).tolist() == [bucket_of(k, num_buckets) for k in keys]
+        assert buckets_of_tensor(t, num_buckets).tolist() == [
+            bucket_of(k, num_buckets) for k in keys
+        ]
     assert digests_of_tensor(t).tolist() == [digest_of(k) for k in keys]
     assert all(1 <= digest_of(k) <= 255 for k in keys)
 
@@ -49,8 +51,16 @@ def test_kernel_places_keys_in_the_mirrors_bucket_with_its_digest(device: torch.
     """The C++ rule (hashing.h) and the Python mirror pick the same bucket and digest."""
     num_buckets, cap = 64, 16
     table = ScoredHashTable(
-        [TableSpec("h", init_capacity=num_buckets * cap, max_capacity=num_buckets * cap,
-                   bucket_capacity=cap, max_load_factor=1.0)], device
+        [
+            TableSpec(
+                "h",
+                init_capacity=num_buckets * cap,
+                max_capacity=num_buckets * cap,
+                bucket_capacity=cap,
+                max_load_factor=1.0,
+            )
+        ],
+        device,
     )
     keys = _keys()
     slots = table.insert(torch.tensor(keys, dtype=torch.int64, device=device)).tolist()

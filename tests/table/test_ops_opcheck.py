@@ -13,8 +13,15 @@ from dynamicemb_core.ops import ensure_loaded
 from dynamicemb_core.ops.table_ops import TableState
 
 TABLE_OPS = [
-    "find", "insert", "find_or_insert", "insert_and_evict", "erase", "export_if", "insert_at",
-    "gather_rows", "scatter_rows",
+    "find",
+    "insert",
+    "find_or_insert",
+    "insert_and_evict",
+    "erase",
+    "export_if",
+    "insert_at",
+    "gather_rows",
+    "scatter_rows",
 ]
 INT64_MIN = -(2**63)
 
@@ -23,16 +30,29 @@ def _state(device: torch.device) -> TableState:
     """Two tables: TIMESTAMP with 2 buckets of 16, COMPOUND with 1 bucket of 16; a few keys in."""
     i64 = {"dtype": torch.int64, "device": device}
     state = TableState(
-        torch.zeros(48, **i64), torch.zeros(48, dtype=torch.uint8, device=device),
-        torch.zeros(48, 2, **i64), torch.tensor([0, 32, 48], **i64), torch.tensor([16, 16], **i64),
-        torch.tensor([0, 5], **i64), torch.zeros(2, **i64),
+        torch.zeros(48, **i64),
+        torch.zeros(48, dtype=torch.uint8, device=device),
+        torch.zeros(48, 2, **i64),
+        torch.tensor([0, 32, 48], **i64),
+        torch.tensor([16, 16], **i64),
+        torch.tensor([0, 5], **i64),
+        torch.zeros(2, **i64),
     )
     keys = torch.arange(0, 40, **i64)
     tids = (keys % 2).contiguous()
     torch.ops.dynamicemb.insert.default(
-        keys, tids, state.table_keys, state.digests, state.scores, state.slot_offsets,
-        state.bucket_caps, state.policies, torch.zeros(2, **i64), state.sizes,
-        torch.tensor([7, 7], **i64), None,
+        keys,
+        tids,
+        state.table_keys,
+        state.digests,
+        state.scores,
+        state.slot_offsets,
+        state.bucket_caps,
+        state.policies,
+        torch.zeros(2, **i64),
+        state.sizes,
+        torch.tensor([7, 7], **i64),
+        None,
     )
     return state
 
@@ -54,10 +74,14 @@ def _samples(device: torch.device) -> Dict[str, List[Tuple[Any, ...]]]:
         "find_or_insert": [evict],
         "insert_and_evict": [(*evict, None), (*evict, words)],
         "erase": [(keys, tids, *s)],
-        "export_if": [(*s, torch.tensor([INT64_MIN, INT64_MIN], **i64), 0),
-                      (*s, torch.tensor([8, 0], **i64), 1)],
-        "insert_at": [(keys[:2], tids[:2], torch.tensor([0, 3], **i64), *s, words[:2], True),
-                      (keys[:2], tids[:2], torch.tensor([0, 3], **i64), *s, words[:2], False)],
+        "export_if": [
+            (*s, torch.tensor([INT64_MIN, INT64_MIN], **i64), 0),
+            (*s, torch.tensor([8, 0], **i64), 1),
+        ],
+        "insert_at": [
+            (keys[:2], tids[:2], torch.tensor([0, 3], **i64), *s, words[:2], True),
+            (keys[:2], tids[:2], torch.tensor([0, 3], **i64), *s, words[:2], False),
+        ],
         "gather_rows": [(values, slots)],
         "scatter_rows": [(values, slots, torch.randn(4, 3, device=device))],
     }

@@ -18,8 +18,10 @@ import torch
 from dynamicemb_core.config import (
     MAX_BUCKET_CAPACITY,
     DynamicEmbCheckMode,
-    DynamicEmbScoreStrategy as S,
     EvictedItemMode,
+)
+from dynamicemb_core.config import (
+    DynamicEmbScoreStrategy as S,
 )
 from dynamicemb_core.table import ScoredHashTable, TableSpec
 from dynamicemb_core.table.hashing import bucket_of
@@ -64,7 +66,9 @@ def test_find_returns_inserted_slots_and_rows_and_misses(device: torch.device) -
     found = table.find(tensor([20, 99, 10], device))
     assert found.found.tolist() == [True, False, True]
     assert found.slots.tolist() == [slots[1].item(), -1, slots[0].item()]
-    torch.testing.assert_close(table.read_rows(0, found.slots), torch.stack([rows[1], rows[1] * 0, rows[0]]))
+    torch.testing.assert_close(
+        table.read_rows(0, found.slots), torch.stack([rows[1], rows[1] * 0, rows[0]])
+    )
     assert table.size(0) == 3
 
 
@@ -94,8 +98,10 @@ def test_duplicates_in_one_call_share_a_slot_and_are_all_new(device: torch.devic
 
 
 def test_tables_keep_separate_keys_and_local_slots(device: torch.device) -> None:
-    specs = [TableSpec("a", init_capacity=32, max_capacity=32, bucket_capacity=16),
-             TableSpec("b", init_capacity=16, max_capacity=16, bucket_capacity=16)]
+    specs = [
+        TableSpec("a", init_capacity=32, max_capacity=32, bucket_capacity=16),
+        TableSpec("b", init_capacity=16, max_capacity=16, bucket_capacity=16),
+    ]
     table = ScoredHashTable(specs, device)
     res = table.find_or_insert(tensor([1, 1, 2], device), tensor([0, 1, 1], device), score=3)
     assert res.is_new.all()
@@ -124,7 +130,10 @@ def test_step_scores_follow_advance_step(device: torch.device) -> None:
     table.advance_step(0)
     table.find_or_insert(tensor([2], device))
     assert table.get_score(0) == 2
-    assert dict(zip(table.export(0).keys.tolist(), table.export(0).scores.flatten().tolist())) == {1: 0, 2: 2}
+    assert dict(zip(table.export(0).keys.tolist(), table.export(0).scores.flatten().tolist())) == {
+        1: 0,
+        2: 2,
+    }
 
 
 def test_customized_score_is_written_and_warns_when_it_goes_down(
@@ -143,7 +152,9 @@ def test_customized_score_is_written_and_warns_when_it_goes_down(
     assert table.get_score(0) == 10
 
 
-@pytest.mark.parametrize("order", [(S.TIMESTAMP, S.LFU), (S.LFU, S.TIMESTAMP)], ids=["ts_lfu", "lfu_ts"])
+@pytest.mark.parametrize(
+    "order", [(S.TIMESTAMP, S.LFU), (S.LFU, S.TIMESTAMP)], ids=["ts_lfu", "lfu_ts"]
+)
 def test_compound_columns_follow_the_strategy_tuple(device: torch.device, order) -> None:
     table = one_bucket(device, order)
     table.find_or_insert(tensor([7, 7, 7], device), score=100)
@@ -187,8 +198,18 @@ def test_full_bucket_evicts_lowest_score_then_lowest_slot(device: torch.device) 
 
 def test_eviction_happens_only_in_a_full_bucket(device: torch.device) -> None:
     table = ScoredHashTable(
-        [TableSpec("t", init_capacity=32, max_capacity=32, bucket_capacity=16, max_load_factor=1.0,
-                   score_strategy=S.LFU)], device)
+        [
+            TableSpec(
+                "t",
+                init_capacity=32,
+                max_capacity=32,
+                bucket_capacity=16,
+                max_load_factor=1.0,
+                score_strategy=S.LFU,
+            )
+        ],
+        device,
+    )
     full = keys_in_bucket(0, 2, 16)
     table.insert(tensor(full, device))
     other = keys_in_bucket(1, 2, 1)
@@ -224,7 +245,9 @@ def test_evicted_rows_are_read_before_new_rows_are_written(device: torch.device)
     table = one_bucket(device, S.CUSTOMIZED, row_width=2)
     old = list(range(100, 116))
     rows = torch.arange(32, dtype=torch.float32, device=device).reshape(16, 2)
-    table.insert(tensor(old, device), rows=rows, scores=tensor([[10 + s] for s in range(16)], device))
+    table.insert(
+        tensor(old, device), rows=rows, scores=tensor([[10 + s] for s in range(16)], device)
+    )
     new_rows = torch.full((1, 2), -1.0, device=device)
     res = table.insert_and_evict(tensor([1], device), rows=new_rows, score=99)
     torch.testing.assert_close(res.evicted.rows, rows[:1])
@@ -233,8 +256,18 @@ def test_evicted_rows_are_read_before_new_rows_are_written(device: torch.device)
 
 def test_no_eviction_grows_past_max_capacity_instead_of_evicting(device: torch.device) -> None:
     table = ScoredHashTable(
-        [TableSpec("t", init_capacity=16, max_capacity=16, bucket_capacity=16, row_width=1,
-                   score_strategy=S.NO_EVICTION)], device)
+        [
+            TableSpec(
+                "t",
+                init_capacity=16,
+                max_capacity=16,
+                bucket_capacity=16,
+                row_width=1,
+                score_strategy=S.NO_EVICTION,
+            )
+        ],
+        device,
+    )
     keys = tensor(list(range(40)), device)
     res = table.insert_and_evict(keys, rows=keys.to(torch.float32).unsqueeze(1), score=1)
     assert (res.slots >= 0).all() and res.evicted.keys.numel() == 0
@@ -244,16 +277,30 @@ def test_no_eviction_grows_past_max_capacity_instead_of_evicting(device: torch.d
 
 
 def test_retain_key_collects_evicted_keys_once(device: torch.device) -> None:
-    specs = [TableSpec("keep", init_capacity=16, max_capacity=16, bucket_capacity=16,
-                       score_strategy=S.LFU, evicted_item_mode=EvictedItemMode.RETAIN_KEY),
-             TableSpec("drop", init_capacity=16, max_capacity=16, bucket_capacity=16, score_strategy=S.LFU)]
+    specs = [
+        TableSpec(
+            "keep",
+            init_capacity=16,
+            max_capacity=16,
+            bucket_capacity=16,
+            score_strategy=S.LFU,
+            evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+        ),
+        TableSpec(
+            "drop", init_capacity=16, max_capacity=16, bucket_capacity=16, score_strategy=S.LFU
+        ),
+    ]
     table = ScoredHashTable(specs, device)
     for t in (0, 1):
         table.insert(tensor(list(range(16)), device), t)
         table.insert(tensor(list(range(100, 104)), device), t)  # plain insert also reports
     table.insert(tensor(list(range(200, 202)), device), 0)
     popped = table.pop_evicted_keys(0).tolist()
-    assert len(popped) == 6 and popped == sorted(set(popped)) and set(popped) <= set(range(16)) | set(range(100, 104))
+    assert (
+        len(popped) == 6
+        and popped == sorted(set(popped))
+        and set(popped) <= set(range(16)) | set(range(100, 104))
+    )
     assert table.pop_evicted_keys(0).numel() == 0
     assert table.pop_evicted_keys(1).numel() == 0
 
@@ -273,7 +320,9 @@ def nan_for_count_two(scores, cur_timestamp):
 
 
 def test_score_function_picks_the_victim() -> None:
-    table = one_bucket(torch.device("cpu"), (S.TIMESTAMP, S.LFU), score_function=keep_old_evict_frequent)
+    table = one_bucket(
+        torch.device("cpu"), (S.TIMESTAMP, S.LFU), score_function=keep_old_evict_frequent
+    )
     old = list(range(100, 116))
     table.insert(tensor(old, "cpu"), scores=tensor([[1, 1 + (k == 105) * 50] for k in old], "cpu"))
     res = table.insert_and_evict(tensor([1], "cpu"), score=10)
@@ -304,8 +353,18 @@ def test_score_function_needs_the_compound_strategy() -> None:
 # ------------------------------------------------------------------------------------------------
 def test_expansion_doubles_up_to_max_and_keeps_rows(device: torch.device) -> None:
     table = ScoredHashTable(
-        [TableSpec("t", row_width=1, init_capacity=16, max_capacity=64, bucket_capacity=16,
-                   score_strategy=S.LFU)], device)
+        [
+            TableSpec(
+                "t",
+                row_width=1,
+                init_capacity=16,
+                max_capacity=64,
+                bucket_capacity=16,
+                score_strategy=S.LFU,
+            )
+        ],
+        device,
+    )
     keys = tensor(list(range(8)), device)
     table.insert(keys, rows=keys.to(torch.float32).unsqueeze(1))
     assert table.capacity(0) == 16  # 8 <= 0.5 * 16
@@ -320,12 +379,16 @@ def test_expansion_doubles_up_to_max_and_keeps_rows(device: torch.device) -> Non
     found = table.find(tensor(list(range(12)), device))
     rows = table.read_rows(0, found.slots).squeeze(1)
     kept = found.found
-    torch.testing.assert_close(rows[kept], torch.arange(12, dtype=torch.float32, device=device)[kept])
+    torch.testing.assert_close(
+        rows[kept], torch.arange(12, dtype=torch.float32, device=device)[kept]
+    )
 
 
 def test_single_bucket_table_doubles_its_bucket(device: torch.device) -> None:
     table = ScoredHashTable(
-        [TableSpec("t", init_capacity=40, max_capacity=160, bucket_capacity=MAX_BUCKET_CAPACITY)], device)
+        [TableSpec("t", init_capacity=40, max_capacity=160, bucket_capacity=MAX_BUCKET_CAPACITY)],
+        device,
+    )
     assert (table.capacity(0), table.bucket_capacity(0)) == (40, 40)
     table.insert_and_evict(tensor(list(range(30)), device), score=1)
     assert (table.capacity(0), table.bucket_capacity(0)) == (80, 80)
@@ -348,11 +411,27 @@ def test_safe_check_mode_reports_unplaced_keys(device: torch.device, mode) -> No
 
 
 def test_insert_at_places_exactly_and_rejects_before_writing(device: torch.device) -> None:
-    table = ScoredHashTable([TableSpec("t", row_width=1, init_capacity=32, max_capacity=32,
-                                       bucket_capacity=16, score_strategy=S.STEP)], device)
+    table = ScoredHashTable(
+        [
+            TableSpec(
+                "t",
+                row_width=1,
+                init_capacity=32,
+                max_capacity=32,
+                bucket_capacity=16,
+                score_strategy=S.STEP,
+            )
+        ],
+        device,
+    )
     k0, k1 = keys_in_bucket(0, 2, 1)[0], keys_in_bucket(1, 2, 1)[0]
-    table.insert_at(0, tensor([k0, k1], device), tensor([5, 20], device),
-                    rows=torch.tensor([[1.0], [2.0]], device=device), scores=tensor([[3], [4]], device))
+    table.insert_at(
+        0,
+        tensor([k0, k1], device),
+        tensor([5, 20], device),
+        rows=torch.tensor([[1.0], [2.0]], device=device),
+        scores=tensor([[3], [4]], device),
+    )
     found = table.find(tensor([k0, k1], device))
     assert found.slots.tolist() == [5, 20] and found.scores.flatten().tolist() == [3, 4]
     assert table.size(0) == 2
@@ -362,7 +441,10 @@ def test_insert_at_places_exactly_and_rejects_before_writing(device: torch.devic
         with pytest.raises(DynamicEmbError, match=f"key {bad[1]} at slot {slots[1]}"):
             table.insert_at(0, tensor(bad, device), tensor(slots, device))
         after = table.export(0)
-        assert after.keys.tolist() == before.keys.tolist() and after.slots.tolist() == before.slots.tolist()
+        assert (
+            after.keys.tolist() == before.keys.tolist()
+            and after.slots.tolist() == before.slots.tolist()
+        )
 
 
 def test_insert_result_does_not_depend_on_thread_count() -> None:
@@ -374,8 +456,17 @@ def test_insert_result_does_not_depend_on_thread_count() -> None:
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            table = ScoredHashTable([TableSpec("t", init_capacity=4096, max_capacity=4096,
-                                               bucket_capacity=16, score_strategy=S.LFU)])
+            table = ScoredHashTable(
+                [
+                    TableSpec(
+                        "t",
+                        init_capacity=4096,
+                        max_capacity=4096,
+                        bucket_capacity=16,
+                        score_strategy=S.LFU,
+                    )
+                ]
+            )
             res = table.insert_and_evict(keys)
             results.append((res.slots, res.evicted.keys, table.export(0).keys))
     finally:
@@ -386,6 +477,8 @@ def test_insert_result_does_not_depend_on_thread_count() -> None:
 
 def test_init_capacity_is_rounded_up_to_whole_buckets_with_a_warning() -> None:
     with pytest.warns(DynamicEmbWarning, match="init_capacity 40 rounded up to 48") as caught:
-        table = ScoredHashTable([TableSpec("t", init_capacity=40, max_capacity=64, bucket_capacity=16)])
+        table = ScoredHashTable(
+            [TableSpec("t", init_capacity=40, max_capacity=64, bucket_capacity=16)]
+        )
     assert caught[0].filename == __file__  # points at the caller
     assert table.capacity(0) == 48
