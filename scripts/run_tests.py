@@ -12,6 +12,7 @@ ran a single test. The last line sums the runs in the plain `N passed, N failed`
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -90,7 +91,7 @@ def run_suite(target: SuiteTarget, extra: List[str], workdir: Path) -> SuiteResu
         *_timeout_args(),
         *extra,
     ]
-    print(f"\n=== {target.name}: {' '.join(command[1:])}", flush=True)
+    print(f"\n=== {target.name}: python {shlex.join(command[1:])}", flush=True)
     start = time.monotonic()
     exit_code = subprocess.call(command, cwd=REPO)
     result = SuiteResult(target.name, exit_code, seconds=time.monotonic() - start)
