@@ -3,9 +3,9 @@
 // semantics and, for every op, the same results as csrc/cpu/table.cpp.
 //
 // Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
-//   table_find.cuh    find: a tile of 8 threads per key, 16-byte digest loads, no locks
+//   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
 //   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: keys sorted
-//                     by home bucket, one warp per bucket, input order kept (deterministic)
+//                     by home bucket, one 4-thread tile per bucket, input order kept (deterministic)
 //   table_export.cuh  export_if: two-pass stream compaction in slot order
 //   table_rows.cuh    gather_rows / scatter_rows: dtype-free vector copies
 //   score_fn_launch.cuh  the compound score_function, compiled by numba-cuda, run before eviction

@@ -24,9 +24,7 @@
 namespace dynamicemb {
 namespace cuda_table {
 
-constexpr int kWarp = 32;
 constexpr int kBlockThreads = 256;  // every table kernel uses 256-thread blocks
-constexpr unsigned kFullMask = 0xffffffffu;
 
 /** @brief Blocks needed for `work` items at `per_block` items per block (at least 1). */
 inline int64_t blocks_for(int64_t work, int64_t per_block) {
@@ -190,12 +188,6 @@ __device__ __forceinline__ void protect(uint32_t* bits, int64_t g) {
 /** @brief Reads through L2 (__ldcg): the bits are set with atomics, which bypass L1. */
 __device__ __forceinline__ bool is_protected(const uint32_t* bits, int64_t g) {
   return (__ldcg(bits + (g >> 5)) >> (g & 31)) & 1u;
-}
-
-/** @brief Sum of a per-lane int64 over the warp; every lane gets it. */
-__device__ __forceinline__ int64_t warp_sum(int64_t v) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
 }
 
 /** @brief Checks shared by every table op: dtype, device and contiguity of one state tensor. */

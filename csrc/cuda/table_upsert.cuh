@@ -425,7 +425,7 @@ inline int home_bits(int64_t total_slots) {
 }
 
 /**
- * @brief Launcher: homes, a stable radix sort of (home, input index), then the bucket warps.
+ * @brief Launcher: homes, a stable radix sort of (home, input index), then the bucket owners.
  * Scratch comes from torch's caching allocator on the current stream.
  */
 template <typename KeyT>
