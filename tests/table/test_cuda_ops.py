@@ -7,6 +7,13 @@ op the outputs must be equal and so must the whole state (keys and words of occu
 digests, sizes). The CUDA engine groups keys by bucket and keeps input order, so slots agree exactly,
 not just contents. Every test needs a GPU; the CPU side of each behaviour is covered by the
 reference-model tests.
+
+Sanitizers (run on the H200; memcheck reports no memory errors, racecheck no hazards)::
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
+        python -m pytest -q tests/table/test_cuda_ops.py tests/table/test_cuda_score_function.py \
+        -m "gpu or not gpu" -k "0-mixed or full_buckets or clock or 8-dtype0 or 0-decayed_lfu"
+    (the same with --tool racecheck)
 """
 
 from __future__ import annotations
