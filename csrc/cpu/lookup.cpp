@@ -24,6 +24,19 @@ namespace {
 constexpr int64_t kPoolSum = 0;
 constexpr int64_t kPoolMean = 1;
 
+// Rows sit at random slots of large buffers, so the row loops wait on memory: they prefetch the
+// row kPrefetchAhead positions ahead (every cache line of it) while computing the current one.
+constexpr int64_t kPrefetchAhead = 8;
+constexpr int64_t kCacheLine = 64;
+
+template <int kWrite>
+inline void prefetch_bytes(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += kCacheLine) __builtin_prefetch(p + b, kWrite, 3);
+}
+
+inline void prefetch_row(const float* row, int64_t n) { prefetch_bytes<1>(row, n * 4); }
+
 void check_bags(const at::Tensor& inverse, const at::Tensor& offsets,
                 const std::optional<at::Tensor>& weights, int64_t mode,
                 const char* op) {
@@ -92,10 +105,15 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
     scalar_t* o = out.data_ptr<scalar_t>();
     at::parallel_for(0, num_bags, 64, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> acc(D);
+      const int64_t chunk_end = off_p[end];
       for (int64_t b = begin; b < end; ++b) {
         std::fill(acc.begin(), acc.end(), acc_t(0));
         const int64_t lo = off_p[b], hi = off_p[b + 1];
         for (int64_t i = lo; i < hi; ++i) {
+          const int64_t ahead = i + kPrefetchAhead;
+          if (ahead < chunk_end && inv_p[ahead] >= 0 && inv_p[ahead] < u) {
+            prefetch_bytes<0>(e + inv_p[ahead] * row_stride, D * int64_t(sizeof(scalar_t)));
+          }
           const int64_t r = inv_p[i];
           TORCH_CHECK_INDEX(r >= 0 && r < u, "pooled_gather: inverse[", i, "]=", r,
                             " out of range [0, ", u, ")");
@@ -200,6 +218,11 @@ void for_each_row(const at::Tensor& values, const at::Tensor& slots, const at::T
   }
   at::parallel_for(0, s.numel(), 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      // Rows sit at random slots of a large buffer: each update waits on memory, so fetch the
+      // rows a few slots ahead while this one is computed.
+      if (i + kPrefetchAhead < end && s_p[i + kPrefetchAhead] >= 0) {
+        prefetch_row(v_p + s_p[i + kPrefetchAhead] * W, W);
+      }
       if (s_p[i] < 0) continue;
       f(v_p + s_p[i] * W, g_p + i * D, D);
     }
