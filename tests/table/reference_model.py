@@ -383,15 +383,13 @@ class RefScoredHashTable:
         is_new = [p in placed_now for p in pairs]
         return slots, is_new, evicted
 
-    def _expand_before_insert(self, pairs: List[Tuple[int, int]], table_ids) -> None:
+    def _expand_before_insert(self, pairs: List[Tuple[int, int]]) -> None:
         """Double every table this insert would push past its load factor (contract: Expansion)."""
         # CHOICE: "k candidate keys" = distinct keys of the call for the table, present or not.
         candidates = _Multiset(t for t, _ in self._unique_in_order(pairs))
-        # CHOICE: a table named by an int / None table_ids is inserted into even by an empty call
-        # (so a table above its load factor grows then too); a list names only the tables in it.
-        named = set(candidates) | ({table_ids or 0} if isinstance(table_ids, (int, type(None))) else set())
-        for t in sorted(named):
-            k = candidates[t]
+        # CHOICE: a table without keys in the call (k = 0) is not inserted into and does not grow,
+        # even when it is already above its load factor.
+        for t, k in sorted(candidates.items()):
             table = self.tables[t]
             no_eviction = table.spec.policy == NO_EVICTION
             load_factor = 0.5 if no_eviction else table.spec.max_load_factor
@@ -410,7 +408,7 @@ class RefScoredHashTable:
         """insert / find_or_insert / insert_and_evict as the Python class runs them."""
         tids = self._table_ids(keys, table_ids)
         pairs = list(zip(tids, (int(k) for k in keys)))
-        self._expand_before_insert(pairs, table_ids)
+        self._expand_before_insert(pairs)
         nows = {t: self._now(t, score) for t in set(tids)}
         internal = None
         if user_scores is not None:
@@ -508,14 +506,20 @@ class RefScoredHashTable:
         """
         table = self.tables[table_id]
         claimed: Dict[int, int] = {}  # slot -> key of this batch
+        claims: Dict[int, int] = {}  # key -> slot of this batch
         for i, (key, s) in enumerate(zip(keys, slots)):
             if not (0 <= s < table.capacity) or s not in table.bucket_slots(key):
                 return i
             entry = table.slots[s]
             if entry is not None and entry.key != key:
                 return i
-            # CHOICE: a batch may not give one slot to two keys (the second one fails).
-            if claimed.setdefault(s, key) != key:
+            # CHOICE: a key already present in its bucket may not be put at another slot (that
+            # would store it twice), and a batch may not give one slot to two keys or one key to
+            # two slots: the later entry fails.
+            own = table.locate(key)
+            if own is not None and own != s:
+                return i
+            if claimed.setdefault(s, key) != key or claims.setdefault(key, s) != s:
                 return i
         for i, (key, s) in enumerate(zip(keys, slots)):
             s0, s1 = table.internal_scores(scores[i]) if scores is not None else (0, 0)

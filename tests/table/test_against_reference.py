@@ -498,7 +498,13 @@ class TableMachine(RuleBasedStateMachine):
             taken = [s for s in table.bucket_slots(keys[i])
                      if table.slots[s] is not None and table.slots[s].key != keys[i]]
             claimed = [s for j, s in enumerate(slots) if j != i]  # another key of the batch
-            slots[i] = data.draw(st.sampled_from(outside + taken + claimed), label="bad slot")
+            moved = [s for s in table.bucket_slots(keys[i])  # a present key sent elsewhere
+                     if table.slots[s] is None and table.locate(keys[i]) is not None]
+            slots[i] = data.draw(st.sampled_from(outside + taken + claimed + moved), label="bad slot")
+        if keys and data.draw(st.booleans(), label="repeat"):  # one key twice (same or other slot)
+            i = data.draw(st.integers(0, len(keys) - 1), label="repeated")
+            keys.append(keys[i])
+            slots.append(data.draw(st.sampled_from([slots[i], slots[-1]]), label="repeat slot"))
         rows = self._draw_rows(data, len(keys), t)
         scores = [tuple(data.draw(st.integers(0, 60)) for _ in range(self.specs[t].num_scores))
                   for _ in keys]
