@@ -138,6 +138,7 @@ def main(argv: List[str] | None = None) -> int:
     floor = _median(lambda: other.index_copy_(0, slots, values.index_select(0, slots)), args.repeats, sync)
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = commit or "(no git checkout here)"
     import fbgemm_gpu
     import torchrec
 
@@ -153,11 +154,11 @@ def main(argv: List[str] | None = None) -> int:
         f"table of {2 * args.rows} slots; median of {args.repeats}. Rates in million rows per second; the peer "
         f"is the floor `index_select` + `index_copy_` of the same rows; `speedup = peer_time / our_time`.\n"
     )
-    print("| case | ours (s) | ours (M rows/s) | floor (s) | speedup |")
+    print("| case | ours (ms) | ours (M rows/s) | floor (ms) | speedup |")
     print("|---|---:|---:|---:|---:|")
     for case, seconds in results.items():
         rate = args.rows / seconds / 1e6
-        print(f"| {case} | {seconds:.3f} | {rate:.2f} | {floor:.3f} | {floor / seconds:.2f} |")
+        print(f"| {case} | {seconds * 1e3:.1f} | {rate:.2f} | {floor * 1e3:.2f} | {floor / seconds:.3f} |")
     return 0
 
 
