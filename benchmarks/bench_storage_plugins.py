@@ -238,7 +238,8 @@ def write_docs(table: str) -> None:
         text = text.rstrip("\n") + "\n\n" + body
     else:
         end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[end + 1 :] if end >= 0 else "")
+        rest = text[end + 1 :] if end >= 0 else ""
+        text = text[:start] + body + ("\n" + rest if rest else "")
     path.write_text(text)
 
 
