@@ -43,31 +43,46 @@ def power_law_batch(
     return torch.from_numpy(idx.astype(np.int64)), torch.from_numpy(offsets.astype(np.int64))
 
 
-def time_steps(step: Callable[[int], None], warmup: int, repeats: int, device: torch.device) -> float:
-    """Median milliseconds of ``step(i)`` after ``warmup`` calls."""
-    for i in range(warmup):
-        step(i)
-    times = []
+def time_pair(
+    steps: List[Callable[[int], None]], warmup: int, repeats: int, device: torch.device
+) -> List[float]:
+    """Median milliseconds of each ``step(i)``, alternating them per repeat.
+
+    Alternating keeps ours and the peer under the same background load (this machine is shared).
+    """
+    for step in steps:
+        for i in range(warmup):
+            step(i)
+    times: List[List[float]] = [[] for _ in steps]
     for i in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step(warmup + i)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for k, step in enumerate(steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step(warmup + i)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
 
 
-def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noqa: ANN001
+def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 
     cap = 1 << int(np.ceil(np.log2(args.num_ids / 0.5)))  # load factor <= 0.5: no eviction
-    opts = [DynamicEmbTableOptions(dim=args.dim, max_capacity=cap, init_capacity=cap) for _ in range(args.tables)]
+    opts = [
+        DynamicEmbTableOptions(dim=args.dim, max_capacity=cap, init_capacity=cap)
+        for _ in range(args.tables)
+    ]
     module = BatchedDynamicEmbeddingTables(
-        opts, [f"t{i}" for i in range(args.tables)], list(range(args.tables)),
-        DynamicEmbPoolingMode.SUM, optimizer, device, learning_rate=0.01,
+        opts,
+        [f"t{i}" for i in range(args.tables)],
+        list(range(args.tables)),
+        DynamicEmbPoolingMode.SUM,
+        optimizer,
+        device,
+        learning_rate=0.01,
     )
 
     def step(i: int) -> None:
@@ -77,7 +92,7 @@ def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noq
     return step
 
 
-def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noqa: ANN001
+def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -90,7 +105,9 @@ def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noqa
     cdev = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(args.num_ids, args.dim, loc, cdev) for _ in range(args.tables)],
-        optimizer=optimizer, learning_rate=0.01, pooling_mode=PoolingMode.SUM,
+        optimizer=optimizer,
+        learning_rate=0.01,
+        pooling_mode=PoolingMode.SUM,
         **({"device": device} if on_cuda else {}),
     )
 
@@ -101,7 +118,7 @@ def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:  # noqa
     return step
 
 
-def sparse_adam_step(args, batches, device) -> Callable[[int], None]:  # noqa: ANN001
+def sparse_adam_step(args, batches, device) -> Callable[[int], None]:
     bags = nn.ModuleList(
         nn.EmbeddingBag(args.num_ids, args.dim, mode="sum", sparse=True) for _ in range(args.tables)
     ).to(device)
@@ -121,7 +138,7 @@ def sparse_adam_step(args, batches, device) -> Callable[[int], None]:  # noqa: A
     return step
 
 
-def header(args, device: torch.device) -> str:  # noqa: ANN001
+def header(args, device: torch.device) -> str:
     import fbgemm_gpu
     import torchrec
 
@@ -139,12 +156,15 @@ def header(args, device: torch.device) -> str:  # noqa: ANN001
         f"--threads {args.threads}`\n"
         f"Shape: {args.tables} tables x dim {args.dim}, SUM pooling, ~{args.ids} ids a batch "
         f"(power law alpha {args.alpha}, {args.num_ids} ids per table), median of {args.repeats} "
-        f"steps after {args.warmup} warm-up steps (the warm-up inserts the keys).\n"
+        f"steps (ours and the peer alternating) after {args.warmup} warm-up steps each (the "
+        f"warm-up inserts the keys).\n"
     )
 
 
 def main(argv: List[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--tables", type=int, default=10)
     p.add_argument("--dim", type=int, default=128)
@@ -157,7 +177,9 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--optimizers", default="sgd,adam")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)")
+    p.add_argument(
+        "--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)"
+    )
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,23 +187,29 @@ def main(argv: List[str] | None = None) -> None:
 
     device = torch.device(args.device)
     batches = [
-        tuple(t.to(device) for t in power_law_batch(args.tables, args.batch, args.ids, args.num_ids, args.alpha, s))
+        tuple(
+            t.to(device)
+            for t in power_law_batch(args.tables, args.batch, args.ids, args.num_ids, args.alpha, s)
+        )
         for s in range(args.batches)
     ]
     rows = []
     for name in args.optimizers.split(","):
         opt = EmbOptimType.EXACT_SGD if name == "sgd" else EmbOptimType.ADAM
-        ours = time_steps(ours_step(args, opt, batches, device), args.warmup, args.repeats, device)
+        ours = ours_step(args, opt, batches, device)
         if args.no_peer:
-            rows.append((f"{name.upper()} training step", ours, "not run", float("nan")))
+            (t_ours,) = time_pair([ours], args.warmup, args.repeats, device)
+            rows.append((f"{name.upper()} training step", t_ours, "not run", float("nan")))
             continue
         if name == "adam" and device.type == "cpu":
             peer_name = "torch SparseAdam + EmbeddingBag(sparse)"
-            peer = time_steps(sparse_adam_step(args, batches, device), args.warmup, args.repeats, device)
+            peer = sparse_adam_step(args, batches, device)
         else:
             peer_name = "FBGEMM TBE (TorchRec fused)"
-            peer = time_steps(tbe_step(args, opt, batches, device), args.warmup, args.repeats, device)
-        rows.append((f"{name.upper()} training step", ours, peer_name, peer))
+            peer = tbe_step(args, opt, batches, device)
+        t_ours, t_peer = time_pair([ours, peer], args.warmup, args.repeats, device)
+        rows.append((f"{name.upper()} training step", t_ours, peer_name, t_peer))
+        del ours, peer
     print(header(args, device))
     print("| case | ours (ms) | peer | peer (ms) | speedup = peer / ours |")
     print("|---|---:|---|---:|---:|")

@@ -35,10 +35,11 @@ class TableLookup:
         positions: (n_t,) int64 rows of the sequence output (NONE pooling) or None.
         columns: per feature of the table, its first output column (pooled).
         apply_grads: ``apply_grads(grads (u, D))`` updates the table; None when nothing trains.
+        dim: D, kept for the backward once ``rows`` is released.
     """
 
     table: int
-    rows: torch.Tensor
+    rows: Optional[torch.Tensor]
     row_index: torch.Tensor
     inverse: torch.Tensor
     num_unique: int
@@ -47,6 +48,7 @@ class TableLookup:
     positions: Optional[torch.Tensor]
     columns: List[int]
     apply_grads: Optional[Callable[[torch.Tensor], None]]
+    dim: int = 0
 
 
 def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: int) -> None:
@@ -57,14 +59,22 @@ def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: 
         out[:, col : col + dim] = pooled[j * batch_size : (j + 1) * batch_size]
 
 
-def pooled_grads(part: TableLookup, mode: int, grad_out: torch.Tensor, batch_size: int) -> torch.Tensor:
+def pooled_grads(
+    part: TableLookup, mode: int, grad_out: torch.Tensor, batch_size: int
+) -> torch.Tensor:
     """Gradient per unique key of one table from the output gradient (B, total_D)."""
-    dim = part.rows.size(1)
-    grad_bags = torch.cat([grad_out[:, c : c + dim] for c in part.columns]) if part.columns else (
-        grad_out.new_zeros((0, dim))
+    dim = part.dim
+    grad_bags = (
+        torch.cat([grad_out[:, c : c + dim] for c in part.columns])
+        if part.columns
+        else (grad_out.new_zeros((0, dim)))
     )
     return lookup_ops.reduce_grads(
-        grad_bags.float().contiguous(), part.inverse, part.offsets, part.weights, mode,
+        grad_bags.float().contiguous(),
+        part.inverse,
+        part.offsets,
+        part.weights,
+        mode,
         part.num_unique,
     )
 
@@ -103,6 +113,11 @@ class LookupFunction(torch.autograd.Function):
                     out[part.positions] = part.rows[part.row_index]
             else:
                 pooled_forward(part, mode, out, batch_size)
+        for part in parts:
+            # The backward needs only the index maps: do not keep a view of a table buffer alive
+            # (the table may grow and replace it before the backward runs).
+            part.dim = part.rows.size(1)
+            part.rows = None
         ctx.parts = parts
         ctx.mode = mode
         ctx.batch_size = batch_size

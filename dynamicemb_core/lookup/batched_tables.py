@@ -10,7 +10,7 @@ applies the fused optimizer in place to the stored rows; there is no dense weigh
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -114,7 +114,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 f"table_names ({n}) must be non-empty and of equal length"
             )
         if len(set(self.table_names)) != n:
-            raise ValueError(f"BatchedDynamicEmbeddingTables: table_names must be unique, got {self.table_names}")
+            raise ValueError(
+                f"BatchedDynamicEmbeddingTables: table_names must be unique, got {self.table_names}"
+            )
         if not self.feature_table_map:
             raise ValueError("BatchedDynamicEmbeddingTables: feature_table_map is empty")
         for f, t in enumerate(self.feature_table_map):
@@ -138,7 +140,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     f"{opts.embedding_dtype}"
                 )
             validate_initializer(opts.initializer_args, f"table {name!r}: initializer_args")
-            validate_initializer(opts.eval_initializer_args, f"table {name!r}: eval_initializer_args")
+            validate_initializer(
+                opts.eval_initializer_args, f"table {name!r}: eval_initializer_args"
+            )
             dims.append(int(opts.dim))
         if self.pooling_mode is DynamicEmbPoolingMode.NONE and len(set(dims)) != 1:
             raise ValueError(
@@ -191,8 +195,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             table = tier.device_table()
             size = table.size(0) if table is not None else tier.size(0)
             stats.append(
-                {"name": name, "size": int(size), "capacity": int(tier.capacity(0)),
-                 "evictions": int(tier.evictions(0))}
+                {
+                    "name": name,
+                    "size": int(size),
+                    "capacity": int(tier.capacity(0)),
+                    "evictions": int(tier.evictions(0)),
+                }
             )
         return stats
 
@@ -224,7 +232,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if mode == DynamicEmbCheckMode.WARNING:
             warnings.warn(msg, DynamicEmbWarning, stacklevel=4)
 
-    def _lookup_table(self, t: int, keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor):  # noqa: ANN202
+    def _lookup_table(
+        self, t: int, keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Rows to read, the row of each index, and the unique keys' homes (None: no training).
 
         Fast path (training, one device buffer, no admission, every key placed): the forward reads
@@ -269,7 +279,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self._safe_check(t, int((res.homes == HOME_NONE).sum()))
         return emb, inverse, homes
 
-    def _grad_applier(self, t: int, keys: torch.Tensor, homes: torch.Tensor):  # noqa: ANN202
+    def _grad_applier(
+        self, t: int, keys: torch.Tensor, homes: torch.Tensor
+    ) -> Callable[[torch.Tensor], None]:
         tier = self.tables[t]
 
         def apply(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor) -> None:
@@ -295,7 +307,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """
         pooled = self.pooling_mode is not DynamicEmbPoolingMode.NONE
         B = validate_inputs(
-            indices, offsets, per_sample_weights, len(self.feature_table_map), self.device,
+            indices,
+            offsets,
+            per_sample_weights,
+            len(self.feature_table_map),
+            self.device,
             self.pooling_mode is DynamicEmbPoolingMode.SUM,
         )
         segments = split_by_table(

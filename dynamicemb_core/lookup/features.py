@@ -52,7 +52,9 @@ def validate_inputs(
     """
     for name, t in (("indices", indices), ("offsets", offsets)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"BatchedDynamicEmbeddingTables: {name} must be a tensor, got {type(t)}")
+            raise TypeError(
+                f"BatchedDynamicEmbeddingTables: {name} must be a tensor, got {type(t)}"
+            )
         if t.dtype != torch.int64:
             raise TypeError(
                 f"BatchedDynamicEmbeddingTables: {name} must be int64 on {device}, got {t.dtype} "
@@ -63,7 +65,9 @@ def validate_inputs(
                 f"BatchedDynamicEmbeddingTables: {name} must be on {device}, got {t.device}"
             )
         if t.dim() != 1:
-            raise ValueError(f"BatchedDynamicEmbeddingTables: {name} must be 1-D, got {tuple(t.shape)}")
+            raise ValueError(
+                f"BatchedDynamicEmbeddingTables: {name} must be 1-D, got {tuple(t.shape)}"
+            )
     bags = offsets.numel() - 1
     if bags < 0 or bags % num_features != 0:
         raise ValueError(
@@ -107,7 +111,7 @@ def split_by_table(
     """Cut the batch into one :class:`TableSegment` per table (one host sync for the boundaries)."""
     B = batch_size
     num_features = sum(len(f) for f in features_of_table)
-    bounds = offsets[:: B].tolist() if B > 0 else [0] * (num_features + 1)
+    bounds = offsets[::B].tolist() if B > 0 else [0] * (num_features + 1)
     if len(bounds) < num_features + 1:
         bounds = bounds + [int(offsets[-1])] * (num_features + 1 - len(bounds))
     segments = []

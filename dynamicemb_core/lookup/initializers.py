@@ -83,7 +83,9 @@ def initialize_embeddings(
         return out.normal_(float(args.mean), float(args.std_dev), generator=generator)
     if mode is DynamicEmbInitializerMode.TRUNCATED_NORMAL:
         lower, upper = _bounds(args)
-        return _truncated_normal(out, float(args.mean), float(args.std_dev), lower, upper, generator)
+        return _truncated_normal(
+            out, float(args.mean), float(args.std_dev), lower, upper, generator
+        )
     raise ValueError(f"unknown initializer mode {mode!r}")  # pragma: no cover
 
 
@@ -96,6 +98,7 @@ def _truncated_normal(
     generator: Optional[torch.Generator],
 ) -> torch.Tensor:
     """Inverse-CDF sampling of N(mean, std) restricted to [lower, upper] (exact, no rejection loop)."""
+
     def cdf(x: float) -> float:
         return 0.5 * (1.0 + math.erf((x - mean) / (std * math.sqrt(2.0))))
 

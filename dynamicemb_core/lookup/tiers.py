@@ -26,7 +26,9 @@ def rows_in_budget(spec: StorageTableSpec, budget_bytes: int) -> int:
     return int(budget_bytes) // max(1, row_bytes)
 
 
-def _external(options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device) -> tuple:
+def _external(
+    options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device
+) -> tuple:
     """The external storage and the table's id in it."""
     value = options.external_storage
     if isinstance(value, Storage):
@@ -62,7 +64,9 @@ def build_tier(
     hbm = int(options.local_hbm_for_values)
     if options.external_storage is not None:
         backing, table_id = _external(options, spec, device)
-        cache_rows = min(rows_in_budget(spec, hbm), capacity) if capacity else rows_in_budget(spec, hbm)
+        cache_rows = (
+            min(rows_in_budget(spec, hbm), capacity) if capacity else rows_in_budget(spec, hbm)
+        )
         return CachedStorage(
             [spec], device, backing, [cache_rows], table_options=[options], backing_ids=[table_id]
         )

@@ -51,7 +51,9 @@ def _sgd_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float) ->
     _check_update(values, slots, grads)
 
 
-def _adagrad_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float) -> None:
+def _adagrad_update_fake(
+    values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float
+) -> None:
     _check_update(values, slots, grads)
 
 

@@ -12,7 +12,7 @@ Each wrapper documents shapes, dtypes and devices and calls the registered op. T
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -33,7 +33,7 @@ POOL_SUM = 0
 POOL_MEAN = 1
 
 
-def _ops():
+def _ops() -> Any:
     from dynamicemb_core.ops import loader
 
     loader.ensure_loaded()

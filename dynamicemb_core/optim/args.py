@@ -12,9 +12,15 @@ import enum
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping
 
-from dynamicemb_core.optim.constants import ADAM_DEFAULTS, ADAGRAD_DEFAULTS
+from dynamicemb_core.optim.constants import ADAGRAD_DEFAULTS, ADAM_DEFAULTS
 
-__all__ = ["OptimizerArgs", "OptimizerKind", "WeightDecayKind", "optimizer_args_from_kwargs", "optimizer_kind"]
+__all__ = [
+    "OptimizerArgs",
+    "OptimizerKind",
+    "WeightDecayKind",
+    "optimizer_args_from_kwargs",
+    "optimizer_kind",
+]
 
 
 class OptimizerKind(enum.Enum):
@@ -116,14 +122,18 @@ def optimizer_args_from_kwargs(optimizer: Any, kwargs: Mapping[str, Any]) -> Opt
             )
         values[name] = value
     args = OptimizerArgs(**values)
-    args.weight_decay_mode = WeightDecayKind(int(getattr(args.weight_decay_mode, "value", args.weight_decay_mode)))
+    args.weight_decay_mode = WeightDecayKind(
+        int(getattr(args.weight_decay_mode, "value", args.weight_decay_mode))
+    )
     _validate(kind, args)
     return args
 
 
 def _validate(kind: OptimizerKind, args: OptimizerArgs) -> None:
     if args.learning_rate < 0:
-        raise ValueError(f"optimizer {kind.name}: learning_rate must be >= 0, got {args.learning_rate}")
+        raise ValueError(
+            f"optimizer {kind.name}: learning_rate must be >= 0, got {args.learning_rate}"
+        )
     if args.eps < 0:
         raise ValueError(f"optimizer {kind.name}: eps must be >= 0, got {args.eps}")
     for name in ("beta1", "beta2"):
@@ -141,7 +151,11 @@ def _validate(kind: OptimizerKind, args: OptimizerArgs) -> None:
             f"optimizer {kind.name}: FBGEMM applies no weight_decay with this optimizer; "
             f"got weight_decay={args.weight_decay} (use EXACT_ROWWISE_ADAGRAD or ADAM)"
         )
-    if kind is OptimizerKind.ROWWISE_ADAGRAD and decays and args.weight_decay_mode == WeightDecayKind.NONE:
+    if (
+        kind is OptimizerKind.ROWWISE_ADAGRAD
+        and decays
+        and args.weight_decay_mode == WeightDecayKind.NONE
+    ):
         raise ValueError(
             "optimizer ROWWISE_ADAGRAD: weight_decay is set but weight_decay_mode is NONE; "
             "pass weight_decay_mode=WeightDecayMode.L2 or DECOUPLE"

@@ -12,7 +12,7 @@ third-party storage works here.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -80,7 +80,9 @@ class CachedStorage(LookupTier):
         self._spilled = [0] * n
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _backing_find(self, table_id: int, keys: torch.Tensor):  # noqa: ANN202
+    def _backing_find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         found, rows, scores = self.backing.find(self.backing_ids[table_id], keys)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
@@ -100,7 +102,7 @@ class CachedStorage(LookupTier):
             value = int(self.cache.table.get_score(table_id))
         return torch.full((n, num), value, dtype=torch.int64, device=self.device)
 
-    def _spill(self, table_id: int, result) -> None:  # noqa: ANN001
+    def _spill(self, table_id: int, result: Any) -> None:
         ev = getattr(result, "evicted", None)
         if ev is None or ev.keys is None or ev.keys.numel() == 0:
             return
@@ -185,7 +187,9 @@ class CachedStorage(LookupTier):
         apply: RowUpdate,
     ) -> None:
         if self.cache is not None:
-            self.cache.update(table_id, keys, torch.where(homes >= 0, homes, HOME_NONE), grads, apply)
+            self.cache.update(
+                table_id, keys, torch.where(homes >= 0, homes, HOME_NONE), grads, apply
+            )
         backed = (homes == HOME_BACKING).nonzero().squeeze(1)
         if backed.numel() == 0:
             return
@@ -226,7 +230,7 @@ class CachedStorage(LookupTier):
             return pop(self.backing_ids[table_id])
         return super().pop_evicted_keys(table_id)
 
-    def device_table(self):  # noqa: ANN201
+    def device_table(self) -> Any:
         return self.cache.table if self.cache is not None else None
 
     # ---- Storage ABC (the union of both tiers; the cache holds the fresher row) --------------

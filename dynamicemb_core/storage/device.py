@@ -59,7 +59,12 @@ def table_spec_for(
     max_cap = capacity or (options.max_capacity if options is not None else None) or spec.capacity
     if max_cap:
         init_cap = max_cap
-        if capacity is None and options is not None and options.init_capacity and not fixed_capacity:
+        if (
+            capacity is None
+            and options is not None
+            and options.init_capacity
+            and not fixed_capacity
+        ):
             init_cap = min(options.init_capacity, max_cap)
         kwargs["max_capacity"] = int(max_cap)
         kwargs["init_capacity"] = int(init_cap)
@@ -127,7 +132,13 @@ class DeviceStorage(LookupTier):
         self.table = ScoredHashTable(specs, device=self.device)
         self._evicted_counts: List[int] = [0] * n
 
-    def _table_spec(self, spec, options, capacity, evicted_item_mode):  # noqa: ANN001, ANN202
+    def _table_spec(
+        self,
+        spec: StorageTableSpec,
+        options: Optional[DynamicEmbTableOptions],
+        capacity: Optional[int],
+        evicted_item_mode: Optional[EvictedItemMode],
+    ) -> Any:
         return table_spec_for(spec, options, capacity=capacity, evicted_item_mode=evicted_item_mode)
 
     # ---- rows (overridden by HybridStorage) -------------------------------------------------

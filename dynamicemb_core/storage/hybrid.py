@@ -9,7 +9,7 @@ moves only the table's own buffers.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -56,7 +56,13 @@ class HybridStorage(DeviceStorage):
                 host_buf = host_buf.pin_memory()
             self._blocks[t] = [(dev_buf, 0), (host_buf, dev_rows)]
 
-    def _table_spec(self, spec, options, capacity, evicted_item_mode):  # noqa: ANN001, ANN202
+    def _table_spec(
+        self,
+        spec: StorageTableSpec,
+        options: Optional[DynamicEmbTableOptions],
+        capacity: Optional[int],
+        evicted_item_mode: Optional[EvictedItemMode],
+    ) -> Any:
         return table_spec_for(
             spec,
             options,

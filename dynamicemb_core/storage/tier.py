@@ -21,6 +21,7 @@ from dynamicemb_core.types import Storage
 
 __all__ = ["HOME_BACKING", "HOME_NONE", "LookupTier", "RowUpdate", "TierRows", "normalize_device"]
 
+
 def normalize_device(device: "torch.device | str") -> torch.device:
     """``cuda`` -> ``cuda:<current>``, so comparisons with tensors' devices (always indexed) hold."""
     device = torch.device(device)

@@ -10,11 +10,13 @@ if torch.cuda.is_available():
     _DEVICES.append(pytest.param("cuda", marks=pytest.mark.gpu))
 else:
     _DEVICES.append(
-        pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device here")])
+        pytest.param(
+            "cuda", marks=[pytest.mark.gpu, pytest.mark.skip(reason="no CUDA device here")]
+        )
     )
 
 
 @pytest.fixture(params=_DEVICES)
-def device(request) -> torch.device:  # noqa: ANN001
+def device(request) -> torch.device:
     """Every test body runs on each available device ([cpu] / [cuda])."""
     return torch.device(request.param)

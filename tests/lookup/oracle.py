@@ -35,13 +35,13 @@ def make_batch(
     return indices, offsets, weights
 
 
-def options(dim: int, **kw) -> DynamicEmbTableOptions:  # noqa: ANN003
+def options(dim: int, **kw) -> DynamicEmbTableOptions:
     """Options of a table large enough that nothing is evicted."""
     kw.setdefault("max_capacity", 1024)
     return DynamicEmbTableOptions(dim=dim, bucket_capacity=128, **kw)
 
 
-def mirror_weights(module, weights: List[torch.Tensor]) -> None:  # noqa: ANN001
+def mirror_weights(module, weights: List[torch.Tensor]) -> None:
     """Write the peer's rows (ids 0..NUM_IDS-1) into our tables, with fresh optimizer state."""
     for t, w in enumerate(weights):
         storage = module.tables[t]
@@ -54,7 +54,7 @@ def mirror_weights(module, weights: List[torch.Tensor]) -> None:  # noqa: ANN001
         storage.insert(0, keys.to(module.device), rows.to(module.device), scores.to(module.device))
 
 
-def read_weights(module, t: int) -> Tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def read_weights(module, t: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(embeddings, state) of ids 0..NUM_IDS-1 from our table t (CPU)."""
     found, rows, _ = module.tables[t].find(0, torch.arange(NUM_IDS, device=module.device))
     assert bool(found.all()), "a mirrored id is missing from the dynamic table"
@@ -62,7 +62,7 @@ def read_weights(module, t: int) -> Tuple[torch.Tensor, torch.Tensor]:  # noqa: 
     return rows[:, :dim].cpu(), rows[:, dim:].cpu()
 
 
-def fbgemm_peer(dims, feature_table_map, pooling: DynamicEmbPoolingMode, optimizer, **kw):  # noqa: ANN001, ANN003, ANN201
+def fbgemm_peer(dims, feature_table_map, pooling: DynamicEmbPoolingMode, optimizer, **kw):
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -83,7 +83,7 @@ def fbgemm_peer(dims, feature_table_map, pooling: DynamicEmbPoolingMode, optimiz
 class SparseAdamPeer(nn.Module):
     """Row-sparse Adam peer: one sparse embedding (bag) per table, features mapped like ours."""
 
-    def __init__(self, dims, feature_table_map, pooling: DynamicEmbPoolingMode, lr, eps) -> None:  # noqa: ANN001
+    def __init__(self, dims, feature_table_map, pooling: DynamicEmbPoolingMode, lr, eps) -> None:
         super().__init__()
         self.pooling = DynamicEmbPoolingMode(pooling)
         self.feature_table_map = feature_table_map
@@ -99,7 +99,7 @@ class SparseAdamPeer(nn.Module):
     def weights(self) -> List[torch.Tensor]:
         return [t.weight.detach() for t in self.tables]
 
-    def forward(self, indices, offsets, weights=None):  # noqa: ANN001, ANN201
+    def forward(self, indices, offsets, weights=None):
         F = len(self.feature_table_map)
         B = (offsets.numel() - 1) // F
         outs = []

@@ -25,7 +25,7 @@ def _dims(pooling: DynamicEmbPoolingMode) -> list:
     return [4, 4, 4] if pooling is DynamicEmbPoolingMode.NONE else [4, 8, 12]
 
 
-def _ours(dims, pooling, optimizer, device, **kw):  # noqa: ANN001, ANN003, ANN202
+def _ours(dims, pooling, optimizer, device, **kw):
     return BatchedDynamicEmbeddingTables(
         [oracle.options(d) for d in dims],
         [f"t{i}" for i in range(len(dims))],
@@ -37,7 +37,7 @@ def _ours(dims, pooling, optimizer, device, **kw):  # noqa: ANN001, ANN003, ANN2
     )
 
 
-def _train_both(ours, peer, peer_step, pooling, device, weighted=False, tol=1e-5):  # noqa: ANN001, ANN202
+def _train_both(ours, peer, peer_step, pooling, device, weighted=False, tol=1e-5):
     torch.manual_seed(0)
     for step in STEPS:
         indices, offsets, weights = oracle.make_batch(
@@ -63,7 +63,7 @@ EXACT = [
 
 @pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
 @pytest.mark.parametrize("optimizer,hp", EXACT, ids=lambda o: getattr(o, "name", ""))
-def test_training_matches_fbgemm_tbe(device, pooling, optimizer, hp):  # noqa: ANN001
+def test_training_matches_fbgemm_tbe(device, pooling, optimizer, hp):
     dims = _dims(pooling)
     peer = oracle.fbgemm_peer(dims, FEATURE_TABLE_MAP, pooling, optimizer, **hp)
     ours = _ours(dims, pooling, optimizer, device, **hp)
@@ -79,7 +79,7 @@ def test_training_matches_fbgemm_tbe(device, pooling, optimizer, hp):  # noqa: A
             )
 
 
-def test_per_sample_weights_match_fbgemm_tbe(device):  # noqa: ANN001
+def test_per_sample_weights_match_fbgemm_tbe(device):
     dims = _dims(DynamicEmbPoolingMode.SUM)
     opt, hp = EXACT[2]
     peer = oracle.fbgemm_peer(dims, FEATURE_TABLE_MAP, DynamicEmbPoolingMode.SUM, opt, **hp)
@@ -87,11 +87,13 @@ def test_per_sample_weights_match_fbgemm_tbe(device):  # noqa: ANN001
     oracle.mirror_weights(ours, [w.detach() for w in peer.split_embedding_weights()])
     _train_both(ours, peer, lambda: None, DynamicEmbPoolingMode.SUM, device, weighted=True)
     for t, w in enumerate(peer.split_embedding_weights()):
-        torch.testing.assert_close(oracle.read_weights(ours, t)[0], w.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            oracle.read_weights(ours, t)[0], w.detach(), rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
-def test_adam_matches_row_sparse_adam(device, pooling):  # noqa: ANN001
+def test_adam_matches_row_sparse_adam(device, pooling):
     dims = _dims(pooling)
     lr, eps = 0.05, 1e-8
     peer = oracle.SparseAdamPeer(dims, FEATURE_TABLE_MAP, pooling, lr, eps)
@@ -108,7 +110,7 @@ def test_adam_matches_row_sparse_adam(device, pooling):  # noqa: ANN001
         torch.testing.assert_close(oracle.read_weights(ours, t)[0], w, rtol=1e-4, atol=1e-4)
 
 
-def test_learning_rate_change_between_steps_matches_fbgemm(device):  # noqa: ANN001
+def test_learning_rate_change_between_steps_matches_fbgemm(device):
     dims = _dims(DynamicEmbPoolingMode.SUM)
     opt, hp = EXACT[0]
     peer = oracle.fbgemm_peer(dims, FEATURE_TABLE_MAP, DynamicEmbPoolingMode.SUM, opt, **hp)
@@ -119,4 +121,6 @@ def test_learning_rate_change_between_steps_matches_fbgemm(device):  # noqa: ANN
     assert ours.get_learning_rate() == 0.05
     _train_both(ours, peer, lambda: None, DynamicEmbPoolingMode.SUM, device)
     for t, w in enumerate(peer.split_embedding_weights()):
-        torch.testing.assert_close(oracle.read_weights(ours, t)[0], w.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            oracle.read_weights(ours, t)[0], w.detach(), rtol=1e-5, atol=1e-5
+        )

@@ -22,35 +22,47 @@ from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
 SEQ = DynamicEmbPoolingMode.NONE
 
 
-def _module(device, opts, pooling=SEQ, optimizer=EmbOptimType.EXACT_SGD, **kw):  # noqa: ANN001, ANN003, ANN202
+def _module(device, opts, pooling=SEQ, optimizer=EmbOptimType.EXACT_SGD, **kw):
     return BatchedDynamicEmbeddingTables(
-        opts, [f"t{i}" for i in range(len(opts))], list(range(len(opts))), pooling, optimizer,
-        device, learning_rate=0.1, **kw,
+        opts,
+        [f"t{i}" for i in range(len(opts))],
+        list(range(len(opts))),
+        pooling,
+        optimizer,
+        device,
+        learning_rate=0.1,
+        **kw,
     )
 
 
-def _debug(**kw):  # noqa: ANN003, ANN202
+def _debug(**kw):
     return DynamicEmbTableOptions(
-        dim=4, max_capacity=256, bucket_capacity=128,
-        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG), **kw,
+        dim=4,
+        max_capacity=256,
+        bucket_capacity=128,
+        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+        **kw,
     )
 
 
-def _seq(keys, device):  # noqa: ANN001, ANN202
+def _seq(keys, device):
     keys = torch.tensor(keys, dtype=torch.int64, device=device)
     return keys, torch.tensor([0, keys.numel()], dtype=torch.int64, device=device)
 
 
-def test_training_inserts_new_keys_with_initializer(device):  # noqa: ANN001
+def test_training_inserts_new_keys_with_initializer(device):
     m = _module(device, [_debug()])
     out = m(*_seq([7, 123456, 7], device))
     torch.testing.assert_close(out[:, 0].cpu(), torch.tensor([7.0, 123456 % DEBUG_MODULUS, 7.0]))
     assert m.tables[0].size(0) == 2
 
 
-def test_eval_reads_missing_keys_as_eval_initializer_without_inserting(device):  # noqa: ANN001
-    opts = _debug(eval_initializer_args=DynamicEmbInitializerArgs(
-        mode=DynamicEmbInitializerMode.CONSTANT, value=2.5))
+def test_eval_reads_missing_keys_as_eval_initializer_without_inserting(device):
+    opts = _debug(
+        eval_initializer_args=DynamicEmbInitializerArgs(
+            mode=DynamicEmbInitializerMode.CONSTANT, value=2.5
+        )
+    )
     m = _module(device, [opts])
     m(*_seq([1], device))  # trains key 1 in
     m.eval()
@@ -63,13 +75,13 @@ def test_eval_reads_missing_keys_as_eval_initializer_without_inserting(device): 
     assert m(*_seq([1], device))[0, 0].item() == 1.0
 
 
-def test_eval_default_reads_missing_keys_as_zeros(device):  # noqa: ANN001
+def test_eval_default_reads_missing_keys_as_zeros(device):
     m = _module(device, [_debug()])
     m.eval()
     assert torch.all(m(*_seq([5, 6], device)) == 0)
 
 
-def test_table_with_training_false_holds_no_state_and_does_not_insert(device):  # noqa: ANN001
+def test_table_with_training_false_holds_no_state_and_does_not_insert(device):
     m = _module(device, [_debug(training=False)], optimizer=EmbOptimType.ADAM)
     assert m.tables[0].tables[0].row_width == 4
     out = m(*_seq([3], device))
@@ -77,7 +89,7 @@ def test_table_with_training_false_holds_no_state_and_does_not_insert(device):  
     assert m.tables[0].size(0) == 0
 
 
-def test_backward_updates_only_rows_of_the_batch(device):  # noqa: ANN001
+def test_backward_updates_only_rows_of_the_batch(device):
     m = _module(device, [_debug()])
     m(*_seq([1, 2], device)).sum().backward()
     m(*_seq([1], device)).sum().backward()
@@ -86,10 +98,14 @@ def test_backward_updates_only_rows_of_the_batch(device):  # noqa: ANN001
 
 
 @pytest.mark.parametrize(
-    "mode", [DynamicEmbInitializerMode.UNIFORM, DynamicEmbInitializerMode.NORMAL,
-             DynamicEmbInitializerMode.TRUNCATED_NORMAL],
+    "mode",
+    [
+        DynamicEmbInitializerMode.UNIFORM,
+        DynamicEmbInitializerMode.NORMAL,
+        DynamicEmbInitializerMode.TRUNCATED_NORMAL,
+    ],
 )
-def test_random_initializers_follow_their_distribution(device, mode):  # noqa: ANN001
+def test_random_initializers_follow_their_distribution(device, mode):
     args = DynamicEmbInitializerArgs(mode=mode, mean=1.0, std_dev=0.5, lower=-0.2, upper=0.6)
     torch.manual_seed(0)
     rows = initialize_embeddings(args, torch.arange(20000, device=device), 8).cpu()
@@ -104,31 +120,31 @@ def test_random_initializers_follow_their_distribution(device, mode):  # noqa: A
         assert rows.mean().item() > 0.25
 
 
-def test_constant_initializer(device):  # noqa: ANN001
+def test_constant_initializer(device):
     args = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=-3.0)
     assert torch.all(initialize_embeddings(args, torch.arange(5, device=device), 3) == -3.0)
 
 
-def _full_bucket_module(device, mode):  # noqa: ANN001, ANN202
+def _full_bucket_module(device, mode):
     # One bucket of 16 slots: a batch of 20 distinct keys cannot all be placed.
     opts = DynamicEmbTableOptions(dim=4, max_capacity=16, bucket_capacity=16, safe_check_mode=mode)
     return _module(device, [opts])
 
 
-def test_safe_check_error_raises_naming_the_table(device):  # noqa: ANN001
+def test_safe_check_error_raises_naming_the_table(device):
     m = _full_bucket_module(device, DynamicEmbCheckMode.ERROR)
     with pytest.raises(DynamicEmbError, match=r"table 't0': 4 key\(s\)"):
         m(*_seq(list(range(20)), device))
 
 
-def test_safe_check_warning_warns_and_still_returns(device):  # noqa: ANN001
+def test_safe_check_warning_warns_and_still_returns(device):
     m = _full_bucket_module(device, DynamicEmbCheckMode.WARNING)
     with pytest.warns(DynamicEmbWarning, match="could not be inserted"):
         out = m(*_seq(list(range(20)), device))
     assert out.shape == (20, 4)
 
 
-def test_safe_check_ignore_is_silent(device):  # noqa: ANN001
+def test_safe_check_ignore_is_silent(device):
     m = _full_bucket_module(device, DynamicEmbCheckMode.IGNORE)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -136,14 +152,14 @@ def test_safe_check_ignore_is_silent(device):  # noqa: ANN001
 
 
 # ---- bad input ---------------------------------------------------------------------------------
-def test_int32_indices_are_rejected(device):  # noqa: ANN001
+def test_int32_indices_are_rejected(device):
     m = _module(device, [_debug()])
     keys, offsets = _seq([1, 2], device)
     with pytest.raises(TypeError, match="indices must be int64"):
         m(keys.int(), offsets)
 
 
-def test_offsets_that_do_not_match_are_rejected(device):  # noqa: ANN001
+def test_offsets_that_do_not_match_are_rejected(device):
     m = _module(device, [_debug()])
     keys, _ = _seq([1, 2], device)
     with pytest.raises(ValueError, match="end at len\\(indices\\)=2"):
@@ -162,7 +178,9 @@ def test_indices_on_wrong_device_are_rejected():
 
 def test_feature_mapped_to_no_table_is_rejected():
     with pytest.raises(ValueError, match="feature 1 maps to table 3"):
-        BatchedDynamicEmbeddingTables([_debug()], ["t0"], [0, 3], SEQ, EmbOptimType.EXACT_SGD, "cpu")
+        BatchedDynamicEmbeddingTables(
+            [_debug()], ["t0"], [0, 3], SEQ, EmbOptimType.EXACT_SGD, "cpu"
+        )
 
 
 def test_unsupported_optimizer_is_rejected():
@@ -188,7 +206,7 @@ def test_sequence_mode_with_mixed_dims_is_rejected():
         _module("cpu", opts)
 
 
-def test_per_sample_weights_rejected_outside_sum(device):  # noqa: ANN001
+def test_per_sample_weights_rejected_outside_sum(device):
     m = _module(device, [_debug()], pooling=DynamicEmbPoolingMode.MEAN)
     keys, offsets = _seq([1], device)
     with pytest.raises(ValueError, match="only supported with DynamicEmbPoolingMode.SUM"):

@@ -9,7 +9,7 @@ from torch.library import opcheck
 from dynamicemb_core.ops import lookup_ops
 
 
-def _bags(device, weighted, seed=0):  # noqa: ANN001, ANN202
+def _bags(device, weighted, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([3, 0, 1, 4, 0, 2])  # empty bags included
     n = int(lengths.sum())
@@ -22,7 +22,7 @@ def _bags(device, weighted, seed=0):  # noqa: ANN001, ANN202
     return to(emb), to(inverse), to(offsets), to(weights), lengths.to(device)
 
 
-def _reference_pool(emb, inverse, offsets, weights, lengths, mode):  # noqa: ANN001, ANN202
+def _reference_pool(emb, inverse, offsets, weights, lengths, mode):
     """Composed torch: index_add of each index's row into its bag."""
     bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=emb.device), lengths)
     rows = emb[inverse] * (weights.unsqueeze(1) if weights is not None else 1.0)
@@ -34,7 +34,7 @@ def _reference_pool(emb, inverse, offsets, weights, lengths, mode):  # noqa: ANN
 
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_pooled_gather_matches_composed_torch(device, mode, weighted):  # noqa: ANN001
+def test_pooled_gather_matches_composed_torch(device, mode, weighted):
     emb, inverse, offsets, weights, lengths = _bags(device, weighted)
     out = lookup_ops.pooled_gather(emb, inverse, offsets, weights, mode)
     torch.testing.assert_close(out, _reference_pool(emb, inverse, offsets, weights, lengths, mode))
@@ -42,7 +42,7 @@ def test_pooled_gather_matches_composed_torch(device, mode, weighted):  # noqa: 
 
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_reduce_grads_is_the_adjoint_of_pooled_gather(device, mode, weighted):  # noqa: ANN001
+def test_reduce_grads_is_the_adjoint_of_pooled_gather(device, mode, weighted):
     emb, inverse, offsets, weights, lengths = _bags(device, weighted)
     leaf = emb.clone().requires_grad_(True)
     grad_bags = torch.randn(lengths.numel(), emb.size(1), device=device)
@@ -51,7 +51,7 @@ def test_reduce_grads_is_the_adjoint_of_pooled_gather(device, mode, weighted):  
     torch.testing.assert_close(got, leaf.grad)
 
 
-def test_reduce_grads_is_deterministic(device):  # noqa: ANN001
+def test_reduce_grads_is_deterministic(device):
     emb, inverse, offsets, weights, lengths = _bags(device, True)
     grad_bags = torch.randn(lengths.numel(), emb.size(1), device=device)
     a = lookup_ops.reduce_grads(grad_bags, inverse, offsets, weights, 0, emb.size(0))
@@ -59,7 +59,7 @@ def test_reduce_grads_is_deterministic(device):  # noqa: ANN001
     assert torch.equal(a, b)
 
 
-def test_pooled_gather_rejects_offsets_not_ending_at_n(device):  # noqa: ANN001
+def test_pooled_gather_rejects_offsets_not_ending_at_n(device):
     emb, inverse, offsets, weights, _ = _bags(device, False)
     offsets = offsets.clone()
     offsets[-1] += 1
@@ -67,14 +67,14 @@ def test_pooled_gather_rejects_offsets_not_ending_at_n(device):  # noqa: ANN001
         lookup_ops.pooled_gather(emb, inverse, offsets, weights, 0)
 
 
-def test_pooled_gather_rejects_int32_inverse(device):  # noqa: ANN001
+def test_pooled_gather_rejects_int32_inverse(device):
     emb, inverse, offsets, weights, _ = _bags(device, False)
     with pytest.raises(TypeError, match="inverse must be int64"):
         lookup_ops.pooled_gather(emb, inverse.int(), offsets, weights, 0)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_pooling_ops_pass_opcheck(device, weighted):  # noqa: ANN001
+def test_pooling_ops_pass_opcheck(device, weighted):
     emb, inverse, offsets, weights, lengths = _bags(device, weighted)
     lookup_ops._ops()
     opcheck(torch.ops.dynamicemb.pooled_gather.default, (emb, inverse, offsets, weights, 1))
@@ -85,7 +85,7 @@ def test_pooling_ops_pass_opcheck(device, weighted):  # noqa: ANN001
     )
 
 
-def test_pooled_gather_reads_a_column_slice_of_wider_rows(device):  # noqa: ANN001
+def test_pooled_gather_reads_a_column_slice_of_wider_rows(device):
     emb, inverse, offsets, weights, lengths = _bags(device, True)
     wide = torch.cat([emb, torch.randn(emb.size(0), 3, device=device)], dim=1)
     got = lookup_ops.pooled_gather(wide[:, : emb.size(1)], inverse, offsets, weights, 0)

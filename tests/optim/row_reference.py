@@ -18,7 +18,7 @@ def adagrad(w: torch.Tensor, m: torch.Tensor, g: torch.Tensor, lr: float, eps: f
     return w - lr * g / (m.sqrt() + eps), m
 
 
-def rowwise_adagrad(w, m, g, lr, eps, wd=0.0, mode=0):  # noqa: ANN001, ANN201
+def rowwise_adagrad(w, m, g, lr, eps, wd=0.0, mode=0):
     """m: (n,) one accumulator per row."""
     gd = g + wd * w if mode == 1 else g
     m = m + (gd * gd).mean(dim=1)
@@ -31,7 +31,7 @@ def rowwise_adagrad(w, m, g, lr, eps, wd=0.0, mode=0):  # noqa: ANN001, ANN201
     return corr * w - mult * g, m
 
 
-def adam(w, m, v, g, lr, eps, b1, b2, wd, step):  # noqa: ANN001, ANN201
+def adam(w, m, v, g, lr, eps, b1, b2, wd, step):
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
     bc1 = 1 - b1**step

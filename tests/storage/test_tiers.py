@@ -26,7 +26,7 @@ ROW_BYTES = (DIM + 1) * 4  # EXACT_ROWWISE_ADAGRAD: embedding + one accumulator,
 NUM_KEYS = 300
 
 
-def _opts(**kw):  # noqa: ANN003, ANN202
+def _opts(**kw):
     kw.setdefault("max_capacity", 1024)
     kw.setdefault("bucket_capacity", 128)
     return DynamicEmbTableOptions(
@@ -36,14 +36,20 @@ def _opts(**kw):  # noqa: ANN003, ANN202
     )
 
 
-def _module(device, opts):  # noqa: ANN001, ANN202
+def _module(device, opts):
     return BatchedDynamicEmbeddingTables(
-        [opts], ["t"], [0], DynamicEmbPoolingMode.SUM, EmbOptimType.EXACT_ROWWISE_ADAGRAD, device,
-        learning_rate=0.1, eps=1e-6,
+        [opts],
+        ["t"],
+        [0],
+        DynamicEmbPoolingMode.SUM,
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        device,
+        learning_rate=0.1,
+        eps=1e-6,
     )
 
 
-def _batches(device, n=6):  # noqa: ANN001, ANN202
+def _batches(device, n=6):
     g = torch.Generator().manual_seed(0)
     for _ in range(n):
         keys = torch.randint(0, NUM_KEYS, (160,), generator=g)
@@ -51,7 +57,7 @@ def _batches(device, n=6):  # noqa: ANN001, ANN202
         yield keys.to(device), offsets.to(device)
 
 
-def _train_and_compare(device, tiered, prefetch=False):  # noqa: ANN001, ANN202
+def _train_and_compare(device, tiered, prefetch=False):
     plain = _module(device, _opts())
     for keys, offsets in _batches(device):
         if prefetch:
@@ -70,7 +76,7 @@ def _train_and_compare(device, tiered, prefetch=False):  # noqa: ANN001, ANN202
     torch.testing.assert_close(rows_g[found_g], rows_w[found_w], rtol=1e-6, atol=1e-6)
 
 
-def test_hybrid_rows_split_device_and_host_train_like_a_device_table(device):  # noqa: ANN001
+def test_hybrid_rows_split_device_and_host_train_like_a_device_table(device):
     tiered = _module(device, _opts(local_hbm_for_values=300 * ROW_BYTES))
     storage = tiered.tables[0]
     assert isinstance(storage, HybridStorage)
@@ -78,42 +84,55 @@ def test_hybrid_rows_split_device_and_host_train_like_a_device_table(device):  #
     _train_and_compare(device, tiered)
     homes = storage.table.find(torch.arange(NUM_KEYS, device=device), 0)
     slots = homes.slots[homes.found]
-    assert bool((slots < storage.device_rows(0)).any()) and bool((slots >= storage.device_rows(0)).any())
+    assert bool((slots < storage.device_rows(0)).any()) and bool(
+        (slots >= storage.device_rows(0)).any()
+    )
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_cache_over_host_table_trains_like_a_device_table(device, prefetch):  # noqa: ANN001
-    tiered = _module(device, _opts(caching=True, local_hbm_for_values=64 * ROW_BYTES, bucket_capacity=16))
+def test_cache_over_host_table_trains_like_a_device_table(device, prefetch):
+    tiered = _module(
+        device, _opts(caching=True, local_hbm_for_values=64 * ROW_BYTES, bucket_capacity=16)
+    )
     storage = tiered.tables[0]
     assert isinstance(storage, CachedStorage) and storage.capacity(0) == 64
     _train_and_compare(device, tiered, prefetch=prefetch)
     assert storage.spills(0) > 0  # the cache was too small: rows went to the host table and back
 
 
-def test_prefetch_makes_the_batch_resident_in_the_cache(device):  # noqa: ANN001
-    tiered = _module(device, _opts(caching=True, local_hbm_for_values=256 * ROW_BYTES, bucket_capacity=16))
+def test_prefetch_makes_the_batch_resident_in_the_cache(device):
+    tiered = _module(
+        device, _opts(caching=True, local_hbm_for_values=256 * ROW_BYTES, bucket_capacity=16)
+    )
     keys = torch.arange(0, 40, device=device)
     tiered.prefetch(keys, torch.tensor([0, 40], device=device))
     assert bool(tiered.tables[0].cache.table.find(keys, 0).found.all())
 
 
-def _dict_storage():  # noqa: ANN202
+def _dict_storage():
     return PyDictStorage([StorageTableSpec(name="t", dim=DIM, row_width=DIM + 1)], "cpu")
 
 
 @pytest.mark.parametrize("cache_rows", [0, 64])
-def test_third_party_storage_through_the_abc_trains_like_a_device_table(device, cache_rows):  # noqa: ANN001
+def test_third_party_storage_through_the_abc_trains_like_a_device_table(device, cache_rows):
     external = _dict_storage()
     tiered = _module(
         device,
-        _opts(external_storage=external, local_hbm_for_values=cache_rows * ROW_BYTES, bucket_capacity=16),
+        _opts(
+            external_storage=external,
+            local_hbm_for_values=cache_rows * ROW_BYTES,
+            bucket_capacity=16,
+        ),
     )
     _train_and_compare(device, tiered)
     assert external.size(0) > 0
 
 
-def test_external_storage_by_registered_name(device):  # noqa: ANN001
-    tiered = _module(device, _opts(external_storage="dict", local_hbm_for_values=64 * ROW_BYTES, bucket_capacity=16))
+def test_external_storage_by_registered_name(device):
+    tiered = _module(
+        device,
+        _opts(external_storage="dict", local_hbm_for_values=64 * ROW_BYTES, bucket_capacity=16),
+    )
     assert isinstance(tiered.tables[0].backing, PyDictStorage)
     _train_and_compare(device, tiered)
 
@@ -129,16 +148,20 @@ def test_caching_without_hbm_budget_is_rejected():
         _module("cpu", _opts(caching=True))
 
 
-def _lfu_warmup(m, device):  # noqa: ANN001, ANN202
+def _lfu_warmup(m, device):
     """Keys 0..7 in two batches, 8..15 in one: a full LFU bucket of 16 (keys are deduplicated per
     batch, so a key's count is the number of batches it appeared in)."""
     m(torch.arange(16, device=device), torch.tensor([0, 16], device=device))
     m(torch.arange(8, device=device), torch.tensor([0, 8], device=device))
 
 
-def test_last_tier_evicts_lowest_lfu_scores_and_retains_them(device):  # noqa: ANN001
-    opts = _opts(max_capacity=16, bucket_capacity=16, score_strategy=DynamicEmbScoreStrategy.LFU,
-                 evicted_item_mode=EvictedItemMode.RETAIN_KEY)
+def test_last_tier_evicts_lowest_lfu_scores_and_retains_them(device):
+    opts = _opts(
+        max_capacity=16,
+        bucket_capacity=16,
+        score_strategy=DynamicEmbScoreStrategy.LFU,
+        evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+    )
     m = _module(device, opts)
     _lfu_warmup(m, device)
     m(torch.arange(100, 104, device=device), torch.tensor([0, 4], device=device))
@@ -149,9 +172,15 @@ def test_last_tier_evicts_lowest_lfu_scores_and_retains_them(device):  # noqa: A
     assert m.table_stats()[0]["evictions"] == 4
 
 
-def test_cache_evictions_spill_and_only_the_host_tier_drops(device):  # noqa: ANN001
-    opts = _opts(max_capacity=16, bucket_capacity=16, caching=True, local_hbm_for_values=16 * ROW_BYTES,
-                 score_strategy=DynamicEmbScoreStrategy.LFU, evicted_item_mode=EvictedItemMode.RETAIN_KEY)
+def test_cache_evictions_spill_and_only_the_host_tier_drops(device):
+    opts = _opts(
+        max_capacity=16,
+        bucket_capacity=16,
+        caching=True,
+        local_hbm_for_values=16 * ROW_BYTES,
+        score_strategy=DynamicEmbScoreStrategy.LFU,
+        evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+    )
     m = _module(device, opts)
     _lfu_warmup(m, device)
     m(torch.arange(100, 104, device=device), torch.tensor([0, 4], device=device))
