@@ -14,7 +14,7 @@ the delta may have been gathered over any group, but the table was sharded over 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -236,23 +236,35 @@ def plan_replay(
     return jobs
 
 
+def _occupants(job: ReplayJob) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(key, used)`` of each of the job's target slots, read from the table's flat state.
+
+    The flat layout (``table_keys``, ``digests``, ``slot_offsets``) is the table's documented contract
+    (docs/table_design.md); reading it costs O(n) where exporting the whole table would cost O(capacity).
+    """
+    table, t = job.handle.table, job.handle.table_id
+    state = table.state
+    first = state.slot_offsets[t].to(job.slots.device)
+    global_slots = job.slots + first
+    return state.table_keys[global_slots], state.digests[global_slots] != 0
+
+
 def _evict_displaced(job: ReplayJob) -> torch.Tensor:
-    """Erase keys that stand where the delta's keys go; return (n,) bool "slot held this very key"."""
-    handle, table, t = job.handle, job.handle.table, job.handle.table_id
-    capacity = int(table.capacity(t))
-    present = table.export(t, None)
-    occupant = torch.zeros(capacity, dtype=torch.int64, device=job.keys.device)
-    used = torch.zeros(capacity, dtype=torch.bool, device=job.keys.device)
-    occupant[present.slots] = present.keys
-    used[present.slots] = True
-    same = used[job.slots] & (occupant[job.slots] == job.keys)
-    other = used[job.slots] & ~same
+    """Erase keys that stand where the delta's keys go; return (n,) bool "slot held this very key".
+
+    A target slot may hold a key the source evicted (its replacement is this delta's key), and a delta
+    key may sit at another slot of its bucket in the target (evicted and re-admitted in the source).
+    Both are removed first so every slot is empty or already holds its key when ``insert_at`` runs.
+    """
+    table, t = job.handle.table, job.handle.table_id
+    occupant, used = _occupants(job)
+    same = used & (occupant == job.keys)
+    other = used & ~same
     found = table.find(job.keys, t)
     moved = found.found & (found.slots != job.slots)
-    doomed = torch.cat([occupant[job.slots][other], job.keys[moved]])
+    doomed = torch.cat([occupant[other], job.keys[moved]])
     if doomed.numel():
         table.erase(torch.unique(doomed), t)
-    del handle
     return same
 
 
