@@ -225,6 +225,27 @@ int64_t probe(const State& s, const Home& home, int64_t key, int64_t* first_empt
   return -1;
 }
 
+/**
+ * Call fn(i, home) for keys [b, e) in blocks: hash a block and prefetch each home bucket's digest
+ * lines first, then visit it. A lookup is a chain of cache misses (digests, then the key); issuing a
+ * block's first misses together overlaps them instead of paying them one after another.
+ */
+template <typename Fn>
+void for_each_home(const State& s, const int64_t* k, const int64_t* tid, int64_t b, int64_t e,
+                   Fn&& fn) {
+  constexpr int64_t kBlock = 32;
+  Home homes[kBlock];
+  for (int64_t start = b; start < e; start += kBlock) {
+    const int64_t stop = std::min(e, start + kBlock);
+    for (int64_t i = start; i < stop; ++i) {
+      homes[i - start] = home_of(s, k[i], tid[i]);
+      __builtin_prefetch(s.digests + homes[i - start].begin);
+      __builtin_prefetch(s.digests + homes[i - start].begin + 64);
+    }
+    for (int64_t i = start; i < stop; ++i) fn(i, homes[i - start]);
+  }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Inserting ops
 // ------------------------------------------------------------------------------------------------
@@ -467,13 +488,17 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
   int64_t* os = out_scores.data_ptr<int64_t>();
   // Pass 1: probe (and touch with atomics, so duplicate keys in one call all count).
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const Home home = home_of(s, k[i], tid[i]);
+    for_each_home(s, k, tid, b, e, [&](int64_t i, const Home& home) {
       const int64_t g = probe(s, home, k[i], nullptr);
       fo[i] = g >= 0;
       sl[i] = g >= 0 ? g - s.offsets[home.table] : -1;
-      if (g < 0 || !update_score) continue;
+      if (g < 0) return;
       int64_t* w = s.scores + 2 * g;
+      if (!update_score) {
+        os[2 * i] = w[0];
+        os[2 * i + 1] = w[1];
+        return;
+      }
       const int64_t policy = s.policies[home.table];
       const int64_t t_now = now[home.table];
       if (policy == kLfu || policy == kCompound) {
@@ -483,8 +508,9 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
         __atomic_store_n(&w[0], t_now, __ATOMIC_RELAXED);
         __atomic_store_n(&w[1], 0, __ATOMIC_RELAXED);
       }
-    }
+    });
   });
+  if (!update_score) return std::make_tuple(slots, found, out_scores);
   // Pass 2: read the words after every touch of this call.
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -579,7 +605,8 @@ Tensor erase_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& tabl
   const int64_t* tid = tc.data_ptr<int64_t>();
   std::vector<int64_t> where(n);
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) where[i] = probe(s, home_of(s, k[i], tid[i]), k[i], nullptr);
+    for_each_home(s, k, tid, b, e,
+                  [&](int64_t i, const Home& home) { where[i] = probe(s, home, k[i], nullptr); });
   });
   Tensor erased = at::empty({n}, kc.options().dtype(at::kBool));
   bool* er = erased.data_ptr<bool>();
