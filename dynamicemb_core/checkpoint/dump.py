@@ -24,6 +24,7 @@ from dynamicemb_core.checkpoint.format import (
     check_header,
     read_shard,
     read_shard_header,
+    verify_shard,
     write_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
@@ -149,7 +150,8 @@ def load_tables(
 ) -> Dict[str, Tuple[int, int]]:
     """Load every handle's rows from ``path``, keeping the keys each handle's shard owns.
 
-    Every header and every section checksum is verified for every table before any table is written.
+    Every header and every section checksum of every table is verified (streaming, one chunk at a time)
+    before any table is written; the files are then read again one at a time to be written.
 
     Returns:
         ``{"collection/table": (placed, unplaced)}``.
@@ -158,30 +160,26 @@ def load_tables(
         CheckpointCorruptError, CheckpointMismatchError: nothing was written.
     """
     plan = _check_all(path, handles, optim)
-    loaded: List[Tuple[TableHandle, List[ShardPayload]]] = []
-    for handle, _headers, paths in plan:
-        payloads = []
+    for _, _, paths in plan:
         for full in paths:
-            _, payload = read_shard(full)  # verifies checksums
-            keep = owned_mask(payload.keys, handle)
-            if not bool(keep.all()):
-                payload = ShardPayload(*(t[keep] for _, t in payload.sections()))
-            payloads.append(payload)
-        loaded.append((handle, payloads))
+            verify_shard(full)  # every checksum, before any table is written
     result = {}
-    for handle, payloads in loaded:
-        total = sum(p.keys.numel() for p in payloads)
+    for handle, headers, paths in plan:
+        total = sum(h.num_rows for h in headers)
         placed = unplaced = 0
-        with row_bar(
-            total, f"load {handle.qualified_name}", rank=rank_for_bar, show_progress=show_progress
-        ) as bar:
-            for p in payloads:
+        desc = f"load {handle.qualified_name}"
+        with row_bar(total, desc, rank=rank_for_bar, show_progress=show_progress) as bar:
+            for full in paths:  # one file in memory at a time
+                _, p = read_shard(full)
+                keep = owned_mask(p.keys, handle)
+                if not bool(keep.all()):
+                    p = ShardPayload(*(t[keep] for _, t in p.sections()))
+                    bar.update(int((~keep).sum()))
                 opt = p.optimizer_states if optim and p.optimizer_states.shape[1] else None
                 a, b = insert_rows(handle, p.keys, p.embeddings, opt, p.scores, bar)
                 placed, unplaced = placed + a, unplaced + b
-        if handle.drop_from_cache is not None:
-            for p in payloads:
-                handle.drop_from_cache(p.keys)
+                if handle.drop_from_cache is not None:
+                    handle.drop_from_cache(p.keys)
         result[handle.qualified_name] = (placed, unplaced)
     return result
 

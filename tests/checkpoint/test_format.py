@@ -15,6 +15,7 @@ from dynamicemb_core.checkpoint.format import (
     check_header,
     read_shard,
     read_shard_header,
+    verify_shard,
     write_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
@@ -62,6 +63,7 @@ def test_roundtrip_preserves_every_section_bitwise(tmp_path, dtype, n, opt, scor
     got_header, got = read_shard(path)
     assert got_header == header
     assert read_shard_header(path) == header
+    assert verify_shard(path, chunk_bytes=7) == header
     for name, tensor in payload.sections():
         out = getattr(got, name)
         assert out.dtype == tensor.dtype and out.shape == tensor.shape
@@ -78,8 +80,15 @@ def test_write_rejects_payload_that_disagrees_with_header(tmp_path):
     assert os.listdir(tmp_path) == []  # no temp file left behind
 
 
+READERS = [
+    read_shard,
+    lambda path: verify_shard(path, chunk_bytes=5),
+]  # tiny chunks: many crc updates
+
+
+@pytest.mark.parametrize("reader", READERS, ids=["read", "verify"])
 @pytest.mark.parametrize("keep", [0, 7, 20, 200, -1])
-def test_truncated_file_is_rejected(tmp_path, keep):
+def test_truncated_file_is_rejected(tmp_path, keep, reader):
     header, payload = _shard()
     path = str(tmp_path / "s.demb")
     write_shard(path, header, payload)
@@ -88,7 +97,7 @@ def test_truncated_file_is_rejected(tmp_path, keep):
     with open(path, "wb") as f:
         f.write(data[:cut])
     with pytest.raises(CheckpointCorruptError, match="truncated|not a dynamicemb"):
-        read_shard(path)
+        reader(path)
 
 
 def test_trailing_bytes_are_rejected(tmp_path):
@@ -101,7 +110,8 @@ def test_trailing_bytes_are_rejected(tmp_path):
         read_shard_header(path)
 
 
-def test_every_flipped_byte_is_detected(tmp_path):
+@pytest.mark.parametrize("reader", READERS, ids=["read", "verify"])
+def test_every_flipped_byte_is_detected(tmp_path, reader):
     header, payload = _shard(n=3, dim=2, opt=1, scores=2)
     path = str(tmp_path / "s.demb")
     write_shard(path, header, payload)
@@ -118,7 +128,7 @@ def test_every_flipped_byte_is_detected(tmp_path):
         with open(path, "wb") as f:
             f.write(broken)
         with pytest.raises(CheckpointCorruptError):
-            read_shard(path)
+            reader(path)
 
 
 def test_wrong_magic_and_version_are_rejected(tmp_path):
