@@ -71,13 +71,19 @@ def fbgemm_peer(dims, feature_table_map, pooling: DynamicEmbPoolingMode, optimiz
     )
 
     mode = {0: PoolingMode.SUM, 1: PoolingMode.MEAN, 2: PoolingMode.NONE}[int(pooling)]
-    return SplitTableBatchedEmbeddingBagsCodegen(
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(NUM_IDS, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for d in dims],
         feature_table_map=feature_table_map,
         optimizer=optimizer,
         pooling_mode=mode,
         **kw,
     )
+    # TBE's CPU tables start at zero; random rows make every step's arithmetic matter.
+    g = torch.Generator().manual_seed(123)
+    with torch.no_grad():
+        for w in tbe.split_embedding_weights():
+            w.copy_(torch.rand(w.shape, generator=g) - 0.5)
+    return tbe
 
 
 class SparseAdamPeer(nn.Module):

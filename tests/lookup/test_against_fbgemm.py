@@ -4,6 +4,10 @@ Every pooling mode x optimizer, mixed dims for pooled modes, repeated ids, empty
 batch. EXACT_* optimizers are checked against FBGEMM's CPU TBE (what TorchRec's fused
 EmbeddingBagCollection / EmbeddingCollection run); ADAM against torch's SparseAdam on sparse
 embeddings (row-sparse Adam: only rows in the batch move; bias correction by the global step).
+
+Row-wise Adagrad's weight decay (L2 / DECOUPLE) is not checked here: FBGEMM 1.8's CPU kernel ignores
+weight_decay_mode (L2, DECOUPLE and NONE give identical rows there), so the formula FBGEMM's CUDA
+kernels apply is checked against tests/optim/row_reference.py instead.
 """
 
 from __future__ import annotations

@@ -190,3 +190,20 @@ def test_cache_evictions_spill_and_only_the_host_tier_drops(device):
     m.flush()
     assert storage.backing.size(0) == 16  # host table full: it dropped 4 keys, and retained them
     assert storage.pop_evicted_keys(0).numel() == 4
+
+
+def test_step_strategy_evicts_the_keys_of_the_oldest_step(device):
+    opts = _opts(
+        max_capacity=16,
+        bucket_capacity=16,
+        score_strategy=DynamicEmbScoreStrategy.STEP,
+        evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+    )
+    m = _module(device, opts)
+    m(torch.arange(0, 8, device=device), torch.tensor([0, 8], device=device))  # step 1
+    m(torch.arange(8, 16, device=device), torch.tensor([0, 8], device=device))  # step 2
+    m(torch.arange(100, 103, device=device), torch.tensor([0, 3], device=device))  # step 3
+    evicted = m.tables[0].pop_evicted_keys(0).cpu()
+    assert evicted.numel() == 3 and bool((evicted < 8).all())
+    stats = m.table_stats()[0]
+    assert stats == {"name": "t", "size": 16, "capacity": 16, "evictions": 3}
