@@ -219,3 +219,15 @@ def test_load_accepts_a_plain_list_of_table_names(tmp_path):
     assert snap["ebc/t0"].keys() == snapshot(src)["ebc/t0"].keys() and not snap["ebc/t1"].keys()
     with pytest.raises(ValueError, match="no dynamic table \\['zz'\\]"):
         DynamicEmbLoad(str(tmp_path), dst, table_names=["zz"])
+
+
+def test_progress_bars_count_rows_on_request(tmp_path, capsys):
+    src = make_model()
+    train(src, 2)
+    rows = sum(len(s.keys()) for s in snapshot(src).values())
+    DynamicEmbDump(str(tmp_path), src, show_progress=True)
+    err = capsys.readouterr().err
+    assert "dump ebc/t0" in err and "dump ebc/t1" in err and "rows" in err
+    DynamicEmbLoad(str(tmp_path), make_model(), show_progress=False)
+    assert capsys.readouterr().err == ""
+    assert rows > 0
