@@ -4,7 +4,7 @@ Holds no logic: the options and enums live in :mod:`dynamicemb_core.config`, the
 completion in :mod:`dynamicemb_core.planner.table_options`.
 """
 
-from dynamicemb_core.config import (  # noqa: F401
+from dynamicemb_core.config import (
     BUCKET_ALIGNMENT,
     DEFAULT_INDEX_TYPE,
     MAX_BUCKET_CAPACITY,
@@ -17,11 +17,11 @@ from dynamicemb_core.config import (  # noqa: F401
     DynamicEmbTableOptions,
     EvictedItemMode,
 )
-from dynamicemb_core.planner.capacity import (  # noqa: F401
+from dynamicemb_core.planner.capacity import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
-from dynamicemb_core.planner.table_options import complete_initializer_args  # noqa: F401
+from dynamicemb_core.planner.table_options import complete_initializer_args
 
 __all__ = [
     "BUCKET_ALIGNMENT",

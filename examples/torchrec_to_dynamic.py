@@ -53,8 +53,12 @@ def main() -> float:
 
     # The model, unchanged: two id features. Build it on "meta" so no dense table is allocated.
     tables = [
-        EmbeddingBagConfig(name="user", embedding_dim=8, num_embeddings=100_000, feature_names=["user_id"]),
-        EmbeddingBagConfig(name="country", embedding_dim=8, num_embeddings=250, feature_names=["country"]),
+        EmbeddingBagConfig(
+            name="user", embedding_dim=8, num_embeddings=100_000, feature_names=["user_id"]
+        ),
+        EmbeddingBagConfig(
+            name="country", embedding_dim=8, num_embeddings=250, feature_names=["country"]
+        ),
     ]
     model = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 

@@ -64,7 +64,9 @@ class ClickData:
 
     def _ids(self, ranks: torch.Tensor, feature: int, step: int) -> torch.Tensor:
         shifted = ranks + step * self.config.drift + feature * (1 << 40)
-        return shifted * _ID_SCATTER  # wraps like uint64: distinct ranks give distinct, scattered ids
+        return (
+            shifted * _ID_SCATTER
+        )  # wraps like uint64: distinct ranks give distinct, scattered ids
 
     @staticmethod
     def _latent(ids: torch.Tensor) -> torch.Tensor:

@@ -43,12 +43,15 @@ class History:
 
 def format_interval(r: IntervalRecord) -> str:
     tables = "  ".join(
-        f"{name}: {t.size}/{t.capacity} ({t.occupancy:.0%}) ev {t.evictions}" for name, t in r.tables.items()
+        f"{name}: {t.size}/{t.capacity} ({t.occupancy:.0%}) ev {t.evictions}"
+        for name, t in r.tables.items()
     )
     return f"step {r.step:5d}  loss {r.loss:.4f}  {r.samples_per_s:8.0f} samples/s  {tables}"
 
 
-def format_summary(history: History, seconds: float, samples: int, plot_path: str, world: int) -> str:
+def format_summary(
+    history: History, seconds: float, samples: int, plot_path: str, world: int
+) -> str:
     first, last = history.records[0], history.records[-1]
     lines = [
         "",

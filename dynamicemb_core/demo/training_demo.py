@@ -23,14 +23,24 @@ import socket
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from dynamicemb_core.demo.data import ClickData, ClickDataConfig
-from dynamicemb_core.demo.report import History, IntervalRecord, TableStats, format_interval, format_summary, plot
+from dynamicemb_core.demo.report import (
+    History,
+    IntervalRecord,
+    TableStats,
+    format_interval,
+    format_summary,
+    plot,
+)
+
+if TYPE_CHECKING:
+    from torchrec.distributed.model_parallel import DistributedModelParallel
 
 __all__ = ["build_model", "main", "parse_args"]
 
@@ -38,16 +48,22 @@ FEATURES = ("user_id", "item_id", "category_id")
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m dynamicemb_core demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m dynamicemb_core demo", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--steps", type=int, default=400, help="training steps")
     p.add_argument("--batch-size", type=int, default=512, help="samples per step per process")
     p.add_argument("--dim", type=int, default=16, help="embedding dimension")
-    p.add_argument("--rows", type=int, default=32768, help="num_embeddings of each table (all ranks)")
+    p.add_argument(
+        "--rows", type=int, default=32768, help="num_embeddings of each table (all ranks)"
+    )
     p.add_argument("--id-space", type=int, default=1_000_000, help="power-law ranks per feature")
     p.add_argument("--alpha", type=float, default=1.05, help="power-law exponent")
     p.add_argument("--drift", type=int, default=5, help="ranks the hot ids move per step")
     p.add_argument("--interval", type=int, default=20, help="steps per logging interval")
-    p.add_argument("--lr", type=float, default=0.02, help="learning rate (tables: Adam; dense: Adam)")
+    p.add_argument(
+        "--lr", type=float, default=0.02, help="learning rate (tables: Adam; dense: Adam)"
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--out", default="demo_out", help="folder for the PNG plot")
     p.add_argument("--seed", type=int, default=0)
@@ -67,7 +83,9 @@ def _init_distributed(device_kind: str) -> torch.device:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend)
     else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+        )
     if device_kind == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
@@ -75,7 +93,7 @@ def _init_distributed(device_kind: str) -> torch.device:
     return torch.device("cpu")
 
 
-def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
+def build_model(args: argparse.Namespace, device: torch.device) -> "DistributedModelParallel":
     """The DLRM, planned with dynamic tables and wrapped in DistributedModelParallel."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -85,23 +103,32 @@ def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from dynamicemb_core import DynamicEmbTableOptions
-    from dynamicemb_core.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from dynamicemb_core.planner import (
+        DynamicEmbeddingShardingPlanner,
+        DynamicEmbParameterConstraints,
+    )
     from dynamicemb_core.planner.planner import default_topology
     from dynamicemb_core.shard import DynamicEmbeddingBagCollectionSharder
 
     configs = [
-        EmbeddingBagConfig(name=f"t_{f}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f])
+        EmbeddingBagConfig(
+            name=f"t_{f}", embedding_dim=args.dim, num_embeddings=args.rows, feature_names=[f]
+        )
         for f in FEATURES
     ]
     constraints = {
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=128, dist_type="hash_roundrobin"),
+            dynamicemb_options=DynamicEmbTableOptions(
+                bucket_capacity=128, dist_type="hash_roundrobin"
+            ),
         )
         for c in configs
     }
     model = DLRM(
-        embedding_bag_collection=EmbeddingBagCollection(tables=configs, device=torch.device("meta")),
+        embedding_bag_collection=EmbeddingBagCollection(
+            tables=configs, device=torch.device("meta")
+        ),
         dense_in_features=8,
         dense_arch_layer_sizes=[32, args.dim],
         over_arch_layer_sizes=[32, 1],
@@ -116,7 +143,11 @@ def build_model(args: argparse.Namespace, device: torch.device) -> nn.Module:
     )
     plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
     return DistributedModelParallel(
-        model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD), device=device, plan=plan, sharders=[sharder]
+        model,
+        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+        device=device,
+        plan=plan,
+        sharders=[sharder],
     )
 
 
@@ -150,7 +181,9 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
     dense_params = [p for n, p in model.named_parameters() if p.requires_grad]
     dense_opt = torch.optim.Adam(dense_params, lr=args.lr)
     data = ClickData(
-        ClickDataConfig(FEATURES, id_space=args.id_space, alpha=args.alpha, drift=args.drift, seed=args.seed)
+        ClickDataConfig(
+            FEATURES, id_space=args.id_space, alpha=args.alpha, drift=args.drift, seed=args.seed
+        )
     )
     loss_fn = nn.BCEWithLogitsLoss()
     history = History()
@@ -196,7 +229,10 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "demo.png")
         plot(history, path)
-        print(format_summary(history, seconds, args.steps * args.batch_size * world, path, world), flush=True)
+        print(
+            format_summary(history, seconds, args.steps * args.batch_size * world, path, world),
+            flush=True,
+        )
     return 0
 
 
@@ -224,7 +260,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("--device cuda: no CUDA device is available", file=sys.stderr)
         return 2
     if kind == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+        torch.set_num_threads(
+            max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        )
     device = _init_distributed(kind)
     try:
         return _train(args, device)

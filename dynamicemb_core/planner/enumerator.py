@@ -35,9 +35,7 @@ PLANNING_KERNEL: str = EmbeddingComputeKernel.FUSED.value
 
 def dynamic_table_names(constraints: Optional[Dict[str, ParameterConstraints]]) -> Set[str]:
     """Names of the tables whose constraints set ``use_dynamicemb``."""
-    return {
-        name for name, c in (constraints or {}).items() if getattr(c, "use_dynamicemb", False)
-    }
+    return {name for name, c in (constraints or {}).items() if getattr(c, "use_dynamicemb", False)}
 
 
 def _torchrec_constraints(

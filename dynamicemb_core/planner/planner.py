@@ -143,7 +143,9 @@ class DynamicEmbeddingShardingPlanner:
         configs = {c.name: c for c in eb_configs}
         # Validate every table before preparing any, so a bad table leaves all options untouched.
         prepared = {
-            name: prepare_table_options(c.dynamicemb_options, configs[name], world_size)
+            name: prepare_table_options(
+                c.dynamicemb_options or DynamicEmbTableOptions(), configs[name], world_size
+            )
             for name, c in constraints.items()
             if getattr(c, "use_dynamicemb", False)
         }
@@ -183,11 +185,13 @@ class DynamicEmbeddingShardingPlanner:
 
     def _to_dynamic_plan(self, plan: ShardingPlan) -> ShardingPlan:
         for module_plan in plan.plan.values():
-            for name in list(module_plan.keys()):  # type: ignore[attr-defined]
+            for name in list(module_plan.keys()):
                 options = self._dynamic_options.get(name)
                 if options is not None:
-                    module_plan[name] = DynamicEmbParameterSharding.from_torchrec(  # type: ignore[index]
-                        module_plan[name], options, name  # type: ignore[index]
+                    module_plan[name] = DynamicEmbParameterSharding.from_torchrec(
+                        module_plan[name],
+                        options,
+                        name,
                     )
         return plan
 

@@ -63,7 +63,9 @@ def complete_initializer_args(
     )
 
 
-def _embedding_row_bytes(embedding_config: BaseEmbeddingConfig, options: DynamicEmbTableOptions) -> int:
+def _embedding_row_bytes(
+    embedding_config: BaseEmbeddingConfig, options: DynamicEmbTableOptions
+) -> int:
     dtype = options.embedding_dtype or table_dtype(embedding_config)
     return int(embedding_config.embedding_dim) * torch.empty((), dtype=dtype).element_size()
 
@@ -140,4 +142,3 @@ def prepare_table_options(
         init_capacity=init_capacity,
         local_hbm_for_values=local_hbm,
     )
-

@@ -42,7 +42,7 @@ class DynamicEmbFusedOptimizer(KeyedOptimizer):
     """
 
     def __init__(self, module: nn.Module, table_names: List[str], learning_rate: float) -> None:
-        self._module = module
+        self._module: Any = module
         # Placeholders: the rows live in hash tables, there is no dense tensor to expose.
         params = {f"{name}.weight": torch.empty(0) for name in table_names}
         super().__init__(params, {}, [{"params": list(params.values()), "lr": learning_rate}])
@@ -50,12 +50,14 @@ class DynamicEmbFusedOptimizer(KeyedOptimizer):
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Nothing to clear: gradients are applied to the rows inside backward."""
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:
         """Send the (possibly scheduled) learning rate to the tables for the next backward."""
-        self._module.set_learning_rate(float(self.param_groups[0]["lr"]))  # type: ignore[index]
+        self._module.set_learning_rate(float(self.param_groups[0]["lr"]))
 
 
-def _optimizer_kwargs(fused_params: Mapping[str, Any], tables: List[str]) -> Tuple[Any, Dict[str, Any]]:
+def _optimizer_kwargs(
+    fused_params: Mapping[str, Any], tables: List[str]
+) -> Tuple[Any, Dict[str, Any]]:
     """The ``optimizer`` and the hyper-parameters our optimizers know, from TorchRec fused params."""
     from dynamicemb_core.optim.args import OptimizerArgs
 
@@ -139,17 +141,20 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
         )
 
     # Dynamic weights are not module state: see the module docstring.
-    def state_dict(  # type: ignore[override]
-        self, destination: Optional[Dict[str, Any]] = None, prefix: str = "", keep_vars: bool = False
+    def state_dict(
+        self,
+        destination: Optional[Dict[str, Any]] = None,
+        prefix: str = "",
+        keep_vars: bool = False,
     ) -> Dict[str, Any]:
         return destination if destination is not None else OrderedDict()
 
-    def named_parameters(  # type: ignore[override]
+    def named_parameters(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[Tuple[str, nn.Parameter]]:
         return iter(())
 
-    def named_buffers(  # type: ignore[override]
+    def named_buffers(
         self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
     ) -> Iterator[Tuple[str, torch.Tensor]]:
         return iter(())

@@ -115,4 +115,6 @@ def owner_rank(
         )
     block = block_size(num_embeddings, world_size)
     in_range = (keys >= 0) & (keys < block * world_size)
-    return torch.where(in_range, torch.div(keys, block, rounding_mode="floor"), _unsigned_mod(keys, world_size))
+    return torch.where(
+        in_range, torch.div(keys, block, rounding_mode="floor"), _unsigned_mod(keys, world_size)
+    )

@@ -62,7 +62,9 @@ def _route_keys(
     block = block_size(route.num_embeddings, world_size)
     # FBGEMM's block bucketization: in-range keys become block-local rows; others key // world_size.
     in_range = (keys >= 0) & (keys < block * world_size)
-    local = torch.where(in_range, keys - owners * block, torch.div(keys, world_size, rounding_mode="floor"))
+    local = torch.where(
+        in_range, keys - owners * block, torch.div(keys, world_size, rounding_mode="floor")
+    )
     return owners, local
 
 
@@ -89,7 +91,9 @@ def bucketize_kjt_by_owner(
     if len(routes) != len(keys):
         raise ValueError(f"bucketize: {len(keys)} features {keys} but {len(routes)} routes")
     if kjt.variable_stride_per_key():
-        raise NotImplementedError("dynamic row-wise sharding does not support variable batch per feature")
+        raise NotImplementedError(
+            "dynamic row-wise sharding does not support variable batch per feature"
+        )
     values = kjt.values()
     device = values.device
     key_values = values.to(torch.int64)
@@ -134,7 +138,9 @@ class RwDynamicSparseFeaturesDist(RwSparseFeaturesDist):
         is_sequence: keep ``unbucketize_permute_tensor`` for the sequence output dist.
     """
 
-    def __init__(self, pg: dist.ProcessGroup, routes: List[FeatureRoute], is_sequence: bool) -> None:
+    def __init__(
+        self, pg: dist.ProcessGroup, routes: List[FeatureRoute], is_sequence: bool
+    ) -> None:
         BaseSparseFeaturesDist.__init__(self)
         self._world_size: int = pg.size()
         self._routes = list(routes)
@@ -142,8 +148,12 @@ class RwDynamicSparseFeaturesDist(RwSparseFeaturesDist):
         self._dist = KJTAllToAll(pg=pg, splits=[len(self._routes)] * self._world_size)
         self.unbucketize_permute_tensor: Optional[torch.Tensor] = None
 
-    def forward(self, sparse_features: KeyedJaggedTensor) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
+    def forward(
+        self, sparse_features: KeyedJaggedTensor
+    ) -> Awaitable[Awaitable[KeyedJaggedTensor]]:
         """Bucketize ``sparse_features`` and start the all-to-all."""
-        bucketized, unbucketize = bucketize_kjt_by_owner(sparse_features, self._routes, self._world_size)
+        bucketized, unbucketize = bucketize_kjt_by_owner(
+            sparse_features, self._routes, self._world_size
+        )
         self.unbucketize_permute_tensor = unbucketize if self._is_sequence else None
         return self._dist(bucketized)

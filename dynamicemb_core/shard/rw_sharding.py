@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torchrec.distributed.embedding_lookup import (
     GroupedEmbeddingsLookup,
     GroupedPooledEmbeddingsLookup,
@@ -58,7 +59,9 @@ def _routes_by_feature(sharding_infos: List[EmbeddingShardingInfo]) -> Dict[str,
     return routes
 
 
-def _options_by_table(sharding_infos: List[EmbeddingShardingInfo]) -> Dict[str, DynamicEmbTableOptions]:
+def _options_by_table(
+    sharding_infos: List[EmbeddingShardingInfo],
+) -> Dict[str, DynamicEmbTableOptions]:
     return {
         info.embedding_config.name: info.param_sharding.dynamicemb_options
         for info in sharding_infos
@@ -82,7 +85,9 @@ class _DynamicKernelFactory:
         object.__setattr__(self, "_demb_pg", pg)
         object.__setattr__(self, "_demb_device", device)
 
-    def _dynamic_kernel(self, config: GroupedEmbeddingConfig) -> Optional[BatchedDynamicEmbeddingKernel]:
+    def _dynamic_kernel(
+        self, config: GroupedEmbeddingConfig
+    ) -> Optional[BatchedDynamicEmbeddingKernel]:
         if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
             return None
         return BatchedDynamicEmbeddingKernel(
@@ -108,9 +113,15 @@ class DynamicEmbeddingsLookup(_DynamicKernelFactory, GroupedEmbeddingsLookup):
         self._dynamic_setup(table_options, DynamicEmbPoolingMode.NONE, pg, device)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, **kwargs)
 
-    def _create_embedding_kernel(self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any):  # type: ignore[override]
+    def _create_embedding_kernel(
+        self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any
+    ) -> nn.Module:
         kernel = self._dynamic_kernel(config)
-        return kernel if kernel is not None else super()._create_embedding_kernel(config, *args, **kwargs)
+        return (
+            kernel
+            if kernel is not None
+            else super()._create_embedding_kernel(config, *args, **kwargs)
+        )
 
 
 class DynamicPooledEmbeddingsLookup(_DynamicKernelFactory, GroupedPooledEmbeddingsLookup):
@@ -129,9 +140,15 @@ class DynamicPooledEmbeddingsLookup(_DynamicKernelFactory, GroupedPooledEmbeddin
         self._dynamic_setup(table_options, DynamicEmbPoolingMode.SUM, pg, device)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, **kwargs)
 
-    def _create_embedding_kernel(self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any):  # type: ignore[override]
+    def _create_embedding_kernel(
+        self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any
+    ) -> nn.Module:
         kernel = self._dynamic_kernel(config)
-        return kernel if kernel is not None else super()._create_embedding_kernel(config, *args, **kwargs)
+        return (
+            kernel
+            if kernel is not None
+            else super()._create_embedding_kernel(config, *args, **kwargs)
+        )
 
 
 def _check_supported(sharding: Any) -> None:
@@ -145,15 +162,19 @@ def _check_supported(sharding: Any) -> None:
 class RwSequenceDynamicEmbeddingSharding(RwSequenceEmbeddingSharding):
     """Row-wise sharding of an ``EmbeddingCollection``'s tables, some of them dynamic."""
 
-    def __init__(self, sharding_infos: List[EmbeddingShardingInfo], *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, sharding_infos: List[EmbeddingShardingInfo], *args: Any, **kwargs: Any
+    ) -> None:
         super().__init__(sharding_infos, *args, **kwargs)
         _check_supported(self)
         self._demb_routes = _routes_by_feature(sharding_infos)
         self._demb_options = _options_by_table(sharding_infos)
 
-    def create_input_dist(self, device: Optional[torch.device] = None) -> RwDynamicSparseFeaturesDist:
+    def create_input_dist(
+        self, device: Optional[torch.device] = None
+    ) -> RwDynamicSparseFeaturesDist:
         routes = [self._demb_routes[f] for f in self.feature_names()]
-        return RwDynamicSparseFeaturesDist(pg=self._pg, routes=routes, is_sequence=True)  # type: ignore[arg-type]
+        return RwDynamicSparseFeaturesDist(pg=self._pg, routes=routes, is_sequence=True)
 
     def create_lookup(
         self,
@@ -172,15 +193,19 @@ class RwSequenceDynamicEmbeddingSharding(RwSequenceEmbeddingSharding):
 class RwPooledDynamicEmbeddingSharding(RwPooledEmbeddingSharding):
     """Row-wise sharding of an ``EmbeddingBagCollection``'s tables, some of them dynamic."""
 
-    def __init__(self, sharding_infos: List[EmbeddingShardingInfo], *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, sharding_infos: List[EmbeddingShardingInfo], *args: Any, **kwargs: Any
+    ) -> None:
         super().__init__(sharding_infos, *args, **kwargs)
         _check_supported(self)
         self._demb_routes = _routes_by_feature(sharding_infos)
         self._demb_options = _options_by_table(sharding_infos)
 
-    def create_input_dist(self, device: Optional[torch.device] = None) -> RwDynamicSparseFeaturesDist:
+    def create_input_dist(
+        self, device: Optional[torch.device] = None
+    ) -> RwDynamicSparseFeaturesDist:
         routes = [self._demb_routes[f] for f in self.feature_names()]
-        return RwDynamicSparseFeaturesDist(pg=self._pg, routes=routes, is_sequence=False)  # type: ignore[arg-type]
+        return RwDynamicSparseFeaturesDist(pg=self._pg, routes=routes, is_sequence=False)
 
     def create_lookup(
         self,

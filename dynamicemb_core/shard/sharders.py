@@ -48,7 +48,8 @@ __all__ = [
 
 def _construct(cls: type, **kwargs: Any) -> Any:
     """Call ``cls`` with the keyword arguments its TorchRec base accepts (1.6 lacks some)."""
-    accepted = inspect.signature(cls.__mro__[1].__init__).parameters
+    base: Any = cls.__mro__[1]
+    accepted = inspect.signature(base.__init__).parameters
     return cls(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
@@ -60,7 +61,7 @@ def _without_dynamic_configs(module: nn.Module, attr: str) -> Iterator[None]:
     are initialized on first lookup from ``initializer_args``), so it is left out for the call.
     """
     configs = getattr(module, attr)
-    plan = module.module_sharding_plan  # type: ignore[attr-defined]
+    plan: Any = module.module_sharding_plan
     setattr(module, attr, [c for c in configs if not is_dynamic_sharding(plan[c.name])])
     try:
         yield
@@ -75,11 +76,16 @@ def _register_dynamic_kernels(module: nn.Module) -> None:
     lets code that walks the model (dump, load, incremental dump, the demo's table stats) find every
     dynamic table under its collection's path. They add no parameters, buffers or state_dict keys.
     """
-    kernels = []
-    for lookup in module._lookups:  # type: ignore[attr-defined]
+    kernels: List[nn.Module] = []
+    lookups: Any = module._lookups
+    for lookup in lookups:
         while isinstance(lookup, DistributedDataParallel):
             lookup = lookup.module
-        kernels.extend(m for m in getattr(lookup, "_emb_modules", []) if isinstance(m, BatchedDynamicEmbeddingKernel))
+        kernels.extend(
+            m
+            for m in getattr(lookup, "_emb_modules", [])
+            if isinstance(m, BatchedDynamicEmbeddingKernel)
+        )
     module.dynamic_kernels = nn.ModuleList(kernels)
 
 
@@ -103,7 +109,7 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
             super().reset_parameters()
 
     @classmethod
-    def create_embedding_sharding(  # type: ignore[override]
+    def create_embedding_sharding(
         cls,
         sharding_type: str,
         sharding_infos: List[EmbeddingShardingInfo],
@@ -145,7 +151,7 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             super().reset_parameters()
 
     @classmethod
-    def create_embedding_bag_sharding(  # type: ignore[override]
+    def create_embedding_bag_sharding(
         cls,
         sharding_infos: List[EmbeddingShardingInfo],
         env: ShardingEnv,
@@ -175,7 +181,7 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
     """``EmbeddingCollectionSharder`` for collections holding dynamic tables (sequence lookup)."""
 
-    def shard(  # type: ignore[override]
+    def shard(
         self,
         module: EmbeddingCollection,
         params: Dict[str, ParameterSharding],
@@ -206,7 +212,7 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
 class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """``EmbeddingBagCollectionSharder`` for collections holding dynamic tables (pooled lookup)."""
 
-    def shard(  # type: ignore[override]
+    def shard(
         self,
         module: EmbeddingBagCollection,
         params: Dict[str, ParameterSharding],
@@ -233,10 +239,11 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return ShardedDynamicEmbeddingBagCollection
 
 
-def default_sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[ModuleSharder[nn.Module]]:
+def default_sharders(
+    fused_params: Optional[Dict[str, Any]] = None,
+) -> List[ModuleSharder[nn.Module]]:
     """One EC and one EBC sharder sharing ``fused_params``."""
     return [
         DynamicEmbeddingCollectionSharder(fused_params=fused_params),
         DynamicEmbeddingBagCollectionSharder(fused_params=fused_params),
     ]
-

@@ -19,7 +19,9 @@ TINY = ["--steps", "12", "--batch-size", "64", "--rows", "256", "--interval", "4
 
 def _run(cmd, tmp_path: Path, timeout: float = 180) -> str:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -42,8 +44,18 @@ def test_demo_trains_evicts_and_plots_with_tiny_args(tmp_path: Path) -> None:
 
 def test_demo_runs_under_torchrun_with_two_processes(tmp_path: Path) -> None:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        "-m", "dynamicemb_core", "demo", *TINY, "--out", "out",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "dynamicemb_core",
+        "demo",
+        *TINY,
+        "--out",
+        "out",
     ]
     out = _run(cmd, tmp_path)
     _check_report(out, tmp_path, world=2)

@@ -9,14 +9,21 @@ import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.modules.embedding_configs import DataType, EmbeddingConfig
 
-from dynamicemb_core import BUCKET_ALIGNMENT, MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
-from dynamicemb_core import get_sharded_table_capacity, get_table_value_bytes
+from dynamicemb_core import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
+    DynamicEmbTableOptions,
+    get_sharded_table_capacity,
+    get_table_value_bytes,
+)
 from dynamicemb_core.planner.capacity import _sharded_table_bucket_layout
 from dynamicemb_core.planner.table_options import prepare_table_options
 
 
 def _config(n: int, dim: int = 8, data_type: DataType = DataType.FP32) -> EmbeddingConfig:
-    return EmbeddingConfig(name="t", embedding_dim=dim, num_embeddings=n, feature_names=["f"], data_type=data_type)
+    return EmbeddingConfig(
+        name="t", embedding_dim=dim, num_embeddings=n, feature_names=["f"], data_type=data_type
+    )
 
 
 def _reference_layout(n: int, world: int, bucket: int) -> tuple:

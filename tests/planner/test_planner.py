@@ -99,7 +99,9 @@ def test_hbm_budget_smaller_than_one_bucket_per_rank_raises() -> None:
 
 
 def test_dim_disagreeing_with_config_raises() -> None:
-    with pytest.raises(ValueError, match=r"table 'dyn': dynamicemb_options.dim=4 .*embedding_dim=8"):
+    with pytest.raises(
+        ValueError, match=r"table 'dyn': dynamicemb_options.dim=4 .*embedding_dim=8"
+    ):
         _planner(_bag_configs(), _constraints(dim=4))
 
 
@@ -142,7 +144,9 @@ def test_preparation_fills_initializer_layout_capacity_and_hbm_share() -> None:
 def test_init_capacity_is_clamped_to_max_capacity() -> None:
     constraints = _constraints(init_capacity=400, max_capacity=None)
     configs = _bag_configs()
-    configs[0] = EmbeddingBagConfig(name="dyn", embedding_dim=8, num_embeddings=300, feature_names=["f0"])
+    configs[0] = EmbeddingBagConfig(
+        name="dyn", embedding_dim=8, num_embeddings=300, feature_names=["f0"]
+    )
     _planner(configs, constraints)
     opts = constraints["dyn"].dynamicemb_options
     assert opts.max_capacity == 256  # ceil(300/2)=150 -> 2 buckets of 128
@@ -172,8 +176,14 @@ def test_preparation_is_idempotent() -> None:
         (DynamicEmbInitializerArgs(), "n=400", (-0.05, 0.05)),
     ],
 )
-def test_complete_initializer_args_fills_only_missing_uniform_bounds(args, config, expected) -> None:
-    cfg = EmbeddingConfig(name="t", embedding_dim=4, num_embeddings=400, feature_names=["f"]) if config else None
+def test_complete_initializer_args_fills_only_missing_uniform_bounds(
+    args, config, expected
+) -> None:
+    cfg = (
+        EmbeddingConfig(name="t", embedding_dim=4, num_embeddings=400, feature_names=["f"])
+        if config
+        else None
+    )
     out = complete_initializer_args(args, cfg)
     assert (out.lower, out.upper) == pytest.approx(expected)
     assert args.lower in (None, -0.5) and args.upper is None  # input unchanged
@@ -207,7 +217,9 @@ def test_plan_marks_dynamic_table_row_wise_with_our_kernel(dist_type: str) -> No
 
 
 def test_enumerator_offers_dynamic_table_one_option_with_no_memory() -> None:
-    configs = [EmbeddingConfig(name="dyn", embedding_dim=8, num_embeddings=10**9, feature_names=["f0"])]
+    configs = [
+        EmbeddingConfig(name="dyn", embedding_dim=8, num_embeddings=10**9, feature_names=["f0"])
+    ]
     constraints = {"dyn": DynamicEmbParameterConstraints(use_dynamicemb=True)}
     enumerator = DynamicEmbeddingEnumerator(default_topology(WORLD, "cpu"), constraints=constraints)
     ec = EmbeddingCollection(tables=configs, device=torch.device("meta"))

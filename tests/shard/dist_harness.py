@@ -41,21 +41,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable[..., None], args: Tuple[Any, ...]) -> None:
+def _worker(
+    rank: int, world: int, port: int, fn: Callable[..., None], args: Tuple[Any, ...]
+) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
-    except BaseException:
+    except BaseException as err:
         # the parent prints the child's traceback; add the rank so failures are attributable
-        raise RuntimeError(f"rank {rank} failed:\n{traceback.format_exc()}")
+        raise RuntimeError(f"rank {rank} failed:\n{traceback.format_exc()}") from err
     finally:
         dist.destroy_process_group()
 
 
-def run_workers(fn: Callable[..., None], *args: Any, world: int = WORLD_SIZE, timeout: float = 240.0) -> None:
+def run_workers(
+    fn: Callable[..., None], *args: Any, world: int = WORLD_SIZE, timeout: float = 240.0
+) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; raise if any fails or hangs."""
     ctx = mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=False)
     deadline = time.monotonic() + timeout
@@ -82,7 +86,9 @@ class Wrapper(nn.Module):
         return {f: out[f] for f in out.keys()}  # EmbeddingCollection: {feature: JaggedTensor}
 
 
-def make_collection(pooled: bool, configs: List[BaseEmbeddingConfig], device: torch.device) -> nn.Module:
+def make_collection(
+    pooled: bool, configs: List[BaseEmbeddingConfig], device: torch.device
+) -> nn.Module:
     cls = EmbeddingBagCollection if pooled else EmbeddingCollection
     return cls(tables=configs, device=device)
 
@@ -96,7 +102,9 @@ def shard_model(
 ) -> DistributedModelParallel:
     """Plan with our planner and wrap in DMP, as a user would (collection built on meta)."""
     model = Wrapper(make_collection(pooled, configs, torch.device("meta")))
-    sharder_cls = DynamicEmbeddingBagCollectionSharder if pooled else DynamicEmbeddingCollectionSharder
+    sharder_cls = (
+        DynamicEmbeddingBagCollectionSharder if pooled else DynamicEmbeddingCollectionSharder
+    )
     sharders = [sharder_cls(fused_params=dict(fused_params))]
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs, topology=default_topology(world, "cpu"), constraints=constraints
@@ -216,7 +224,9 @@ def _flatten(out: Any, pooled: bool) -> torch.Tensor:
     return torch.cat([out[f].values() for f in sorted(out)], dim=0)
 
 
-def _local_rows(flat: torch.Tensor, pooled: bool, kjt: KeyedJaggedTensor, rank: int, world: int) -> torch.Tensor:
+def _local_rows(
+    flat: torch.Tensor, pooled: bool, kjt: KeyedJaggedTensor, rank: int, world: int
+) -> torch.Tensor:
     """The rows of a whole-batch output (flattened by ``_flatten``) that are ``rank``'s samples."""
     b = kjt.stride() // world
     if pooled:
@@ -229,7 +239,9 @@ def _local_rows(flat: torch.Tensor, pooled: bool, kjt: KeyedJaggedTensor, rank: 
     return torch.cat(parts, dim=0)
 
 
-def mirror_dynamic_rows(model: nn.Module, twin: nn.Module, pooled: bool, rank: int, world: int) -> None:
+def mirror_dynamic_rows(
+    model: nn.Module, twin: nn.Module, pooled: bool, rank: int, world: int
+) -> None:
     """Write the twin's initial rows (and fresh optimizer state) into the owners' dynamic tables."""
     from dynamicemb_core.optim import initial_state_value
     from dynamicemb_core.shard.ownership import owner_rank
@@ -238,7 +250,9 @@ def mirror_dynamic_rows(model: nn.Module, twin: nn.Module, pooled: bool, rank: i
         emb = kernel.emb_module
         weight = _twin_weight(twin, pooled, name).detach()
         keys = torch.arange(weight.shape[0])
-        mine = keys[owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank]
+        mine = keys[
+            owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank
+        ]
         tier = emb.tables[t]
         spec = tier.tables[0]
         rows = torch.empty(len(mine), spec.row_width)
@@ -285,24 +299,33 @@ def train_against_twin(
 
     from dynamicemb_core.shard.ownership import owner_rank
 
-    model = shard_model(pooled, configs, constraints, {"optimizer": EmbOptimType(optimizer), **hyper}, world)
+    model = shard_model(
+        pooled, configs, constraints, {"optimizer": EmbOptimType(optimizer), **hyper}, world
+    )
     torch.manual_seed(0)
     twin = make_collection(pooled, configs, torch.device("cpu"))
     mirror_dynamic_rows(model, twin, pooled, rank, world)
     mirror_native_rows(model, twin)
     refs = {
-        c.name: ReferenceOptimizer(optimizer, hyper["learning_rate"], hyper["eps"], hyper["beta1"], hyper["beta2"])
+        c.name: ReferenceOptimizer(
+            optimizer, hyper["learning_rate"], hyper["eps"], hyper["beta1"], hyper["beta2"]
+        )
         for c in configs
     }
     table_of = {f: c for c in configs for f in c.feature_names}
     for step in range(steps):
         kjt = global_batch(
-            step, sorted(table_of), {f: c.num_embeddings for f, c in table_of.items()}, batch_per_rank * world
+            step,
+            sorted(table_of),
+            {f: c.num_embeddings for f, c in table_of.items()},
+            batch_per_rank * world,
         )
         out = _flatten(model(rank_slice(kjt, rank, world)), pooled)
         full = _flatten(twin(kjt) if not pooled else twin(kjt).values(), pooled)
         target = torch.randn(full.shape, generator=torch.Generator().manual_seed(step))
-        torch.testing.assert_close(out, _local_rows(full, pooled, kjt, rank, world), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out, _local_rows(full, pooled, kjt, rank, world), atol=1e-5, rtol=1e-5
+        )
         (out * _local_rows(target, pooled, kjt, rank, world)).sum().backward()
         model.fused_optimizer.step()
         (full * target).sum().div(world).backward()
@@ -317,11 +340,15 @@ def train_against_twin(
         tier = kernel.emb_module.tables[t]
         weight = _twin_weight(twin, pooled, name).detach()
         keys = torch.arange(weight.shape[0])
-        owned = owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank
+        owned = (
+            owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank
+        )
         found, rows, _ = tier.find(0, keys)
         assert torch.equal(found, owned), f"table {name!r}: keys stored off their owner rank"
         assert tier.size(0) == int(owned.sum())
         dim = weight.shape[1]
         torch.testing.assert_close(rows[owned][:, :dim], weight[keys[owned]], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(rows[owned][:, dim:], refs[name].state_row(keys[owned]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            rows[owned][:, dim:], refs[name].state_row(keys[owned]), atol=1e-5, rtol=1e-5
+        )
     return model

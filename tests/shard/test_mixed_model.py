@@ -9,10 +9,10 @@ the native tables but not the dynamic one.
 from __future__ import annotations
 
 import pytest
+from dist_harness import dynamic_kernels, run_workers, train_against_twin
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-from dist_harness import dynamic_kernels, run_workers, train_against_twin
 from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
 
@@ -31,7 +31,8 @@ def _configs(pooled: bool):
 def _constraints():
     return {
         "dyn": DynamicEmbParameterConstraints(
-            use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY)
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY),
         ),
         "native_rw": DynamicEmbParameterConstraints(sharding_types=[ShardingType.ROW_WISE.value]),
         "native_tw": DynamicEmbParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value]),
@@ -39,7 +40,9 @@ def _constraints():
 
 
 def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
-    model = train_against_twin(rank, world, pooled, _configs(pooled), _constraints(), optimizer, HYPER, steps=3)
+    model = train_against_twin(
+        rank, world, pooled, _configs(pooled), _constraints(), optimizer, HYPER, steps=3
+    )
     kind = "embedding_bags" if pooled else "embeddings"
     state = model.state_dict()
     assert f"coll.{kind}.native_rw.weight" in state

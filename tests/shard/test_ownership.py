@@ -31,7 +31,26 @@ def _model(key: int, dist_type: str, world: int, num_embeddings: int) -> int:
     return u // block if u < block * world else u % world
 
 
-KEYS = [0, 1, 2, 3, 7, 8, 99, 100, 101, 12345, 2**31, 2**62 + 5, 2**63 - 1, -1, -2, -7, -(2**63), -(2**40) - 3]
+KEYS = [
+    0,
+    1,
+    2,
+    3,
+    7,
+    8,
+    99,
+    100,
+    101,
+    12345,
+    2**31,
+    2**62 + 5,
+    2**63 - 1,
+    -1,
+    -2,
+    -7,
+    -(2**63),
+    -(2**40) - 3,
+]
 
 
 @pytest.mark.parametrize("dist_type", DIST_TYPES)
@@ -46,7 +65,9 @@ def test_owner_rank_matches_model(dist_type: str, world: int) -> None:
 def test_continuous_matches_torchrec_blocks_for_in_range_keys() -> None:
     keys = torch.arange(0, 10, dtype=torch.int64)
     # ceil(10 / 3) = 4 rows per block: 0-3 -> 0, 4-7 -> 1, 8-9 -> 2
-    assert owner_rank(keys, "continuous", 3, num_embeddings=10).tolist() == [0] * 4 + [1] * 4 + [2] * 2
+    assert (
+        owner_rank(keys, "continuous", 3, num_embeddings=10).tolist() == [0] * 4 + [1] * 4 + [2] * 2
+    )
 
 
 def test_hash_roundrobin_spreads_strided_keys_that_roundrobin_does_not() -> None:

@@ -21,7 +21,14 @@ def _model(keys: List[str], lengths: List[int], values: List[int], routes, world
             n = lengths[f * batch + b]
             for v in values[pos : pos + n]:
                 route = routes[f]
-                owner = int(owner_rank(torch.tensor([v]), route.dist_type, world, num_embeddings=route.num_embeddings))
+                owner = int(
+                    owner_rank(
+                        torch.tensor([v]),
+                        route.dist_type,
+                        world,
+                        num_embeddings=route.num_embeddings,
+                    )
+                )
                 block = -(-route.num_embeddings // world)
                 routed = v - owner * block if route.local_rows else v
                 bags.setdefault((owner, f, b), []).append(routed)

@@ -16,9 +16,9 @@ import itertools
 from typing import List
 
 import pytest
+from dist_harness import run_workers, train_against_twin
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
-from dist_harness import run_workers, train_against_twin
 from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
 
@@ -31,9 +31,15 @@ STEPS = 3
 def _configs(pooled: bool) -> List:
     if pooled:  # mixed dims, SUM and MEAN, one table serving two features
         return [
-            EmbeddingBagConfig(name="t0", embedding_dim=4, num_embeddings=40, feature_names=["f0", "f1"]),
             EmbeddingBagConfig(
-                name="t1", embedding_dim=8, num_embeddings=34, feature_names=["f2"], pooling=PoolingType.MEAN
+                name="t0", embedding_dim=4, num_embeddings=40, feature_names=["f0", "f1"]
+            ),
+            EmbeddingBagConfig(
+                name="t1",
+                embedding_dim=8,
+                num_embeddings=34,
+                feature_names=["f2"],
+                pooling=PoolingType.MEAN,
             ),
         ]
     return [
@@ -47,7 +53,9 @@ def _one_case(rank: int, world: int, pooled: bool, dist_type: str, optimizer: st
     constraints = {
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY),
+            dynamicemb_options=DynamicEmbTableOptions(
+                dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY
+            ),
         )
         for c in configs
     }
@@ -59,7 +67,9 @@ def _all_cases(rank: int, world: int, pooled: bool, cases) -> None:
         try:
             _one_case(rank, world, pooled, dist_type, optimizer)
         except Exception as err:
-            raise AssertionError(f"pooled={pooled} dist_type={dist_type} optimizer={optimizer}: {err}") from err
+            raise AssertionError(
+                f"pooled={pooled} dist_type={dist_type} optimizer={optimizer}: {err}"
+            ) from err
 
 
 @pytest.mark.parametrize("pooled", [True, False], ids=["ebc", "ec"])
