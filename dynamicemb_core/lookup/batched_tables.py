@@ -27,6 +27,7 @@ from dynamicemb_core.lookup.tiers import build_tier
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
     OptimizerArgs,
+    OptimizerKind,
     apply_update,
     initial_state_value,
     optimizer_args_from_kwargs,
@@ -182,6 +183,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def get_learning_rate(self) -> float:
         """The current learning rate."""
         return self.optimizer_args.learning_rate
+
+    @property
+    def optimizer_kind(self) -> OptimizerKind:
+        """The fused optimizer the tables train with (resolved from the FBGEMM EmbOptimType)."""
+        return self._kind
 
     @property
     def step(self) -> int:

@@ -211,3 +211,28 @@ def test_per_sample_weights_rejected_outside_sum(device):
     keys, offsets = _seq([1], device)
     with pytest.raises(ValueError, match="only supported with DynamicEmbPoolingMode.SUM"):
         m(keys, offsets, torch.ones(1, device=device))
+
+
+def test_output_dtype_half_trains(device):
+    opts = DynamicEmbTableOptions(
+        dim=4,
+        max_capacity=64,
+        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+    )
+    m = BatchedDynamicEmbeddingTables(
+        [opts],
+        ["t"],
+        [0],
+        DynamicEmbPoolingMode.SUM,
+        EmbOptimType.EXACT_SGD,
+        device,
+        output_dtype=torch.float16,
+        learning_rate=0.5,
+    )
+    keys, offsets = _seq([2, 2], device)
+    out = m(keys, offsets)
+    assert out.dtype == torch.float16 and out[0, 0].item() == 4.0
+    out.float().sum().backward()
+    _, rows, _ = m.tables[0].find(0, keys[:1])
+    assert rows[0, 0].item() == 2.0 - 0.5 * 2  # two occurrences: gradient 2
+    assert m.optimizer_kind.name == "SGD"
