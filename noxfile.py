@@ -111,11 +111,12 @@ def install_redis(session: nox.Session) -> None:
 
 
 def pytest(session: nox.Session, tests: Path, *default_args: str) -> None:
-    """pytest on one tests folder; the session's own arguments (after --) replace the defaults."""
-    args = session.posargs or list(default_args)
-    session.run(
-        "python", "-m", "pytest", str(tests.relative_to(REPO)), "-p", "no:cacheprovider", *args
-    )
+    """pytest on one tests folder with ``default_args``.
+
+    Arguments after `--` replace both, so `nox -s tests -- tests/table -x` runs just that folder.
+    """
+    args = session.posargs or [str(tests.relative_to(REPO)), *default_args]
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *args)
 
 
 @nox.session(python=PYTHON)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +97,16 @@ def test_main_rejects_negative_sizes(capsys):
     with pytest.raises(SystemExit):
         table_demo.main(["--fresh", "-1"])
     assert "--fresh must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_cli_runs_the_table_demo():
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "dynamicemb_core", "table-demo", "--batches", "2", "--fresh", "8"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[no_eviction] exports 24 keys, 8 of them hot" in done.stdout
