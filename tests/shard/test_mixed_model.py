@@ -9,6 +9,7 @@ the native tables but not the dynamic one.
 from __future__ import annotations
 
 import pytest
+import torch
 from dist_harness import dynamic_kernels, run_workers, train_against_twin
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
@@ -48,6 +49,13 @@ def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
     assert f"coll.{kind}.native_rw.weight" in state
     assert f"coll.{kind}.native_tw.weight" in state
     assert not any(".dyn." in k for k in state), sorted(state)
+    # a strict round trip through state_dict works and leaves the dynamic rows alone
+    ((kernel, t),) = dynamic_kernels(model).values()
+    tier = kernel.emb_module.tables[t]
+    keys = torch.arange(50)
+    before = tier.find(0, keys)[1]
+    model.load_state_dict(state)
+    assert torch.equal(tier.find(0, keys)[1], before)
     # TorchRec's fused optimizer view holds every table, the dynamic one keyed like the native ones
     keys = set(model.fused_optimizer.params)
     assert any(k.endswith(f"{kind}.dyn.weight") for k in keys), sorted(keys)
@@ -56,7 +64,6 @@ def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
     for group in model.fused_optimizer.param_groups:
         group["lr"] = 0.001
     model.fused_optimizer.step()
-    ((kernel, _),) = dynamic_kernels(model).values()
     assert kernel.emb_module.get_learning_rate() == pytest.approx(0.001)
 
 
