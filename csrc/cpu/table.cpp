@@ -380,6 +380,15 @@ void place_absent(State& s, int64_t i, int64_t key, const Home& home, const int6
   if (out.is_new) out.is_new[i] = true;  // placed by this call (possibly by an earlier duplicate)
 }
 
+/** Prefetch the digests of the key kAhead positions on (the loops below are latency-bound). */
+inline void prefetch_ahead(const State& s, const std::vector<Home>& homes, int64_t i, int64_t n) {
+  constexpr int64_t kAhead = 16;
+  if (i + kAhead < n) {
+    __builtin_prefetch(s.digests + homes[i + kAhead].begin);
+    __builtin_prefetch(s.digests + homes[i + kAhead].begin + 64);
+  }
+}
+
 /**
  * Run both phases over all keys: workers own contiguous ranges of global buckets and each scans
  * the keys in input order, so a bucket's keys are handled in input order whatever the thread count.
@@ -411,11 +420,13 @@ void insert_all(State& s, const Tensor& keys, const Tensor& table_ids, const int
       const int64_t hi = total_buckets * (p + 1) / workers;
       WrittenSlots written(bucket_slot(lo), bucket_slot(hi), n / workers);
       for (int64_t i = 0; i < n; ++i) {
+        prefetch_ahead(s, homes, i, n);
         const int64_t gb = homes[i].global_bucket;
         if (gb < lo || gb >= hi) continue;
         present[i] = touch_present(s, i, k[i], homes[i], now, input_scores, written, out);
       }
       for (int64_t i = 0; i < n; ++i) {
+        prefetch_ahead(s, homes, i, n);
         const int64_t gb = homes[i].global_bucket;
         if (gb < lo || gb >= hi || present[i]) continue;
         place_absent(s, i, k[i], homes[i], now, score_fns, input_scores, written,
