@@ -17,6 +17,12 @@ from typing import Any, Iterator, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.plugins.storage_checks import (
+    check_erase,
+    check_find,
+    check_insert,
+    check_table_id,
+)
 from dynamicemb_core.storage.device import DeviceStorage
 from dynamicemb_core.storage.tier import (
     HOME_BACKING,
@@ -237,9 +243,15 @@ class CachedStorage(LookupTier):
     def find(
         self, table_id: int, keys: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_find(self.tables, table_id, keys)
+        keys = keys.to(self.device)
         num = self.tables[table_id].num_scores
         res = self.lookup(table_id, keys, touch=False)
         scores = torch.zeros((keys.numel(), num), dtype=torch.int64, device=self.device)
+        if bool(res.found.any()):
+            # next tier first, then the cache's fresher words where it holds the key
+            _, _, bscores = self._backing_find(table_id, keys)
+            scores = torch.where(res.found.unsqueeze(1), bscores, scores)
         if self.cache is not None:
             c = self.cache.table.find(keys, table_id)
             scores[c.found] = c.scores[c.found]
@@ -248,25 +260,42 @@ class CachedStorage(LookupTier):
     def insert(
         self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
     ) -> None:
+        check_insert(self.tables, table_id, keys, rows, scores)
+        keys = keys.to(self.device)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
         self._backing_insert(table_id, keys, rows, scores)
 
     def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        check_erase(self.tables, table_id, keys)
+        keys = keys.to(self.device)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
         self.backing.erase(self.backing_ids[table_id], keys.to(self.backing.device))
 
     def size(self, table_id: int) -> int:
         """Distinct keys over both tiers (flushes the cache's view into the count)."""
+        check_table_id(self.tables, table_id)
         self.flush()
         return self.backing.size(self.backing_ids[table_id])
 
     def export(
         self, table_id: int, batch_size: int = 65536
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        check_table_id(self.tables, table_id)
         self.flush()
         yield from self.backing.export(self.backing_ids[table_id], batch_size)
+
+    def dump(self, path: str) -> None:
+        """Write cached rows back, then let the next tier dump itself."""
+        self.flush()
+        self.backing.dump(path)
+
+    def load(self, path: str) -> None:
+        """Load the next tier; the cache starts empty and fills on lookups."""
+        if self.cache is not None:
+            self.cache.table.clear()
+        self.backing.load(path)
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         mine = self.cache.memory_usage(mem_type) if self.cache is not None else 0

@@ -7,11 +7,24 @@ id) and a :class:`LookupTier` the batched module trains through by slot.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from dynamicemb_core.config import DynamicEmbCheckMode, DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.config import (
+    DynamicEmbCheckMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    EvictedItemMode,
+)
+from dynamicemb_core.plugins.storage_checks import (
+    check_erase,
+    check_find,
+    check_insert,
+    check_table_id,
+    check_table_specs,
+)
 from dynamicemb_core.storage.tier import (
     HOME_NONE,
     LookupTier,
@@ -80,9 +93,23 @@ def table_spec_for(
         )
         if options.score_function is not None and callable(options.score_function):
             kwargs["score_function"] = options.score_function
+    elif max_cap and max_cap < _DEFAULT_BUCKET:
+        kwargs["bucket_capacity"] = _fit_bucket(int(max_cap))
+        if spec.num_scores == 2:
+            kwargs["score_strategy"] = (
+                DynamicEmbScoreStrategy.TIMESTAMP,
+                DynamicEmbScoreStrategy.LFU,
+            )
+    elif spec.num_scores == 2:
+        # A bare two-score table (no options) keeps both words: the compound strategy.
+        kwargs["score_strategy"] = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
     if evicted_item_mode is not None:
         kwargs["evicted_item_mode"] = evicted_item_mode
     return TableSpec(**kwargs)
+
+
+# TableSpec's default bucket width (docs/table_design.md).
+_DEFAULT_BUCKET = 128
 
 
 def _fit_bucket(capacity: int) -> int:
@@ -113,6 +140,7 @@ class DeviceStorage(LookupTier):
         evicted_item_mode: Optional[EvictedItemMode] = None,
         capacities: Optional[Sequence[Optional[int]]] = None,
     ) -> None:
+        check_table_specs(type(self).__name__, tables)
         super().__init__(tables, normalize_device(device))
         from dynamicemb_core.table import ScoredHashTable
 
@@ -221,13 +249,17 @@ class DeviceStorage(LookupTier):
     def find(
         self, table_id: int, keys: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        res = self.table.find(keys, table_id)
+        check_find(self.tables, table_id, keys)
+        res = self.table.find(keys.to(self.device), table_id)
         return res.found, self.read_rows(table_id, res.slots), res.scores
 
     def insert(
         self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
     ) -> None:
-        self.insert_evicting(table_id, keys, rows, scores)
+        check_insert(self.tables, table_id, keys, rows, scores)
+        self.insert_evicting(
+            table_id, keys.to(self.device), rows.to(self.device), scores.to(self.device)
+        )
 
     def insert_evicting(
         self,
@@ -245,18 +277,63 @@ class DeviceStorage(LookupTier):
         return res
 
     def erase(self, table_id: int, keys: torch.Tensor) -> None:
-        self.table.erase(keys, table_id)
+        check_erase(self.tables, table_id, keys)
+        if keys.numel():
+            self.table.erase(keys.to(self.device), table_id)
 
     def size(self, table_id: int) -> int:
+        check_table_id(self.tables, table_id)
         return self.table.size(table_id)
 
     def export(
         self, table_id: int, batch_size: int = 65536
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        check_table_id(self.tables, table_id)
         res = self.table.export(table_id)
         for start in range(0, res.keys.numel(), batch_size):
             sl = slice(start, start + batch_size)
             yield res.keys[sl], self.read_rows(table_id, res.slots[sl]), res.scores[sl]
+
+    def dump(self, path: str) -> None:
+        """Snapshot every table as ``<path>/<table name>.pt`` (keys, rows, scores in user order).
+
+        The storage's own snapshot, for moving a tier between processes; model checkpoints use
+        :mod:`dynamicemb_core.checkpoint`, whose format is versioned and checksummed.
+        """
+        os.makedirs(path, exist_ok=True)
+        for t, spec in enumerate(self.tables):
+            res = self.table.export(t)
+            torch.save(
+                {
+                    "keys": res.keys.cpu(),
+                    "rows": self.read_rows(t, res.slots).cpu(),
+                    "scores": res.scores.cpu(),
+                    "row_width": spec.row_width,
+                },
+                os.path.join(path, f"{spec.name}.pt"),
+            )
+
+    def load(self, path: str) -> None:
+        """Insert what :meth:`dump` wrote (every file is checked before any table is written)."""
+        snapshots = []
+        for spec in self.tables:
+            file = os.path.join(path, f"{spec.name}.pt")
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"table {spec.name!r}: no snapshot at {file}")
+            snap = torch.load(file, weights_only=True)
+            if snap["row_width"] != spec.row_width:
+                raise ValueError(
+                    f"table {spec.name!r}: snapshot {file} has row_width {snap['row_width']}, "
+                    f"the table {spec.row_width}"
+                )
+            snapshots.append(snap)
+        for t, snap in enumerate(snapshots):
+            self.insert_evicting(
+                t,
+                snap["keys"].to(self.device),
+                snap["rows"].to(self.device),
+                snap["scores"].to(self.device),
+            )
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         want = MemoryType.HOST if self.device.type == "cpu" else MemoryType.DEVICE
