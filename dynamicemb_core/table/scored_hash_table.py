@@ -22,7 +22,6 @@ from dynamicemb_core.table import expansion
 from dynamicemb_core.table.environment import custom_score_check_enabled
 from dynamicemb_core.table.results import EvictedItems, ExportResult, FindResult, InsertResult
 from dynamicemb_core.table.score_columns import score_columns_for_user, score_words_from_user
-from dynamicemb_core.table.score_function import compile_score_function
 from dynamicemb_core.table.spec import COMPOUND_POLICY, TableSpec
 from dynamicemb_core.table.validation import (
     check_int64_vector,
@@ -96,14 +95,10 @@ class ScoredHashTable:
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
 
     def _score_fn_address(self, spec: TableSpec) -> int:
-        if spec.score_function is None:
-            return 0
-        if self.device.type != "cpu":
-            # The CUDA kernels link a numba-cuda build of the function (csrc/cuda/table.cu).
-            raise NotImplementedError(
-                f"table {spec.name!r}: score_function tables are not supported on {self.device} yet"
-            )
-        return compile_score_function(spec.score_function, spec.strategies).address
+        """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
+        from dynamicemb_core.table.score_function_cuda import score_fn_handle
+
+        return score_fn_handle(spec.score_function, spec.strategies, self.device)
 
     # -- small helpers ---------------------------------------------------------------------------
     @property
