@@ -170,6 +170,42 @@ def _tracker_through_torchrec_hooks(rank: int, world: int) -> None:
         assert sorted(got[fqn].tolist()) == sorted(keys), fqn
 
 
+def _tracker_embedding_mode_on_sequence_tables(rank: int, world: int) -> None:
+    """EMBEDDING mode through the hook of a sharded EmbeddingCollection: each key's row as looked up."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    from dynamicemb_core.tracking import DynamicEmbDeltaTracker, TrackingMode
+
+    configs = [
+        EmbeddingConfig(name="t0", embedding_dim=4, num_embeddings=KEY_SPACE, feature_names=["f0"])
+    ]
+    constraints = {
+        "t0": DynamicEmbParameterConstraints(
+            use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=16)
+        )
+    }
+    model = shard_model(
+        False,
+        configs,
+        constraints,
+        {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.5},
+        world,
+    )
+    tracker = DynamicEmbDeltaTracker(model, mode=TrackingMode.EMBEDDING)
+    tracker.attach(model)
+    kjt = global_batch(0, ["f0"], {"f0": KEY_SPACE}, 8 * world)
+    model(rank_slice(kjt, rank, world))  # forward only: rows are still what the lookup returned
+    before = {k: r[:4].clone() for k, r in snapshot(model)["coll/t0"].rows.items()}
+    out = model(rank_slice(global_batch(1, ["f0"], {"f0": KEY_SPACE}, 8 * world), rank, world))
+    torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()  # rows move now
+    rows = tracker.get_unique()["coll.t0"]
+    assert set(rows.ids.tolist()) >= set(before)  # first batch's keys (plus the second's)
+    for key, state in zip(rows.ids.tolist(), rows.states, strict=True):
+        if key in before:
+            assert torch.equal(state, before[key]), key  # UpdateMode.FIRST: the earliest row
+
+
 def _all_cases(rank: int, world: int, path: str) -> None:
     import time
 
