@@ -29,6 +29,12 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
         self.initializer_args = initializer_args
 
     def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+        """(n,) bool: ``frequencies >= threshold`` for (n,) keys and (n,) frequencies."""
+        if keys.shape != frequencies.shape:
+            raise ValueError(
+                "FrequencyAdmissionStrategy.admit: keys and frequencies must have the same shape, "
+                f"got {tuple(keys.shape)} and {tuple(frequencies.shape)}"
+            )
         return frequencies >= self.threshold
 
     def get_initializer_args(self) -> Optional[DynamicEmbInitializerArgs]:
