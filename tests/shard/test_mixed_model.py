@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_harness import dynamic_kernels, run_workers, train_against_twin
+from dist_harness import dynamic_kernels, global_batch, rank_slice, run_workers, train_against_twin
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
@@ -56,6 +57,23 @@ def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
     before = tier.find(0, keys)[1]
     model.load_state_dict(state)
     assert torch.equal(tier.find(0, keys)[1], before)
+    # eval: unseen ids are not inserted and read as eval_initializer_args (zeros by default)
+    model.eval()
+    size = tier.size(0)
+    batch = rank_slice(
+        global_batch(99, ["f0", "f1", "f2"], {"f0": 50, "f1": 20, "f2": 10}, 4 * world), rank, world
+    )
+    unseen = KeyedJaggedTensor(
+        keys=batch.keys(),
+        values=torch.cat(
+            [batch["f0"].values() + 10**12, batch["f1"].values(), batch["f2"].values()]
+        ),
+        lengths=batch.lengths(),
+    )
+    out = model(unseen)
+    f0 = out[:, :4] if pooled else out["f0"].values()
+    assert torch.count_nonzero(f0) == 0
+    assert tier.size(0) == size
     # TorchRec's fused optimizer view holds every table, the dynamic one keyed like the native ones
     keys = set(model.fused_optimizer.params)
     assert any(k.endswith(f"{kind}.dyn.weight") for k in keys), sorted(keys)
