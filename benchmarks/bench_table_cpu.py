@@ -166,15 +166,22 @@ def header(argv: List[str]) -> str:
             versions.append(f"{name} {getattr(module, '__version__', '?')}")
         except Exception:
             versions.append(f"{name} n/a")
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next(
+                line.split(":", 1)[1].strip() for line in info if line.startswith("model name")
+            )
+    except (OSError, StopIteration):
+        pass
     return "\n".join(
         [
-            f"- machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; GPU: none",
+            f"- machine: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
+            f"GPU: none; load average at start {os.getloadavg()[0]:.1f} (shared machine: above "
+            f"{os.cpu_count()} the figures understate every column)",
             f"- versions: {', '.join(versions)}; Python {platform.python_version()}",
             f"- commit: {commit}",
-            f"- command: `PYTHONPATH=. python benchmarks/bench_table_cpu.py {' '.join(argv)}`".replace(
-                " `", " `", 1
-            ),
+            f"- command: `PYTHONPATH=. python benchmarks/bench_table_cpu.py {' '.join(argv)}`",
         ]
     )
 
