@@ -194,11 +194,19 @@ def _tracker_embedding_mode_on_sequence_tables(rank: int, world: int) -> None:
     )
     tracker = DynamicEmbDeltaTracker(model, mode=TrackingMode.EMBEDDING)
     tracker.attach(model)
-    kjt = global_batch(0, ["f0"], {"f0": KEY_SPACE}, 8 * world)
-    model(rank_slice(kjt, rank, world))  # forward only: rows are still what the lookup returned
-    before = {k: r[:4].clone() for k, r in snapshot(model)["coll/t0"].rows.items()}
-    out = model(rank_slice(global_batch(1, ["f0"], {"f0": KEY_SPACE}, 8 * world), rank, world))
-    torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()  # rows move now
+    full = [global_batch(s, ["f0"], {"f0": 50}, 8 * world) for s in range(2)]
+    batches = [rank_slice(kjt, rank, world) for kjt in full]
+    out = model(batches[0])
+    before = {k: r[:4].clone() for k, r in snapshot(model)["coll/t0"].rows.items()}  # as looked up
+    torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()  # rows move
+    out = model(batches[1])  # keys of both batches are looked up again with their moved rows
+    torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()
+    second = full[1]["f0"].values()
+    again = set(second[owner_rank(second, "roundrobin", world) == rank].tolist()) & set(before)
+    moved = snapshot(model)["coll/t0"].rows
+    assert any(
+        not torch.equal(moved[k][:4], before[k]) for k in again
+    )  # FIRST and LAST differ here
     rows = tracker.get_unique()["coll.t0"]
     assert set(rows.ids.tolist()) >= set(before)  # first batch's keys (plus the second's)
     for key, state in zip(rows.ids.tolist(), rows.states, strict=True):
@@ -215,6 +223,7 @@ def _all_cases(rank: int, world: int, path: str) -> None:
         _replay_across_ranks,
         _evicted_gathered,
         _tracker_through_torchrec_hooks,
+        _tracker_embedding_mode_on_sequence_tables,
     ):
         start = time.perf_counter()
         case(rank, world, path) if case is _dump_and_reload else case(rank, world)
