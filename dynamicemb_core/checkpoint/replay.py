@@ -37,19 +37,26 @@ _CHUNK = 1 << 18
 
 @dataclass
 class ReplayJob:
-    """Everything the write of one table needs, already filtered to the keys this shard owns."""
+    """Everything the write of one table needs, already filtered to the keys this shard owns.
+
+    Attributes:
+        handle: the target table.
+        keys, slots: (n,) int64 on the table's device.
+        values: (n, dim) embeddings.
+        states: (n, w) optimizer state when OPTIMIZER_STATE was asked for and the target keeps state.
+        ages: (n, num_scores) scores in the target's column order when SCORE was asked for.
+        erased: owned keys the source erased (removed from the target).
+        evicted: owned keys the source evicted (dropped from the target's cache only).
+    """
 
     handle: TableHandle
-    keys: torch.Tensor  # (n,) int64 on the table's device
-    slots: torch.Tensor  # (n,) int64
-    values: torch.Tensor  # (n, dim)
-    states: Optional[
-        torch.Tensor
-    ]  # (n, w) when OPTIMIZER_STATE was asked for and the target has state
-    ages: Optional[torch.Tensor]  # (n, num_scores) when SCORE was asked for
-    erased: torch.Tensor  # owned erased keys
-    evicted: torch.Tensor  # owned evicted keys (dropped from the cache only)
-    current_score: int
+    keys: torch.Tensor
+    slots: torch.Tensor
+    values: torch.Tensor
+    states: Optional[torch.Tensor]
+    ages: Optional[torch.Tensor]
+    erased: torch.Tensor
+    evicted: torch.Tensor
 
 
 def _fail(handle: TableHandle, message: str) -> IncompatibleDeltaError:
@@ -184,7 +191,6 @@ def _plan_table(
         evicted=_owned(
             handle, delta.evicted_keys[i] if i < len(delta.evicted_keys) else None, device
         ),
-        current_score=int(meta.get("current_score", 0)),
     )
 
 
@@ -268,7 +274,7 @@ def _evict_displaced(job: ReplayJob) -> torch.Tensor:
     return same
 
 
-def apply_replay(job: ReplayJob, content: ReplayContent, bar: Optional[tqdm] = None) -> None:
+def apply_replay(job: ReplayJob, bar: Optional[tqdm] = None) -> None:
     """Write one checked table: erase its erased keys, displace occupants, place every key at its slot."""
     handle, table, t = job.handle, job.handle.table, job.handle.table_id
     if job.erased.numel():
@@ -337,4 +343,4 @@ def replay_increment(
     total = sum(job.keys.numel() for job in jobs)
     with row_bar(total, "replay_increment", rank=global_rank(), show_progress=show_progress) as bar:
         for job in jobs:
-            apply_replay(job, content, bar)
+            apply_replay(job, bar)
