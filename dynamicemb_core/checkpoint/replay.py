@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from dynamicemb_core.checkpoint.collectives import global_rank
 from dynamicemb_core.checkpoint.discovery import find_tables
 from dynamicemb_core.checkpoint.errors import IncompatibleDeltaError
 from dynamicemb_core.checkpoint.layout import bucket_capacity, check_layout
@@ -330,16 +331,11 @@ def replay_increment(
         IncompatibleDeltaError: a table's layout or the delta's shapes do not fit, or a key cannot be
             placed at its slot; raised before any table is written.
     """
-    from dynamicemb_core.checkpoint.collectives import global_rank
-
     handles = find_tables(model, None)
     jobs = plan_replay(handles, deltas, content)
-    flushed = set()
-    for job in jobs:
-        flush = job.handle.flush_cache
-        if flush is not None and id(flush) not in flushed:
-            flush()
-            flushed.add(id(flush))
+    for job in jobs:  # only now, so a rejected delta leaves the model exactly as it was
+        if job.handle.flush_cache is not None:
+            job.handle.flush_cache()
     total = sum(job.keys.numel() for job in jobs)
     with row_bar(total, "replay_increment", rank=global_rank(), show_progress=show_progress) as bar:
         for job in jobs:
