@@ -69,6 +69,9 @@ def export_rows(
     now = table_now(handle)
     exported = handle.table.export(handle.table_id, threshold)
     keys, slots, scores = exported.keys, exported.slots, exported.scores
+    if bar is not None:  # the bar was sized by the table; a threshold selects fewer rows
+        bar.total = keys.numel()
+        bar.refresh()
     dim, width = handle.dim, handle.optimizer_width
     emb_parts, opt_parts = [], []
     for lo in range(0, keys.numel(), _CHUNK):
