@@ -9,6 +9,7 @@ what they say.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import re
 import shutil
@@ -415,3 +416,40 @@ def test_wheel_ships_csrc_and_declares_no_torch(tmp_path):
     ]
     resolved = {repo_layout.normalize(Requirement(r).name) for r in requires}
     assert not resolved & _NEVER_RESOLVED
+
+
+# --- nox -----------------------------------------------------------------------------------------
+
+
+def test_nox_selects_plugins_by_env_and_logs_each_left_out(monkeypatch, caplog):
+    import noxfile
+
+    names = [p.name for p in repo_layout.plugin_dirs()]
+    assert len(names) >= 2, "this test needs two plugins to select between"
+    monkeypatch.setenv("PLUGINS", ",".join(names[:2]))
+    monkeypatch.setenv("SKIP_PLUGINS", names[1])
+    with caplog.at_level(logging.INFO, logger="nox"):
+        selected = noxfile.select_plugins()
+    assert list(selected) == names[:1]
+    log = caplog.text
+    assert f"plugin {names[1]}: left out, in SKIP_PLUGINS={names[1]}" in log
+    for name in names[2:]:
+        assert f"plugin {name}: left out, not in PLUGINS=" in log
+
+
+def test_nox_rejects_unknown_plugin_names(monkeypatch):
+    import noxfile
+
+    monkeypatch.setenv("PLUGINS", "demb_nonexistent")
+    monkeypatch.delenv("SKIP_PLUGINS", raising=False)
+    with pytest.raises(
+        ValueError, match="PLUGINS: no plugin folder named demb_nonexistent; plugins: "
+    ):
+        noxfile.select_plugins()
+
+
+def test_nox_keeps_envs_outside_clone_and_reuses_them():
+    import noxfile
+
+    assert noxfile.nox.options.reuse_venv == "yes"
+    assert REPO not in Path(noxfile.nox.options.envdir).parents
