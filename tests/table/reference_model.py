@@ -417,8 +417,13 @@ class RefScoredHashTable:
 
         # NO_EVICTION: keys that found a full bucket trigger a doubling and a retry.
         while True:
-            retry = sorted({t for (t, _), s in zip(pairs, slots) if s == -1
-                            and self.tables[t].spec.policy == NO_EVICTION})
+            retry = sorted(
+                {
+                    t
+                    for (t, _), s in zip(pairs, slots)
+                    if s == -1 and self.tables[t].spec.policy == NO_EVICTION
+                }
+            )
             if not retry:
                 break
             for t in retry:
@@ -456,8 +461,9 @@ class RefScoredHashTable:
         scores = []
         for (t, _), s in zip(pairs, slots):
             table = self.tables[t]
-            scores.append(table.user_scores(table.slots[s]) if s >= 0
-                          else (0,) * table.spec.num_scores)
+            scores.append(
+                table.user_scores(table.slots[s]) if s >= 0 else (0,) * table.spec.num_scores
+            )
         return RefFindResult(slots, [s >= 0 for s in slots], scores)
 
     def insert(self, keys, table_ids=None, *, rows=None, scores=None, score=None) -> List[int]:

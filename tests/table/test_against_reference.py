@@ -14,14 +14,14 @@ Runs on every device of the ``device`` fixture (CUDA exact comparison needs
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import pytest
+import reference_model as ref
 import torch
-from hypothesis import settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -30,275 +30,26 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-
-import reference_model as ref
-from dynamicemb_core.config import (
-    MAX_BUCKET_CAPACITY,
-    DynamicEmbCheckMode,
-    DynamicEmbScoreStrategy,
-    EvictedItemMode,
+from reference_harness import (
+    RealTable,
+    assert_same,
+    assert_same_insert,
+    key_lists,
+    key_strategy,
+    nan_on_multiples_of_three,
+    recency_weighted_count,
+    table_sets,
 )
-from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
 
-INT64_MAX = 2**63 - 1
+from dynamicemb_core.types import DynamicEmbWarning
 
-
-# ----------------------------------------------------------------------------------------------
-# Score functions for COMPOUND tables (numba-compilable; exact in float64 for the small scores used)
-# ----------------------------------------------------------------------------------------------
-def recency_weighted_count(scores, cur_timestamp):
-    """Second column weighted up, age of the first column weighted down."""
-    return 3.0 * scores[1] - 0.5 * (cur_timestamp - scores[0])
-
-
-def nan_on_multiples_of_three(scores, cur_timestamp):
-    """NaN (evict first) when the second column is a multiple of 3, else the first column."""
-    if scores[1] % 3 == 0:
-        return math.nan
-    return 1.0 * scores[0]
-
-
-# ----------------------------------------------------------------------------------------------
-# Table configurations
-# ----------------------------------------------------------------------------------------------
-_STRATEGY_BY_POLICY = {
-    ref.TIMESTAMP: DynamicEmbScoreStrategy.TIMESTAMP,
-    ref.STEP: DynamicEmbScoreStrategy.STEP,
-    ref.CUSTOMIZED: DynamicEmbScoreStrategy.CUSTOMIZED,
-    ref.LFU: DynamicEmbScoreStrategy.LFU,
-    ref.NO_EVICTION: DynamicEmbScoreStrategy.NO_EVICTION,
-}
-
-
-@st.composite
-def ref_specs(draw: Callable, index: int) -> ref.RefSpec:
-    """One small logical table of any policy."""
-    # COMPOUND first: hypothesis draws the early elements of sampled_from more often.
-    policy = draw(st.sampled_from([ref.COMPOUND, ref.TIMESTAMP, ref.LFU, ref.NO_EVICTION,
-                                   ref.STEP, ref.CUSTOMIZED]))
-    if policy == ref.COMPOUND:
-        order = draw(st.sampled_from([("TIMESTAMP", "LFU"), ("LFU", "TIMESTAMP")]))
-        score_function = draw(
-            st.sampled_from([None, recency_weighted_count, nan_on_multiples_of_three])
-        )
-    else:
-        order, score_function = (ref.POLICY_NAMES[policy],), None
-    bucket = draw(st.sampled_from([16, 16, 16, 32, MAX_BUCKET_CAPACITY]))
-    if bucket == MAX_BUCKET_CAPACITY:
-        init = draw(st.sampled_from([16, 32]))
-    else:
-        init = bucket * draw(st.sampled_from([1, 2]))
-    return ref.RefSpec(
-        name=f"t{index}_{ref.POLICY_NAMES[policy].lower()}",
-        policy=policy,
-        order=order,
-        init_capacity=init,
-        max_capacity=init * draw(st.sampled_from([1, 1, 2, 4])),
-        bucket_capacity=bucket,
-        max_load_factor=draw(st.sampled_from([0.5, 0.75, 1.0])),
-        row_width=draw(st.sampled_from([0, 1, 3])),
-        score_function=score_function,
-        retain_key=draw(st.booleans()),
-    )
-
-
-@st.composite
-def table_sets(draw: Callable) -> List[ref.RefSpec]:
-    return [draw(ref_specs(i)) for i in range(draw(st.integers(1, 3)))]
-
-
-def _key_strategy(specs: Sequence[ref.RefSpec]) -> st.SearchStrategy[int]:
-    """Keys from a range about 1.5x the largest table's max capacity, so tables fill and evict."""
-    top = min(160, max(s.max_capacity for s in specs) * 3 // 2)
-    dense = st.integers(-3, top)
-    return st.one_of(dense, dense, dense, dense, dense, st.sampled_from(_SPECIAL_KEYS))
-
-
-def _key_lists(keys: st.SearchStrategy[int], max_size: int, unique: bool = False):
-    """Lists of keys whose length is drawn uniformly (plain st.lists favours very short ones)."""
-    return st.integers(0, max_size).flatmap(
-        lambda n: st.lists(keys, min_size=n, max_size=n, unique=unique)
-        if not unique else st.lists(keys, max_size=n, unique=True)
-    )
-
-
-def real_table_spec(spec: ref.RefSpec) -> Any:
-    """The package's TableSpec equivalent to a model spec."""
-    from dynamicemb_core.table import TableSpec
-
-    if spec.policy == ref.COMPOUND:
-        strategy: Any = tuple(DynamicEmbScoreStrategy[name] for name in spec.order)
-    else:
-        strategy = _STRATEGY_BY_POLICY[spec.policy]
-    return TableSpec(
-        name=spec.name,
-        row_width=spec.row_width,
-        dtype=torch.float32,
-        init_capacity=spec.init_capacity,
-        max_capacity=spec.max_capacity,
-        bucket_capacity=spec.bucket_capacity,
-        max_load_factor=spec.max_load_factor,
-        score_strategy=strategy,
-        score_function=spec.score_function,
-        safe_check_mode=DynamicEmbCheckMode.IGNORE,
-        evicted_item_mode=EvictedItemMode.RETAIN_KEY if spec.retain_key else EvictedItemMode.DISCARD,
-    )
-
-
-# ----------------------------------------------------------------------------------------------
-# The real table behind the model's interface
-# ----------------------------------------------------------------------------------------------
-def _ints(x: Any) -> List[int]:
-    return [int(v) for v in (x.tolist() if torch.is_tensor(x) else x)]
-
-
-class RealTable:
-    """Wraps ``ScoredHashTable``: takes plain Python inputs, returns the model's result types."""
-
-    def __init__(self, specs: Sequence[ref.RefSpec], device: str) -> None:
-        from dynamicemb_core.table import ScoredHashTable
-
-        self.specs = list(specs)
-        self.device = torch.device(device)
-        self.table = ScoredHashTable([real_table_spec(s) for s in specs], device=self.device)
-
-    # -- conversions ---------------------------------------------------------------------------
-    def _keys(self, keys: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(list(keys), dtype=torch.int64, device=self.device)
-
-    def _tids(self, table_ids: Any) -> Any:
-        if table_ids is None or isinstance(table_ids, int):
-            return table_ids
-        return torch.tensor(list(table_ids), dtype=torch.int64, device=self.device)
-
-    def _rows(self, rows: Optional[Sequence[Sequence[float]]]) -> Optional[torch.Tensor]:
-        if rows is None:
-            return None
-        return torch.tensor([list(r) for r in rows], dtype=torch.float32, device=self.device)
-
-    def _scores_in(self, scores: Optional[Sequence[Sequence[int]]]) -> Optional[torch.Tensor]:
-        if scores is None:
-            return None
-        return torch.tensor([list(s) for s in scores], dtype=torch.int64, device=self.device)
-
-    def _score_rows(self, scores: torch.Tensor, tids: Sequence[int]) -> List[Tuple[int, ...]]:
-        """(n, k) score tensor -> per-row tuples cut to each row's table's column count."""
-        assert scores.dim() == 2 and scores.shape[0] == len(tids), f"scores shape {tuple(scores.shape)}"
-        rows = scores.tolist()
-        return [tuple(int(v) for v in row[: self.specs[t].num_scores]) for row, t in zip(rows, tids)]
-
-    def _evicted(self, evicted: Any) -> List[ref.RefEvicted]:
-        if evicted is None or evicted.keys is None or evicted.keys.numel() == 0:
-            return []
-        tids = _ints(evicted.table_ids)
-        scores = self._score_rows(evicted.scores, tids)
-        rows: List[ref.Row] = [None] * len(tids)
-        if evicted.rows is not None:
-            got = evicted.rows
-            rows = [tuple(float(v) for v in got[i].tolist()) for i in range(len(tids))]
-        return [
-            ref.RefEvicted(k, s, sc, t, r)
-            for k, s, sc, t, r in zip(_ints(evicted.keys), _ints(evicted.slots), scores, tids, rows)
-        ]
-
-    def _insert_result(self, res: Any) -> ref.RefInsertResult:
-        return ref.RefInsertResult(
-            _ints(res.slots), [bool(v) for v in res.is_new.tolist()], self._evicted(res.evicted)
-        )
-
-    # -- the model's interface -------------------------------------------------------------------
-    def find(self, keys, table_ids=None, *, update_score=False, score=None) -> ref.RefFindResult:
-        res = self.table.find(
-            self._keys(keys), self._tids(table_ids), update_score=update_score, score=score
-        )
-        tids = ref.per_key_table_ids(keys, table_ids)
-        return ref.RefFindResult(
-            _ints(res.slots), [bool(v) for v in res.found.tolist()], self._score_rows(res.scores, tids)
-        )
-
-    def insert(self, keys, table_ids=None, *, rows=None, scores=None, score=None) -> List[int]:
-        # ScoredHashTable.insert has no score= argument: its touches use the policy default.
-        assert score is None
-        return _ints(
-            self.table.insert(
-                self._keys(keys), self._tids(table_ids), rows=self._rows(rows),
-                scores=self._scores_in(scores),
-            )
-        )
-
-    def find_or_insert(self, keys, table_ids=None, *, score=None) -> ref.RefInsertResult:
-        return self._insert_result(
-            self.table.find_or_insert(self._keys(keys), self._tids(table_ids), score=score)
-        )
-
-    def insert_and_evict(
-        self, keys, table_ids=None, *, rows=None, scores=None, score=None
-    ) -> ref.RefInsertResult:
-        return self._insert_result(
-            self.table.insert_and_evict(
-                self._keys(keys), self._tids(table_ids), rows=self._rows(rows),
-                scores=self._scores_in(scores), score=score,
-            )
-        )
-
-    def erase(self, keys, table_ids=None) -> List[bool]:
-        return [bool(v) for v in self.table.erase(self._keys(keys), self._tids(table_ids)).tolist()]
-
-    def export(self, table_id: int, threshold: Optional[int] = None) -> ref.RefExport:
-        res = self.table.export(table_id, threshold)
-        keys = _ints(res.keys)
-        return ref.RefExport(keys, _ints(res.slots), self._score_rows(res.scores, [table_id] * len(keys)))
-
-    def insert_at(self, table_id: int, keys, slots, *, rows=None, scores=None) -> Optional[str]:
-        """None when placed, else the DynamicEmbError message (it must name the failing key)."""
-        try:
-            self.table.insert_at(
-                table_id, self._keys(keys), self._keys(slots), rows=self._rows(rows),
-                scores=self._scores_in(scores),
-            )
-        except DynamicEmbError as err:
-            return str(err)
-        return None
-
-    def read_rows(self, table_id: int, slots: Sequence[int]) -> List[ref.Row]:
-        got = self.table.read_rows(table_id, self._keys(slots))
-        return [tuple(float(v) for v in row) for row in got.tolist()]
-
-    def write_rows(self, table_id: int, slots: Sequence[int], rows) -> None:
-        self.table.write_rows(table_id, self._keys(slots), self._rows(rows))
-
-    def size(self, table_id: int = 0) -> int:
-        return int(self.table.size(table_id))
-
-    def capacity(self, table_id: int = 0) -> int:
-        return int(self.table.capacity(table_id))
-
-    def clear(self, table_id: Optional[int] = None) -> None:
-        self.table.clear(table_id)
-
-    def set_score(self, table_id: int, score: int) -> None:
-        self.table.set_score(table_id, score)
-
-    def get_score(self, table_id: int) -> int:
-        return int(self.table.get_score(table_id))
-
-    def advance_step(self, table_id: Optional[int] = None) -> None:
-        self.table.advance_step(table_id)
-
-    def pop_evicted_keys(self, table_id: int) -> List[int]:
-        return sorted(_ints(self.table.pop_evicted_keys(table_id)))
+_NON_CLOCK = (ref.STEP, ref.CUSTOMIZED, ref.LFU)
 
 
 # ----------------------------------------------------------------------------------------------
 # The state machine
 # ----------------------------------------------------------------------------------------------
-# Keys no sentinel scheme could hold; the rest come from a small dense range (see _key_strategy).
-_SPECIAL_KEYS = [ref.INT64_MIN, INT64_MAX, -1, 2**40 + 7, -(2**62)]
 _NON_CLOCK = (ref.STEP, ref.CUSTOMIZED, ref.LFU)
-
-
-def _evicted_key(e: ref.RefEvicted) -> Tuple[int, int]:
-    return (e.table_id, e.slot)
 
 
 class TableMachine(RuleBasedStateMachine):
@@ -313,7 +64,7 @@ class TableMachine(RuleBasedStateMachine):
         self.specs = specs
         self.model = ref.RefScoredHashTable(specs)
         self.subjects = [RealTable(specs, d) for d in self.devices]
-        self.keys = _key_strategy(specs)
+        self.keys = key_strategy(specs)
         self.clock = 0
         self.serial = 0
 
@@ -322,9 +73,11 @@ class TableMachine(RuleBasedStateMachine):
         self, data: Any, *, single: bool = False, unique: bool = False, max_keys: int = 24
     ):
         """Keys and a ``table_ids`` argument (None, an int, or a list) and the per-key table ids."""
-        keys = data.draw(_key_lists(self.keys, max_keys, unique), label="keys")
+        keys = data.draw(key_lists(self.keys, max_keys, unique), label="keys")
         n_tables = len(self.specs)
-        form = "int" if single else data.draw(st.sampled_from(["none", "int", "list"]), label="form")
+        form = (
+            "int" if single else data.draw(st.sampled_from(["none", "int", "list"]), label="form")
+        )
         if form == "none":
             return keys, None, [0] * len(keys)
         if form == "int":
@@ -374,20 +127,26 @@ class TableMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _same(got: Any, expected: Any) -> None:
-        assert got == expected, f"\n  got      {got}\n  expected {expected}"
+        assert_same(got, expected)
 
     def _same_insert(self, got: ref.RefInsertResult, expected: ref.RefInsertResult) -> None:
-        self._same(got.slots, expected.slots)
-        self._same(got.is_new, expected.is_new)
-        got_ev = sorted(got.evicted, key=_evicted_key)
-        exp_ev = sorted(expected.evicted, key=_evicted_key)
-        self._same(
-            [(e.table_id, e.slot, e.key, e.scores) for e in got_ev],
-            [(e.table_id, e.slot, e.key, e.scores) for e in exp_ev],
-        )
-        for g, e in zip(got_ev, exp_ev):
-            if e.row is not None and self.specs[e.table_id].row_width > 0:
-                self._same(g.row, e.row)
+        assert_same_insert(self.specs, got, expected)
+
+    def _same_layout(self, t: int) -> None:
+        """The flat state itself: each table's region holds its keys and their digests, and
+        ``digests`` is zero exactly at the empty slots (docs/table_design.md, Layout)."""
+        table = self.model.tables[t]
+        expected_digests = [0 if e is None else ref.digest_of(e.key) for e in table.slots]
+        for subject in self.subjects:
+            state = subject.table.state
+            begin, end = state.slot_offsets[t : t + 2].tolist()
+            self._same(int(state.bucket_caps[t]), table.bucket_cap)
+            digests = state.digests[begin:end].tolist()
+            keys = state.table_keys[begin:end].tolist()
+            self._same(digests, expected_digests)
+            occupied = [s for s, e in enumerate(table.slots) if e is not None]
+            self._same([keys[s] for s in occupied], [table.slots[s].key for s in occupied])
+            self._same(int(state.sizes[t]), table.size)
 
     # -- rules -----------------------------------------------------------------------------------
     @rule(data=st.data())
@@ -432,7 +191,9 @@ class TableMachine(RuleBasedStateMachine):
         keys, arg, tids = self._draw_call(data)
         score = self._draw_score(data, tids)
         self._apply(
-            "find_or_insert", lambda tbl: tbl.find_or_insert(keys, arg, score=score), self._same_insert
+            "find_or_insert",
+            lambda tbl: tbl.find_or_insert(keys, arg, score=score),
+            self._same_insert,
         )
 
     @rule(data=st.data())
@@ -485,7 +246,7 @@ class TableMachine(RuleBasedStateMachine):
         table = self.model.tables[t]
         keys: List[int] = []
         slots: List[int] = []
-        for key in data.draw(_key_lists(self.keys, 8, True), label="keys"):
+        for key in data.draw(key_lists(self.keys, 8, True), label="keys"):
             own = table.locate(key)
             free = [s for s in table.bucket_slots(key) if table.slots[s] is None and s not in slots]
             if own is not None:
@@ -494,20 +255,32 @@ class TableMachine(RuleBasedStateMachine):
                 keys.append(key), slots.append(data.draw(st.sampled_from(free), label="slot"))
         if keys and data.draw(st.booleans(), label="spoil"):
             i = data.draw(st.integers(0, len(keys) - 1), label="spoiled")
-            outside = [s for s in range(-1, table.capacity + 1) if s not in table.bucket_slots(keys[i])]
-            taken = [s for s in table.bucket_slots(keys[i])
-                     if table.slots[s] is not None and table.slots[s].key != keys[i]]
+            outside = [
+                s for s in range(-1, table.capacity + 1) if s not in table.bucket_slots(keys[i])
+            ]
+            taken = [
+                s
+                for s in table.bucket_slots(keys[i])
+                if table.slots[s] is not None and table.slots[s].key != keys[i]
+            ]
             claimed = [s for j, s in enumerate(slots) if j != i]  # another key of the batch
-            moved = [s for s in table.bucket_slots(keys[i])  # a present key sent elsewhere
-                     if table.slots[s] is None and table.locate(keys[i]) is not None]
-            slots[i] = data.draw(st.sampled_from(outside + taken + claimed + moved), label="bad slot")
+            moved = [
+                s
+                for s in table.bucket_slots(keys[i])  # a present key sent elsewhere
+                if table.slots[s] is None and table.locate(keys[i]) is not None
+            ]
+            slots[i] = data.draw(
+                st.sampled_from(outside + taken + claimed + moved), label="bad slot"
+            )
         if keys and data.draw(st.booleans(), label="repeat"):  # one key twice (same or other slot)
             i = data.draw(st.integers(0, len(keys) - 1), label="repeated")
             keys.append(keys[i])
             slots.append(data.draw(st.sampled_from([slots[i], slots[-1]]), label="repeat slot"))
         rows = self._draw_rows(data, len(keys), t)
-        scores = [tuple(data.draw(st.integers(0, 60)) for _ in range(self.specs[t].num_scores))
-                  for _ in keys]
+        scores = [
+            tuple(data.draw(st.integers(0, 60)) for _ in range(self.specs[t].num_scores))
+            for _ in keys
+        ]
 
         def compare(got: Optional[str], expected: Optional[int]) -> None:
             if expected is None or got is None:
@@ -517,7 +290,9 @@ class TableMachine(RuleBasedStateMachine):
                 assert keys[expected] in named, f"{got!r} does not name key {keys[expected]}"
 
         self._apply(
-            "insert_at", lambda tbl: tbl.insert_at(t, keys, slots, rows=rows, scores=scores), compare
+            "insert_at",
+            lambda tbl: tbl.insert_at(t, keys, slots, rows=rows, scores=scores),
+            compare,
         )
 
     @rule(data=st.data())
@@ -527,7 +302,9 @@ class TableMachine(RuleBasedStateMachine):
         if self.specs[t].row_width == 0 or not occupied:
             return
         slots = data.draw(st.lists(st.sampled_from(occupied + [-1]), max_size=6, unique=True))
-        rows = self._draw_rows(data, len(slots), t) or [(0.0,) * self.specs[t].row_width] * len(slots)
+        rows = self._draw_rows(data, len(slots), t) or [(0.0,) * self.specs[t].row_width] * len(
+            slots
+        )
         self._apply("write_rows", lambda tbl: tbl.write_rows(t, slots, rows), self._same)
 
     @rule(data=st.data())
@@ -568,9 +345,10 @@ class TableMachine(RuleBasedStateMachine):
         if not hasattr(self, "model"):
             return
         for t in range(len(self.specs)):
-            self._apply(f"size({t})", lambda tbl: tbl.size(t), self._same)
-            self._apply(f"capacity({t})", lambda tbl: tbl.capacity(t), self._same)
-            exported = self._apply(f"export({t})", lambda tbl: tbl.export(t), self._same)
+            self._apply(f"size({t})", lambda tbl, t=t: tbl.size(t), self._same)
+            self._apply(f"capacity({t})", lambda tbl, t=t: tbl.capacity(t), self._same)
+            exported = self._apply(f"export({t})", lambda tbl, t=t: tbl.export(t), self._same)
+            self._same_layout(t)
             if self.specs[t].row_width == 0 or not exported.slots:
                 continue
             expected_rows = self.model.read_rows(t, exported.slots)
@@ -606,3 +384,89 @@ def test_random_ops_match_reference_model_long(device: str, deterministic_cuda: 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to compare with CPU")
 def test_cpu_and_cuda_tables_agree_op_by_op(deterministic_cuda: None) -> None:
     _run(["cpu", "cuda"], "demb-table")
+
+
+# ----------------------------------------------------------------------------------------------
+# Eviction choice under many score mixes (the state machine reaches these less often)
+# ----------------------------------------------------------------------------------------------
+@st.composite
+def evicting_specs(draw: Callable) -> ref.RefSpec:
+    """One full-size table of an evicting policy (no growth), with a row to follow the keys."""
+    policy = draw(st.sampled_from([ref.COMPOUND, ref.TIMESTAMP, ref.STEP, ref.CUSTOMIZED, ref.LFU]))
+    order: Tuple[str, ...] = (ref.POLICY_NAMES[policy],)
+    score_function = None
+    if policy == ref.COMPOUND:
+        order = draw(st.sampled_from([("TIMESTAMP", "LFU"), ("LFU", "TIMESTAMP")]))
+        score_function = draw(
+            st.sampled_from([nan_on_multiples_of_three, recency_weighted_count, None])
+        )
+    capacity = draw(st.sampled_from([16, 32]))
+    return ref.RefSpec(
+        name="evicting",
+        policy=policy,
+        order=order,
+        init_capacity=capacity,
+        max_capacity=capacity,
+        bucket_capacity=16,
+        max_load_factor=1.0,
+        row_width=1,
+        score_function=score_function,
+        retain_key=True,
+    )
+
+
+def _check_eviction_choice(device: str, spec: ref.RefSpec, data: Any) -> None:
+    """Fill a table in small calls with random score words (many ties, NaNs for the NaN score
+    function), then touch and insert more keys; every call must evict what the model evicts."""
+    model, real = ref.RefScoredHashTable([spec]), RealTable([spec], str(device))
+    words = st.integers(0, 8)
+    keys = data.draw(st.permutations(range(-3, 3 * spec.init_capacity)), label="keys")
+    for step, start in enumerate(range(0, len(keys), 5)):
+        chunk = keys[start : start + 5]
+        scores = [tuple(data.draw(words) for _ in range(spec.num_scores)) for _ in chunk]
+        rows = [(float(k),) for k in chunk]
+        if data.draw(st.booleans(), label="touch first"):
+            touched = data.draw(st.lists(st.sampled_from(keys[: start + 1]), max_size=4))
+            assert_same(
+                real.find(touched, update_score=True, score=step),
+                model.find(touched, update_score=True, score=step),
+            )
+        assert_same_insert(
+            [spec],
+            real.insert_and_evict(chunk, 0, rows=rows, scores=scores, score=step),
+            model.insert_and_evict(chunk, 0, rows=rows, scores=scores, score=step),
+        )
+        if data.draw(st.booleans(), label="default scores"):
+            more = data.draw(st.lists(st.sampled_from(keys), max_size=6), label="more")
+            assert_same_insert(
+                [spec],
+                real.find_or_insert(more, 0, score=step),
+                model.find_or_insert(more, 0, score=step),
+            )
+    assert_same(real.export(0), model.export(0))
+    assert_same(real.pop_evicted_keys(0), model.pop_evicted_keys(0))
+
+
+@settings(
+    settings.get_profile("demb-table"),
+    max_examples=80,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(spec=evicting_specs(), data=st.data())
+def test_eviction_choice_matches_model(
+    device: str, deterministic_cuda: None, spec: ref.RefSpec, data: Any
+) -> None:
+    _check_eviction_choice(device, spec, data)
+
+
+@pytest.mark.slow
+@settings(
+    settings.get_profile("demb-table-slow"),
+    max_examples=3000,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(spec=evicting_specs(), data=st.data())
+def test_eviction_choice_matches_model_long(
+    device: str, deterministic_cuda: None, spec: ref.RefSpec, data: Any
+) -> None:
+    _check_eviction_choice(device, spec, data)

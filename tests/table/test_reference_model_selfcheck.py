@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 import reference_model as ref
 
 
