@@ -232,3 +232,8 @@ def test_enumerator_offers_dynamic_table_one_option_with_no_memory() -> None:
         configs, topology=default_topology(WORLD, "cpu"), constraints=constraints
     ).plan(ec, [DynamicEmbeddingCollectionSharder()])
     assert plan.plan[""]["dyn"].dynamicemb_options.max_capacity == 500_000_000
+
+
+def test_each_constraint_gets_its_own_default_options() -> None:
+    a, b = DynamicEmbParameterConstraints(), DynamicEmbParameterConstraints()
+    assert a.dynamicemb_options is not b.dynamicemb_options

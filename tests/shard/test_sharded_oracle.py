@@ -16,6 +16,7 @@ import itertools
 from typing import List
 
 import pytest
+import torch
 from dist_harness import run_workers, train_against_twin
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
 
@@ -75,3 +76,41 @@ def _all_cases(rank: int, world: int, pooled: bool, cases) -> None:
 @pytest.mark.parametrize("pooled", [True, False], ids=["ebc", "ec"])
 def test_sharded_matches_unsharded_twin_every_dist_type_and_optimizer(pooled: bool) -> None:
     run_workers(_all_cases, pooled, list(itertools.product(DIST_TYPES, OPTIMIZERS)))
+
+
+def _any_int64_keys(rank: int, world: int) -> None:
+    """Ids anywhere in int64 (negative, past num_embeddings) train and are stored only by their owner."""
+    from dist_harness import dynamic_kernels, shard_model
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from dynamicemb_core.shard.ownership import owner_rank
+
+    g = torch.Generator().manual_seed(7)
+    all_keys = torch.randint(-(2**62), 2**62, (2 * 24,), generator=g)
+    mine = all_keys[rank * 24 : (rank + 1) * 24]  # each rank sends its own 24 ids, 3 per bag
+    for dist_type in DIST_TYPES:
+        configs = [
+            EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=64, feature_names=["f"])
+        ]
+        constraints = {
+            "t": DynamicEmbParameterConstraints(
+                use_dynamicemb=True,
+                dynamicemb_options=DynamicEmbTableOptions(
+                    dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY
+                ),
+            )
+        }
+        model = shard_model(
+            True, configs, constraints, {"optimizer": EmbOptimType.EXACT_SGD}, world
+        )
+        kjt = KeyedJaggedTensor(keys=["f"], values=mine, lengths=torch.full((8,), 3))
+        model(kjt).sum().backward()
+        ((kernel, t),) = dynamic_kernels(model).values()
+        found = kernel.emb_module.tables[t].find(0, all_keys)[0]
+        owners = owner_rank(all_keys, dist_type, world, num_embeddings=64)
+        assert torch.equal(found, owners == rank), dist_type
+
+
+def test_any_int64_id_is_stored_on_its_owner_rank_only() -> None:
+    run_workers(_any_int64_keys)
