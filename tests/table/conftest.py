@@ -17,5 +17,5 @@ _COMMON = dict(
     print_blob=True,
 )
 
-settings.register_profile("demb-table", max_examples=60, stateful_step_count=40, **_COMMON)
+settings.register_profile("demb-table", max_examples=100, stateful_step_count=50, **_COMMON)
 settings.register_profile("demb-table-slow", max_examples=1500, stateful_step_count=100, **_COMMON)
