@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Tuple
 
 import torch
-from torch import nn
 
 from dynamicemb_core.checkpoint.types import TableHandle
 
@@ -54,7 +53,7 @@ def _last_tier(name: str, tier: Any) -> _Tier:
 
 
 def handles_for_batched(
-    module: nn.Module, collection: str, kernel: Optional[nn.Module] = None
+    module: Any, collection: str, kernel: Optional[Any] = None
 ) -> List[TableHandle]:
     """One handle per table of ``module``.
 

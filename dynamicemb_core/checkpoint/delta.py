@@ -7,7 +7,7 @@ occupies (``meta["slot_index"]``) so :func:`replay_increment` can put it back ex
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, TypeGuard, Union
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ __all__ = ["get_score", "incremental_dump", "set_score"]
 ScoreArg = Union[int, Dict[str, Dict[str, int]]]
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

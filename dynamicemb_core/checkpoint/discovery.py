@@ -14,7 +14,7 @@ whose ranks build the same model, which collectives in dump and incremental_dump
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from torch import nn
 
@@ -45,7 +45,7 @@ def _is_collection(module: nn.Module) -> bool:
     return isinstance(module, (ShardedEmbeddingCollection, ShardedEmbeddingBagCollection))
 
 
-def _shard_kernel_type() -> Optional[type]:
+def _shard_kernel_type() -> Any:
     try:
         from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
     except ImportError:
@@ -59,16 +59,14 @@ def _batched_type() -> type:
     return BatchedDynamicEmbeddingTables
 
 
-def _handles_of(
-    module: nn.Module, collection: str, kernel: Optional[nn.Module]
-) -> List[TableHandle]:
+def _handles_of(module: Any, collection: str, kernel: Optional[Any]) -> List[TableHandle]:
     from dynamicemb_core.checkpoint.adapters import handles_for_batched
 
     return handles_for_batched(module, collection, kernel)
 
 
 def find_tables(
-    model: nn.Module, table_names: Optional[Dict[str, Sequence[str]]] = None
+    model: nn.Module, table_names: Optional[Mapping[str, Sequence[str]]] = None
 ) -> List[TableHandle]:
     """Every dynamic table of ``model`` (or those named in ``table_names``), as handles.
 
@@ -82,7 +80,7 @@ def find_tables(
     batched = _batched_type()
     kernel_type = _shard_kernel_type()
     collection_of: Dict[int, str] = {}
-    kernel_of: Dict[int, nn.Module] = {}
+    kernel_of: Dict[int, Any] = {}
     handles: List[TableHandle] = []
     for fqn, module in model.named_modules():
         if _is_collection(module):

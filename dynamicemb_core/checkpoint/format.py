@@ -162,7 +162,7 @@ def _validate_payload(header: ShardHeader, payload: ShardPayload) -> None:
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data
 
 
 def write_shard(path: str, header: ShardHeader, payload: ShardPayload) -> int:

@@ -139,8 +139,8 @@ def read_manifest(root: str) -> List[ManifestEntry]:
     with open(path, "r", encoding="utf-8") as f:
         try:
             meta = json.load(f)
-        except json.JSONDecodeError as e:
-            raise CheckpointCorruptError(f"checkpoint {path}: unreadable manifest: {e}") from None
+        except json.JSONDecodeError as err:
+            raise CheckpointCorruptError(f"checkpoint {path}: unreadable manifest: {err}") from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointCorruptError(
             f"checkpoint {path}: format version {meta.get('format_version')}; this build reads {FORMAT_VERSION}"

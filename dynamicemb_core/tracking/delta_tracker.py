@@ -37,7 +37,7 @@ try:  # TorchRec's abstract tracker: subclassing it makes DMP and TorchRec tools
         ModelDeltaTracker as _TrackerBase,
     )
 except ImportError:  # pragma: no cover
-    _TrackerBase = object  # type: ignore[misc,assignment]
+    _TrackerBase = object
 
 __all__ = ["DynamicEmbDeltaTracker"]
 
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 _UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: UpdateMode.FIRST}
 
 
-class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
+class DynamicEmbDeltaTracker(_TrackerBase):
     """Tracks the raw keys (and optionally embeddings) each dynamic table looks up.
 
     Args:
@@ -155,7 +155,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
                 self._handles.append(module.register_forward_hook(self._forward_hook(fqns)))
         logger.info("delta tracker: tracking %s", self.tracked_fqns)
 
-    def _add_table(self, table_fqn: str, module: nn.Module) -> None:
+    def _add_table(self, table_fqn: str, module: Any) -> None:
         if (
             self._mode == TrackingMode.EMBEDDING
             and module.pooling_mode != DynamicEmbPoolingMode.NONE
@@ -212,7 +212,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):  # type: ignore[misc]
 
     def _record_batch(
         self,
-        module: nn.Module,
+        module: Any,
         fqns: List[str],
         indices: torch.Tensor,
         offsets: torch.Tensor,

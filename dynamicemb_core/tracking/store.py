@@ -27,6 +27,13 @@ class _Batch:
     states: Optional[torch.Tensor]
 
 
+def _states(batch: _Batch) -> torch.Tensor:
+    assert batch.states is not None, (
+        "append() refuses a batch without states outside UpdateMode.NONE"
+    )
+    return batch.states
+
+
 def unique_rows(
     ids: List[torch.Tensor], states: Optional[List[torch.Tensor]], mode: UpdateMode
 ) -> UniqueRows:
@@ -88,7 +95,7 @@ class KeyDeltaStore:
             if hi - lo <= 1:
                 continue
             window = batches[lo:hi]
-            states = None if self.mode == UpdateMode.NONE else [b.states for b in window]
+            states = None if self.mode == UpdateMode.NONE else [_states(b) for b in window]
             merged = unique_rows([b.ids for b in window], states, self.mode)
             self.per_fqn[fqn] = (
                 batches[:lo] + [_Batch(start_idx, merged.ids, merged.states)] + batches[hi:]
@@ -99,6 +106,6 @@ class KeyDeltaStore:
         out = {}
         for fqn, batches in self.per_fqn.items():
             window = [b for b in batches if b.batch_idx >= from_idx]
-            states = None if self.mode == UpdateMode.NONE else [b.states for b in window]
+            states = None if self.mode == UpdateMode.NONE else [_states(b) for b in window]
             out[fqn] = unique_rows([b.ids for b in window], states, self.mode)
         return out
