@@ -145,6 +145,10 @@ class RwDynamicSparseFeaturesDist(RwSparseFeaturesDist):
         self._world_size: int = pg.size()
         self._routes = list(routes)
         self._is_sequence = is_sequence
+        # fields of TorchRec's class that its callers may read; position weights are not supported
+        self._has_feature_processor = False
+        self._need_pos = False
+        self._keep_original_indices = False
         self._dist = KJTAllToAll(pg=pg, splits=[len(self._routes)] * self._world_size)
         self.unbucketize_permute_tensor: Optional[torch.Tensor] = None
 
