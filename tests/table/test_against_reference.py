@@ -117,12 +117,23 @@ class TableMachine(RuleBasedStateMachine):
     # -- applying and comparing --------------------------------------------------------------------
     def _apply(self, what: str, call: Callable[[Any], Any], compare: Callable[[Any, Any], None]):
         expected = call(self.model)
+        results = []
         for subject in self.subjects:
             got = call(subject)
+            results.append(got)
             try:
                 compare(got, expected)
             except AssertionError as err:
                 raise AssertionError(f"{what} on {subject.device}: {err}") from None
+        # Several devices: also equal to each other in full, including what the model leaves
+        # unspecified (scores of missing keys, evicted rows the contract does not define).
+        for subject, got in zip(self.subjects[1:], results[1:]):
+            try:
+                assert_same(got, results[0])
+            except AssertionError as err:
+                raise AssertionError(
+                    f"{what}: {subject.device} vs {self.subjects[0].device}: {err}"
+                ) from None
         return expected
 
     @staticmethod
@@ -356,6 +367,11 @@ class TableMachine(RuleBasedStateMachine):
                 got_rows = subject.read_rows(t, exported.slots)
                 pairs = [(g, e) for g, e in zip(got_rows, expected_rows) if e is not None]
                 self._same([g for g, _ in pairs], [e for _, e in pairs])
+        if len(self.subjects) > 1:  # whole value buffers, defined rows or not, across devices
+            for t in range(len(self.specs)):
+                first = self.subjects[0].table.values(t).cpu()
+                for subject in self.subjects[1:]:
+                    assert torch.equal(subject.table.values(t).cpu(), first), f"values({t})"
 
 
 # ----------------------------------------------------------------------------------------------
