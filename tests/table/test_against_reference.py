@@ -1,15 +1,21 @@
 """Randomized op sequences: the real ScoredHashTable against the pure-Python reference model.
 
-A hypothesis state machine builds a few small logical tables (bucket 16 or 32, one to four buckets,
-key space of about fifty keys, so full buckets, evictions and doublings happen constantly), then
-applies random calls to the real table and to :mod:`reference_model` side by side. After every call
-it compares what the call returned (slots, found masks, is_new, scores, evicted items with their
-rows) and then the whole state: size, capacity, every exported (key, slot, scores) and the value row
-of every slot whose contents the contract defines. Scores are always explicit for clock-based
-policies, so the outcome is deterministic and the model predicts exact slots.
+A hypothesis state machine builds one to three small logical tables of any policy (buckets of 16 or
+32 slots, or one whole-table bucket; one or two buckets, growing up to 4x; keys from a range about
+1.5x the largest table, plus INT64_MIN/INT64_MAX/-1), so full buckets, evictions, slot -1 and
+doublings happen constantly. It applies random calls to the real table and to
+:mod:`reference_model` side by side and compares what each call returned (slots, found masks,
+is_new, scores, evicted keys/slots/scores/table ids/rows, insert_at errors), then after every step
+the whole state: size, capacity, every exported (key, slot, scores), the flat layout (keys and
+digests per slot, sizes, bucket widths) and every value row whose contents the contract defines.
+Scores are explicit wherever a policy would read the clock, so the model predicts exact slots.
 
-Runs on every device of the ``device`` fixture (CUDA exact comparison needs
-``DEMB_DETERMINISM_MODE=1``); one more test drives a CPU and a CUDA table with the same sequence.
+A second, focused test fills single tables with random score words (many ties, NaN scores) and
+checks which slot every insert evicts.
+
+Both run on every device of the ``device`` fixture. CUDA results are compared with the same model
+exactly, under ``DEMB_DETERMINISM_MODE=1`` (the contract promises determinism there); one more test
+drives a CPU and a CUDA table with the same sequence and compares them with each other in full.
 """
 
 from __future__ import annotations
@@ -43,13 +49,13 @@ from reference_harness import (
 
 from dynamicemb_core.types import DynamicEmbWarning
 
+# Policies whose call score is not a clock reading: their default score (None) is predictable.
 _NON_CLOCK = (ref.STEP, ref.CUSTOMIZED, ref.LFU)
 
 
 # ----------------------------------------------------------------------------------------------
 # The state machine
 # ----------------------------------------------------------------------------------------------
-_NON_CLOCK = (ref.STEP, ref.CUSTOMIZED, ref.LFU)
 
 
 class TableMachine(RuleBasedStateMachine):
