@@ -10,7 +10,7 @@ returns no gradient for any input: the dummy input only makes autograd call the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -53,6 +53,7 @@ class TableLookup:
 
 def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: int) -> None:
     """Pool one table's bags and write each feature's block of columns of ``out`` (B, total_D)."""
+    assert part.rows is not None and part.offsets is not None, "pooled part without rows/offsets"
     pooled = lookup_ops.pooled_gather(part.rows, part.row_index, part.offsets, part.weights, mode)
     dim = part.rows.size(1)
     for j, col in enumerate(part.columns):
@@ -69,6 +70,7 @@ def pooled_grads(
         if part.columns
         else (grad_out.new_zeros((0, dim)))
     )
+    assert part.offsets is not None, "pooled part without offsets"
     return lookup_ops.reduce_grads(
         grad_bags.float().contiguous(),
         part.inverse,
@@ -93,8 +95,8 @@ class LookupFunction(torch.autograd.Function):
     """Forward: pooled (B, total_D) or sequence (N, D) output. Backward: fused optimizer step."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,  # noqa: ANN001
+    def forward(
+        ctx: Any,
         dummy: torch.Tensor,
         parts: List[TableLookup],
         mode: Optional[int],
@@ -108,6 +110,7 @@ class LookupFunction(torch.autograd.Function):
         alloc = torch.empty if covered else torch.zeros
         out = alloc(out_shape, dtype=torch.float32, device=dummy.device)
         for part in parts:
+            assert part.rows is not None, "a part's rows are read once, in the forward"
             if mode is None:
                 if part.row_index.numel():
                     out[part.positions] = part.rows[part.row_index]
@@ -116,7 +119,7 @@ class LookupFunction(torch.autograd.Function):
         for part in parts:
             # The backward needs only the index maps: do not keep a view of a table buffer alive
             # (the table may grow and replace it before the backward runs).
-            part.dim = part.rows.size(1)
+            part.dim = part.rows.size(1) if part.rows is not None else part.dim
             part.rows = None
         ctx.parts = parts
         ctx.mode = mode
@@ -124,7 +127,7 @@ class LookupFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]  # noqa: ANN001, ANN205
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[None, ...]:
         for part in [p for p in ctx.parts if p.apply_grads is not None]:
             if ctx.mode is None:
                 grads = sequence_grads(part, grad_out)

@@ -9,6 +9,7 @@ applies the fused optimizer in place to the stored rows; there is no dense weigh
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -98,7 +99,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 row_width=row_width(self._kind, self.dims[t], opts.training),
                 dtype=torch.float32,
                 num_scores=opts.num_scores,
-                capacity=int(opts.max_capacity),
+                capacity=int(opts.max_capacity or 0),
             )
             self.tables.append(build_tier(opts, spec, self.device))
             self._admission.append(self._build_admission(opts))
@@ -153,7 +154,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         return dims
 
     def _feature_columns(self) -> List[List[int]]:
-        cols, start = [[] for _ in self.table_names], 0
+        cols: List[List[int]] = [[] for _ in self.table_names]
+        start = 0
         for t in self.feature_table_map:
             cols[t].append(start)
             start += self.dims[t]
@@ -170,7 +172,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if counter is None:
             from dynamicemb_core.admission import KVCounter
 
-            counter = KVCounter(capacity=int(opts.max_capacity), device=self.device)
+            counter = KVCounter(capacity=int(opts.max_capacity or 0), device=self.device)
         return strategy, counter
 
     # ---- hyper-parameters and stats -----------------------------------------------------------
@@ -194,11 +196,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """Training forwards so far (FBGEMM's ``iter``: Adam's bias-correction step)."""
         return self._step
 
-    def table_stats(self) -> List[Dict[str, int]]:
+    def table_stats(self) -> List[Dict[str, Any]]:
         """Per table: ``name``, ``size`` (keys stored), ``capacity`` (device slots), ``evictions``."""
-        stats = []
+        stats: List[Dict[str, Any]] = []
         for name, tier in zip(self.table_names, self.tables):
-            table = tier.device_table()
+            table: Any = tier.device_table()
             size = table.size(0) if table is not None else tier.size(0)
             stats.append(
                 {
@@ -249,7 +251,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         opts, dim, tier = self.table_options[t], self.dims[t], self.tables[t]
         if not (self.training and opts.training):
             res = tier.lookup(0, keys, touch=False)
-            emb = res.rows[:, :dim].clone()
+            emb = res.full_rows()[:, :dim].clone()
             missing = (~res.found).nonzero().squeeze(1)
             if missing.numel():
                 emb[missing] = initialize_embeddings(opts.eval_initializer_args, keys[missing], dim)
@@ -260,11 +262,16 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             res = tier.acquire(0, keys, init, with_rows=view is None)
             failed = int((res.homes == HOME_NONE).sum())
             self._safe_check(t, failed)
-            if res.rows is None and failed == 0:
-                return tier.embedding_rows(0, dim), res.homes[inverse], res.homes
-            return res.rows[:, :dim].contiguous(), inverse, res.homes
+            view = tier.embedding_rows(0, dim) if res.rows is None else None
+            if view is not None and failed == 0:
+                return view, res.homes[inverse], res.homes
+            rows = res.rows if res.rows is not None else tier.lookup(0, keys, touch=False).rows
+            assert rows is not None
+            return rows[:, :dim].contiguous(), inverse, res.homes
         admitted = torch.ones_like(keys, dtype=torch.bool)
-        strategy, counter = self._admission[t]
+        admission = self._admission[t]
+        assert admission is not None
+        strategy, counter = admission
         missing = (~tier.lookup(0, keys, touch=False).found).nonzero().squeeze(1)
         if missing.numel():
             mkeys = keys[missing]
@@ -275,7 +282,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         take = admitted.nonzero().squeeze(1)
         res = tier.acquire(0, keys[take], init)
         emb = torch.empty((keys.numel(), dim), dtype=torch.float32, device=self.device)
-        emb[take] = res.rows[:, :dim].to(torch.float32)
+        emb[take] = res.full_rows()[:, :dim].to(torch.float32)
         homes = torch.full_like(keys, HOME_NONE)
         homes[take] = res.homes
         rejected = (~admitted).nonzero().squeeze(1)
@@ -372,7 +379,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             if self._admission[t] is not None:
                 # Only keys already stored somewhere: admission decides about new ones in forward.
                 keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
-            self.tables[t].prefetch(0, keys, lambda k, t=t: self._new_rows(t, k))
+            self.tables[t].prefetch(0, keys, functools.partial(self._new_rows, t))
 
     def flush(self) -> None:
         """Write cached rows back to their next tier and flush external storages."""

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions
@@ -31,12 +33,15 @@ def _external(
 ) -> tuple:
     """The external storage and the table's id in it."""
     value = options.external_storage
+    storage: Optional[Storage]
     if isinstance(value, Storage):
         storage = value
     else:
         from dynamicemb_core.plugins import resolve_storage
 
         storage = resolve_storage(options, [spec], device)
+    if storage is None:
+        raise ValueError(f"table {spec.name!r}: external_storage {value!r} resolved to no storage")
     names = [t.name for t in storage.tables]
     if spec.name in names:
         table_id = names.index(spec.name)

@@ -124,7 +124,7 @@ class CachedStorage(LookupTier):
         found = torch.zeros(n, dtype=torch.bool, device=self.device)
         if self.cache is not None:
             hit = self.cache.lookup(table_id, keys, touch=touch)
-            rows, found = hit.rows, hit.found.clone()
+            rows, found = hit.full_rows(), hit.found.clone()
             homes = torch.where(hit.found, hit.homes, HOME_NONE)
         miss = (~found).nonzero().squeeze(1)
         if miss.numel():
@@ -255,7 +255,7 @@ class CachedStorage(LookupTier):
         if self.cache is not None:
             c = self.cache.table.find(keys, table_id)
             scores[c.found] = c.scores[c.found]
-        return res.found, res.rows, scores
+        return res.found, res.full_rows(), scores
 
     def insert(
         self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor

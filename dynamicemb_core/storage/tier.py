@@ -52,7 +52,13 @@ class TierRows:
 
     homes: torch.Tensor
     found: torch.Tensor
-    rows: torch.Tensor
+    rows: Optional[torch.Tensor]
+
+    def full_rows(self) -> torch.Tensor:
+        """``rows``, which lookups always fill (only ``acquire(with_rows=False)`` may leave None)."""
+        if self.rows is None:
+            raise RuntimeError("TierRows.rows was not read (acquire with with_rows=False)")
+        return self.rows
 
 
 class LookupTier(Storage, metaclass=abc.ABCMeta):
