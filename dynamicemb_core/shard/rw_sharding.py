@@ -187,6 +187,7 @@ class RwSequenceDynamicEmbeddingSharding(RwSequenceEmbeddingSharding):
             table_options=self._demb_options,
             pg=self._pg,
             device=device if device is not None else self._device,
+            env=getattr(self, "_env", None),
         )
 
 
@@ -222,4 +223,5 @@ class RwPooledDynamicEmbeddingSharding(RwPooledEmbeddingSharding):
             device=device if device is not None else self._device,
             feature_processor=feature_processor,
             sharding_type=ShardingType.ROW_WISE,
+            env=getattr(self, "_env", None),
         )
