@@ -37,3 +37,42 @@ def test_cache_folder_is_keyed_by_sources(csrc_copy: Path, tmp_path: Path) -> No
     header = csrc_copy / "include" / "dynamicemb" / "hashing.h"
     header.write_text(header.read_text() + "\n// edited\n")
     assert loader.build_plan().key != first.key  # a header edit is a new build
+
+
+_CHILD = """
+import torch
+from dynamicemb_core.ops import ensure_loaded
+path = ensure_loaded()
+v = torch.arange(6.0).reshape(3, 2)
+assert torch.ops.dynamicemb.gather_rows(v, torch.tensor([2, -1])).tolist() == [[4.0, 5.0], [0.0, 0.0]]
+print(path)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_building_at_once_share_one_clean_cache(tmp_path: Path) -> None:
+    """Both builds succeed and load; one cache folder survives, no temporary folder is left."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, DYNAMICEMB_CACHE_DIR=str(tmp_path), PYTHONPATH=str(root))
+    env.pop("DYNAMICEMB_CSRC_DIR", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+    assert len({out.strip().splitlines()[-1] for out, _ in outs}) == 1
+    entries = sorted(e.name for e in tmp_path.iterdir())
+    assert len(entries) == 1 and not entries[0].startswith("."), entries
+    assert (tmp_path / entries[0] / f"{loader.LIBRARY_NAME}.so").is_file()
