@@ -169,11 +169,22 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
         strategy = resolve_admission_strategy(opts)
         counter = resolve_counter(opts)
-        if counter is None:
+        if counter is not None:
+            # Each table counts on its own, on the module's device (the seed API's Counter.create).
+            counter = counter.create(self.device)
+        else:
             from dynamicemb_core.admission import KVCounter
 
             counter = KVCounter(capacity=int(opts.max_capacity or 0), device=self.device)
         return strategy, counter
+
+    def extra_repr(self) -> str:
+        tables = ", ".join(f"{n}(dim={d})" for n, d in zip(self.table_names, self.dims))
+        return (
+            f"tables=[{tables}], features={len(self.feature_table_map)}, "
+            f"pooling={self.pooling_mode.name}, optimizer={self._kind.name}, "
+            f"lr={self.optimizer_args.learning_rate}, device={self.device}"
+        )
 
     # ---- hyper-parameters and stats -----------------------------------------------------------
     def set_learning_rate(self, lr: float) -> None:
