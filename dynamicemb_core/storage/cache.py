@@ -168,6 +168,10 @@ class CachedStorage(LookupTier):
                     rows[unplaced],
                     self._now_scores(table_id, unplaced.numel()),
                 )
+                # The next tier may have had no room either (a full host bucket): those keys have
+                # no home at all, which the lookup reports through safe_check_mode.
+                stored, _, _ = self._backing_find(table_id, keys[unplaced])
+                homes[unplaced[~stored]] = HOME_NONE
         self._spill(table_id, res)
         return TierRows(homes=homes, found=found, rows=rows)
 

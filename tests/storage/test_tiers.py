@@ -207,3 +207,20 @@ def test_step_strategy_evicts_the_keys_of_the_oldest_step(device):
     assert evicted.numel() == 3 and bool((evicted < 8).all())
     stats = m.table_stats()[0]
     assert stats == {"name": "t", "size": 16, "capacity": 16, "evictions": 3}
+
+
+def test_keys_no_tier_can_hold_are_reported_by_safe_check_mode(device):
+    from dynamicemb_core.config import DynamicEmbCheckMode
+    from dynamicemb_core.types import DynamicEmbError
+
+    opts = _opts(
+        max_capacity=16,
+        bucket_capacity=16,
+        caching=True,
+        local_hbm_for_values=16 * ROW_BYTES,
+        safe_check_mode=DynamicEmbCheckMode.ERROR,
+    )
+    m = _module(device, opts)
+    # 40 new keys: 16 fit the cache, 16 of the other 24 fit the host table, 8 fit nowhere
+    with pytest.raises(DynamicEmbError, match=r"table 't': 8 key\(s\)"):
+        m(torch.arange(40, device=device), torch.tensor([0, 40], device=device))
