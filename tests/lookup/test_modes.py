@@ -236,3 +236,26 @@ def test_output_dtype_half_trains(device):
     _, rows, _ = m.tables[0].find(0, keys[:1])
     assert rows[0, 0].item() == 2.0 - 0.5 * 2  # two occurrences: gradient 2
     assert m.optimizer_kind.name == "SGD"
+
+
+def test_training_is_deterministic(device):
+    def run() -> torch.Tensor:
+        torch.manual_seed(7)
+        opts = [DynamicEmbTableOptions(dim=8, max_capacity=256, bucket_capacity=128)] * 2
+        m = BatchedDynamicEmbeddingTables(
+            opts,
+            ["a", "b"],
+            [0, 1, 1],
+            DynamicEmbPoolingMode.SUM,
+            EmbOptimType.ADAM,
+            device,
+            learning_rate=0.1,
+        )
+        g = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            keys = torch.randint(0, 50, (60,), generator=g).to(device)
+            offsets = torch.arange(0, 61, 5).to(device)
+            (m(keys, offsets) ** 2).sum().backward()
+        return m.tables[1].find(0, torch.arange(50, device=device))[1]
+
+    assert torch.equal(run(), run())
