@@ -6,13 +6,16 @@ so the callback compiled here is an adapter: ``double cb(const int64_t* words, i
 the two internal words and calls the user's function (jitted with numba) with a 2-tuple in the
 user's order. The callback's address is what ``score_fns[t]`` carries into the kernels.
 
-Compiled callbacks are cached per (function source, column order): building a second table with the
-same function costs nothing, and the cache keeps the machine code alive for as long as the process.
+Compiled callbacks are cached per (function object, column order): building a second table with the
+same function object costs nothing, and the cache keeps the function and the machine code alive for
+as long as the process (the address in ``score_fns`` must never dangle). The key is the object, not
+its source: two closures of one ``def`` (or two functions with one source but other defaults or
+globals) are different functions, and numba freezes captured values and globals into the machine
+code, so each gets its own callback.
 """
 
 from __future__ import annotations
 
-import inspect
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Sequence, Tuple
@@ -34,18 +37,23 @@ class CompiledScoreFunction:
     timestamp_first: bool
 
 
-def _source_key(fn: Callable[..., float]) -> Tuple[Any, ...]:
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):  # defined in a REPL or built dynamically: fall back to identity
-        source = f"<id {id(fn)}>"
-    code = getattr(fn, "__code__", None)
-    return (
-        getattr(fn, "__module__", None),
-        getattr(fn, "__qualname__", None),
-        source,
-        code.co_consts if code is not None else None,
-    )
+class FunctionKey:
+    """A cache key that is one function object: hashed by ``id``, equal only to itself.
+
+    It holds the function, so the id cannot be reused by another object while the key lives (the
+    caches below live as long as the process). Works for any callable, hashable or not.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., float]) -> None:
+        self.fn = fn
+
+    def __hash__(self) -> int:
+        return id(self.fn)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FunctionKey) and other.fn is self.fn
 
 
 def compile_score_function(
@@ -58,7 +66,7 @@ def compile_score_function(
         score_strategy: the table's strategy: (TIMESTAMP, LFU) or (LFU, TIMESTAMP).
 
     Returns:
-        The compiled adapter (cached per function source and column order).
+        The compiled adapter (cached per function object and column order).
 
     Raises:
         ValueError: the strategy is not the compound pair.
@@ -71,7 +79,7 @@ def compile_score_function(
             f"either order; got {tuple(s.name for s in strategies)}"
         )
     timestamp_first = strategies[0] == DynamicEmbScoreStrategy.TIMESTAMP
-    key = (_source_key(fn), timestamp_first)
+    key = (FunctionKey(fn), timestamp_first)
     with _lock:
         hit = _cache.get(key)
         if hit is None:

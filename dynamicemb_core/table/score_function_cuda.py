@@ -12,8 +12,9 @@ a call writes, so a victim's words are still the ones it had when the call began
 call's resolved time (the device clock, or ``cur_scores[t]`` when given), the same value the CPU
 kernel passes, so the same Python function picks the same victims on both devices.
 
-Compiled kernels are cached per (function source, column order, device, compute capability) and
-kept alive for the life of the process, because the handle in ``score_fns`` points into them.
+Compiled kernels are cached per (function object, column order, device, compute capability) and
+kept alive, with the function, for the life of the process, because the handle in ``score_fns``
+points into them. Keyed by the object, not its source, as on CPU (score_function.py says why).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Callable, Dict, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy, normalize_score_strategy
-from dynamicemb_core.table.score_function import _source_key, compile_score_function
+from dynamicemb_core.table.score_function import FunctionKey, compile_score_function
 
 __all__ = ["CompiledCudaScoreFunction", "compile_score_function_cuda", "score_fn_handle"]
 
@@ -79,7 +80,7 @@ def compile_score_function_cuda(
         raise ValueError(f"compile_score_function_cuda needs a CUDA device, got {dev}")
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     cc = torch.cuda.get_device_capability(index)
-    key = (_source_key(fn), timestamp_first, index, cc)
+    key = (FunctionKey(fn), timestamp_first, index, cc)
     with _lock:
         hit = _cache.get(key)
         if hit is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 import warnings
 from typing import List
 
@@ -348,6 +349,78 @@ def test_score_function_needs_the_compound_strategy() -> None:
         compile_score_function(keep_old_evict_frequent, S.TIMESTAMP)
 
 
+WEIGHT = 1.0  # read by weight_from_globals; each test copy of it gets its own globals
+
+
+def weight_from_globals(scores, cur_timestamp):
+    return WEIGHT * scores[1]
+
+
+def weighted_by_closure(weight: float):
+    def score(scores, cur_timestamp):
+        return weight * scores[1]
+
+    return score
+
+
+def weighted_by_default(weight: float):
+    def score(scores, cur_timestamp, weight=weight):
+        return weight * scores[1]
+
+    return score
+
+
+def weighted_by_globals(weight: float):
+    return types.FunctionType(weight_from_globals.__code__, {**globals(), "WEIGHT": weight})
+
+
+@pytest.mark.parametrize("make", [weighted_by_closure, weighted_by_default, weighted_by_globals])
+def test_functions_with_one_source_but_other_values_keep_their_own_callback(make) -> None:
+    """Two functions of one source (closures, defaults, globals) rank by their own values: -1
+    evicts the most frequent key, +1 the least frequent, in two tables built one after the other."""
+    old = list(range(100, 116))
+    counts = {k: 1 + 50 * (k == 105) - (k == 110) for k in old}
+    victims = []
+    for weight in (-1.0, 1.0):
+        table = one_bucket(torch.device("cpu"), (S.TIMESTAMP, S.LFU), score_function=make(weight))
+        table.insert(tensor(old, "cpu"), scores=tensor([[1, counts[k]] for k in old], "cpu"))
+        victims.append(table.insert_and_evict(tensor([1], "cpu"), score=10).evicted.keys.tolist())
+    assert victims == [[105], [110]]
+
+
+def test_one_function_object_is_compiled_once_per_column_order() -> None:
+    from dynamicemb_core.table.score_function import compile_score_function
+
+    fn = weighted_by_closure(2.0)
+    first = compile_score_function(fn, (S.TIMESTAMP, S.LFU))
+    assert compile_score_function(fn, (S.TIMESTAMP, S.LFU)) is first
+    other_order = compile_score_function(fn, (S.LFU, S.TIMESTAMP))
+    assert other_order is not first and not other_order.timestamp_first
+
+
+def test_cuda_score_function_cache_is_keyed_by_the_function_object(monkeypatch) -> None:
+    """The CUDA cache's keying, on CPU: compilation itself is replaced by a recorder (the compiled
+    kernels are tested on a GPU in test_cuda_score_function.py)."""
+    from dynamicemb_core.table import score_function_cuda
+
+    compiled = []
+
+    def fake_compile(fn, timestamp_first, index, cc):
+        compiled.append(fn)
+        return score_function_cuda.CompiledCudaScoreFunction(len(compiled), fn, timestamp_first, cc)
+
+    monkeypatch.setattr(score_function_cuda, "_compile", fake_compile)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(score_function_cuda, "_cache", {})
+    strategy = (S.TIMESTAMP, S.LFU)
+    a, b = weighted_by_closure(-1.0), weighted_by_closure(1.0)
+    handle_a = score_function_cuda.score_fn_handle(a, strategy, "cuda:0")
+    handle_b = score_function_cuda.score_fn_handle(b, strategy, "cuda:0")
+    assert handle_a != handle_b and compiled == [a, b]
+    assert score_function_cuda.score_fn_handle(a, strategy, "cuda:0") == handle_a
+    assert compiled == [a, b]
+
+
 # ------------------------------------------------------------------------------------------------
 # Expansion
 # ------------------------------------------------------------------------------------------------
@@ -445,6 +518,68 @@ def test_insert_at_places_exactly_and_rejects_before_writing(device: torch.devic
             after.keys.tolist() == before.keys.tolist()
             and after.slots.tolist() == before.slots.tolist()
         )
+
+
+def failing_index_model(placed: List[bool], keys: List[int], slots: List[int]):
+    """The batch rule of insert_at, entry by entry: the first i the kernel refused, or whose slot an
+    earlier entry gave to another key, or whose key an earlier entry put at another slot."""
+    for i in range(len(keys)):
+        earlier = range(i)
+        if (
+            not placed[i]
+            or any(slots[j] == slots[i] and keys[j] != keys[i] for j in earlier)
+            or any(keys[j] == keys[i] and slots[j] != slots[i] for j in earlier)
+        ):
+            return i
+    return None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_failing_index_matches_the_entry_by_entry_rule(seed: int) -> None:
+    from dynamicemb_core.table.replay import failing_index
+
+    gen = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 60, (1,), generator=gen))
+    pool = tensor([INT64_MIN, INT64_MAX, -1, 0, 7, 2**40], "cpu")  # few values: many repeats
+    keys = pool[torch.randint(0, 6, (n,), generator=gen)]
+    slots = torch.randint(-2, 4 + seed % 5, (n,), generator=gen)
+    if seed % 2:  # consistent pairs (key k always at slot k % 4) with one late disagreement
+        slots = keys.remainder(4)
+        slots[-1] += seed % 3
+    placed = torch.rand(n, generator=gen) > 0.02 * (seed % 4)
+    expected = failing_index_model(placed.tolist(), keys.tolist(), slots.tolist())
+    assert failing_index(placed, keys, slots) == expected
+
+
+def test_first_occurrence_is_linear_not_a_sort(monkeypatch) -> None:
+    """Replay checks millions of rows: the batch check scatters instead of sorting."""
+    from dynamicemb_core.table import replay
+
+    def no_sort(*args, **kwargs):
+        raise AssertionError("the insert_at batch check must not sort")
+
+    for name in ("argsort", "sort", "unique", "unique_consecutive"):
+        monkeypatch.setattr(torch, name, no_sort)
+    monkeypatch.setattr(torch.Tensor, "argsort", no_sort)
+    monkeypatch.setattr(torch.Tensor, "sort", no_sort)
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randint(-(2**62), 2**62, (5000,), generator=gen)[
+        torch.randint(0, 5000, (20000,))
+    ]
+    first = replay.first_occurrence(values)
+    index = torch.arange(values.numel())
+    assert bool((values[first] == values).all()) and bool((first <= index).all())
+    seen = {}
+    expected = [seen.setdefault(v, i) for i, v in enumerate(values.tolist())]
+    assert first.tolist() == expected
+    assert (
+        replay.failing_index(
+            torch.ones(4, dtype=torch.bool),
+            tensor([1, 2, 1, 3], "cpu"),
+            tensor([0, 1, 0, 1], "cpu"),
+        )
+        == 3
+    )
 
 
 def test_insert_result_does_not_depend_on_thread_count() -> None:
