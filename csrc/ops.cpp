@@ -53,6 +53,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   // Write rows into a (capacity, width) value tensor at local slots; slot -1 skipped, last write wins.
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
+  // The nanosecond clock the table kernels read on like's device when cur_scores[t] < 0 (CPU:
+  // steady_clock, CUDA: %globaltimer). -> 0-d int64 on like's device
+  m.def("device_clock(Tensor like) -> Tensor");
 
   // ---------------------------------------------------------------------------------------------
   // Lookup and training ops (owned by the lookup engineer; kernels in csrc/{cpu,cuda}/lookup.*).

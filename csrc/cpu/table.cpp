@@ -804,6 +804,13 @@ void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& r
   });
 }
 
+/** The clock the CPU kernels read for "cur_scores[t] < 0" (clock_ns), as a 0-d int64 tensor. */
+Tensor device_clock_cpu(const Tensor& like) {
+  TORCH_CHECK_VALUE(like.device().is_cpu(), "dynamicemb.device_clock: like must be on cpu, got ",
+                    like.device());
+  return at::scalar_tensor(clock_ns(), like.options().dtype(at::kLong));
+}
+
 }  // namespace
 }  // namespace dynamicemb
 
@@ -817,4 +824,5 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("insert_at", &dynamicemb::insert_at_cpu);
   m.impl("gather_rows", &dynamicemb::gather_rows_cpu);
   m.impl("scatter_rows", &dynamicemb::scatter_rows_cpu);
+  m.impl("device_clock", &dynamicemb::device_clock_cpu);
 }

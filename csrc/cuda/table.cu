@@ -1,6 +1,6 @@
 // CUDA kernels of the scored hash table (docs/table_design.md): find, insert, find_or_insert,
-// insert_and_evict, erase, export_if, insert_at, gather_rows, scatter_rows. Same schemas, same
-// semantics and, for every op, the same results as csrc/cpu/table.cpp.
+// insert_and_evict, erase, export_if, insert_at, gather_rows, scatter_rows, device_clock. Same
+// schemas, same semantics and, for every op, the same results as csrc/cpu/table.cpp.
 //
 // Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
 //   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
@@ -381,6 +381,21 @@ void scatter_rows_cuda(const Tensor& values, const Tensor& slots_in, const Tenso
                       c10::cuda::getCurrentCUDAStream());
 }
 
+/** One thread writes the clock the table kernels read (global_timer_ns, %globaltimer). */
+__global__ void device_clock_kernel(int64_t* __restrict__ out) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *out = global_timer_ns();
+}
+
+Tensor device_clock_cuda(const Tensor& like) {
+  TORCH_CHECK_VALUE(like.is_cuda(), "dynamicemb.device_clock (CUDA): like must be on a CUDA "
+                    "device, got ", like.device());
+  const c10::cuda::CUDAGuard guard(like.device());
+  Tensor out = at::empty({}, like.options().dtype(at::kLong));
+  device_clock_kernel<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(out.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 }  // namespace dynamicemb
 
@@ -394,4 +409,5 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("insert_at", &dynamicemb::insert_at_cuda);
   m.impl("gather_rows", &dynamicemb::gather_rows_cuda);
   m.impl("scatter_rows", &dynamicemb::scatter_rows_cuda);
+  m.impl("device_clock", &dynamicemb::device_clock_cuda);
 }

@@ -176,6 +176,11 @@ def _scatter_rows_fake(values: Tensor, slots: Tensor, rows: Tensor) -> None:
     return None
 
 
+@torch.library.register_fake(_NS + "device_clock")
+def _device_clock_fake(like: Tensor) -> Tensor:
+    return like.new_empty((), dtype=torch.int64)
+
+
 def _import_sibling_fakes() -> None:
     """Import every ``fake_*.py`` beside this module (other op groups' fake kernels)."""
     for info in pkgutil.iter_modules([str(Path(__file__).parent)]):

@@ -16,6 +16,7 @@ from dynamicemb_core.ops.loader import ensure_loaded
 
 __all__ = [
     "TableState",
+    "device_clock",
     "erase",
     "export_if",
     "find",
@@ -189,3 +190,9 @@ def gather_rows(values: Tensor, slots: Tensor) -> Tensor:
 def scatter_rows(values: Tensor, slots: Tensor, rows: Tensor) -> None:
     """Write ``rows`` (n, width) into ``values`` at ``slots``; -1 skipped, last write wins."""
     _ops().scatter_rows.default(values, slots, rows)
+
+
+def device_clock(like: Tensor) -> int:
+    """The nanosecond clock the table kernels read on ``like``'s device when ``cur_scores[t] < 0``
+    (CPU: ``std::chrono::steady_clock``; CUDA: ``%globaltimer``, which waits for the stream)."""
+    return int(_ops().device_clock.default(like))

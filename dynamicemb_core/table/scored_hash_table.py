@@ -8,7 +8,6 @@ per-table step / custom score, applies ``safe_check_mode`` and collects RETAIN_K
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -531,7 +530,12 @@ class ScoredHashTable:
         self._custom_scores[t] = score
 
     def get_score(self, table_id: int) -> int:
-        """The score the next call will use: step, custom score, 0 for LFU, or the clock (ns)."""
+        """The score the next call will use: step, custom score, 0 for LFU, or the clock (ns).
+
+        Clock tables (TIMESTAMP, NO_EVICTION, compound) read the clock the kernels stamp on this
+        table's device (``device_clock``: steady_clock on CPU, ``%globaltimer`` on CUDA), so the
+        value compares with exported timestamps; on CUDA the read waits for the current stream.
+        """
         t = self._table_id(table_id)
         policy = self.specs[t].policy
         if policy == _STEP:
@@ -540,7 +544,7 @@ class ScoredHashTable:
             return self._custom_scores[t]
         if policy == _LFU:
             return 0
-        return time.monotonic_ns()  # the CPU kernels' std::chrono::steady_clock
+        return table_ops.device_clock(self._state.sizes)
 
     def advance_step(self, table_id: Optional[int] = None) -> None:
         """Add one to the step of STEP tables (one, or all); the lookup calls it once per forward."""

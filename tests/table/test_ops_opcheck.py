@@ -22,6 +22,7 @@ TABLE_OPS = [
     "insert_at",
     "gather_rows",
     "scatter_rows",
+    "device_clock",
 ]
 INT64_MIN = -(2**63)
 
@@ -84,7 +85,13 @@ def _samples(device: torch.device) -> Dict[str, List[Tuple[Any, ...]]]:
         ],
         "gather_rows": [(values, slots)],
         "scatter_rows": [(values, slots, torch.randn(4, 3, device=device))],
+        "device_clock": [(s.sizes,)],
     }
+
+
+# A clock gives another value on every call, so eager and AOT outputs cannot match; its traced
+# value is checked against eager reads instead (test_device_clock_is_the_kernels_clock_and_traces).
+_CHECKS = {"device_clock": ("test_schema", "test_autograd_registration", "test_faketensor")}
 
 
 @pytest.mark.parametrize("op_name", TABLE_OPS)
@@ -92,7 +99,45 @@ def test_op_passes_opcheck(device: torch.device, op_name: str) -> None:
     ensure_loaded()
     op = getattr(torch.ops.dynamicemb, op_name).default
     for args in _samples(device)[op_name]:
-        torch.library.opcheck(op, args)
+        if op_name in _CHECKS:
+            torch.library.opcheck(op, args, test_utils=_CHECKS[op_name])
+        else:
+            torch.library.opcheck(op, args)
+
+
+def test_device_clock_is_the_kernels_clock_and_traces(device: torch.device) -> None:
+    """device_clock lies between the stamps of two inserts that read the clock (cur_scores -1),
+    eagerly and traced by torch.compile (fullgraph), as a 0-d int64 on the given device."""
+    ensure_loaded()
+    s = _state(device)
+    args = (
+        s.table_keys,
+        s.digests,
+        s.scores,
+        *s[3:6],
+        torch.zeros(2, dtype=torch.int64, device=device),
+        s.sizes,
+        torch.tensor([-1, 9], dtype=torch.int64, device=device),
+        None,
+    )
+    lib = torch.ops.dynamicemb
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def traced(like: torch.Tensor) -> torch.Tensor:
+        return lib.device_clock(like) + 0
+
+    def stamp(key: int) -> int:
+        keys = torch.tensor([key], dtype=torch.int64, device=device)
+        slot = lib.insert(keys, torch.zeros_like(keys), *args)
+        return int(s.scores[int(slot)][0])
+
+    first = stamp(1000)
+    eager = lib.device_clock(s.sizes)
+    middle = stamp(1002)
+    compiled = traced(s.sizes)
+    last = stamp(1004)
+    assert eager.shape == () and eager.dtype == torch.int64 and eager.device == device
+    assert 0 < first <= int(eager) <= middle <= int(compiled) <= last
 
 
 def test_every_table_op_has_a_kernel_per_backend() -> None:

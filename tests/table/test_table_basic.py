@@ -124,6 +124,22 @@ def test_timestamp_uses_given_score_or_the_clock() -> None:
     assert before <= table.export(0).scores.item() <= after
 
 
+@pytest.mark.parametrize("strategy", [S.TIMESTAMP, S.NO_EVICTION, (S.LFU, S.TIMESTAMP)])
+def test_get_score_of_a_clock_table_reads_the_kernels_clock(
+    device: torch.device, strategy, monkeypatch
+) -> None:
+    """get_score lies between the times the kernels stamp before and after it on this device (the
+    CUDA kernels read %globaltimer, not the host's monotonic clock); Python's clock is not used."""
+    monkeypatch.setattr(time, "monotonic_ns", lambda: -12345)
+    table = one_bucket(device, strategy)
+    table.insert(tensor([1], device))
+    score = table.get_score(0)
+    table.insert(tensor([2], device))
+    exported = table.export(0)
+    stamps = dict(zip(exported.keys.tolist(), exported.scores[:, -1].tolist()))
+    assert 0 < stamps[1] <= score <= stamps[2]
+
+
 def test_step_scores_follow_advance_step(device: torch.device) -> None:
     table = one_bucket(device, S.STEP)
     table.find_or_insert(tensor([1], device))
@@ -304,6 +320,29 @@ def test_retain_key_collects_evicted_keys_once(device: torch.device) -> None:
     )
     assert table.pop_evicted_keys(0).numel() == 0
     assert table.pop_evicted_keys(1).numel() == 0
+
+
+def test_clear_empties_keys_but_keeps_rows_capacity_step_and_retained_keys(
+    device: torch.device,
+) -> None:
+    table = one_bucket(
+        device,
+        S.STEP,
+        row_width=1,
+        evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+    )
+    table.set_score(0, 3)
+    keys = list(range(100, 116))
+    slots = table.insert(tensor(keys, device), rows=torch.arange(16.0, device=device)[:, None])
+    evicted = table.insert_and_evict(tensor([1], device)).evicted.keys.tolist()
+    rows_before = table.values(0).clone()
+    table.clear(0)
+    assert table.size(0) == 0 and table.capacity(0) == 16 and table.get_score(0) == 3
+    assert not table.find(tensor(keys + [1], device)).found.any()
+    torch.testing.assert_close(table.values(0), rows_before)  # rows stay until overwritten
+    assert table.pop_evicted_keys(0).tolist() == evicted  # cleared keys are not "evicted"
+    fresh = table.insert(tensor([7], device))
+    assert int(fresh) in slots.tolist() and table.size(0) == 1
 
 
 # ------------------------------------------------------------------------------------------------
