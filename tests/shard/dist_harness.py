@@ -60,7 +60,20 @@ def _worker(
 def run_workers(
     fn: Callable[..., None], *args: Any, world: int = WORLD_SIZE, timeout: float = 240.0
 ) -> None:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; raise if any fails or hangs."""
+    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; raise if any fails or hangs.
+
+    The free port is chosen before the workers bind it, so another process on the machine can take
+    it in between: that one failure (and only it) is retried on a new port.
+    """
+    try:
+        _run_once(fn, args, world, timeout)
+    except mp.ProcessRaisedException as err:
+        if "address already in use" not in str(err).lower():
+            raise
+        _run_once(fn, args, world, timeout)
+
+
+def _run_once(fn: Callable[..., None], args: Tuple[Any, ...], world: int, timeout: float) -> None:
     ctx = mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=False)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1.0):

@@ -114,3 +114,35 @@ def _any_int64_keys(rank: int, world: int) -> None:
 
 def test_any_int64_id_is_stored_on_its_owner_rank_only() -> None:
     run_workers(_any_int64_keys)
+
+
+def _long_case(rank: int, world: int, pooled: bool) -> None:
+    for dist_type in DIST_TYPES:
+        for optimizer in OPTIMIZERS:
+            configs = _configs(pooled)
+            constraints = {
+                c.name: DynamicEmbParameterConstraints(
+                    use_dynamicemb=True,
+                    dynamicemb_options=DynamicEmbTableOptions(
+                        dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY
+                    ),
+                )
+                for c in configs
+            }
+            train_against_twin(
+                rank,
+                world,
+                pooled,
+                configs,
+                constraints,
+                optimizer,
+                HYPER,
+                steps=15,
+                batch_per_rank=16,
+            )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pooled", [True, False], ids=["ebc", "ec"])
+def test_sharded_matches_twin_over_longer_runs(pooled: bool) -> None:
+    run_workers(_long_case, pooled, timeout=900)
