@@ -98,6 +98,17 @@ class _DynamicKernelFactory:
             self._demb_pg,  # type: ignore[attr-defined]
         )
 
+    def _create_embedding_kernel(
+        self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any
+    ) -> nn.Module:
+        # Overrides the TorchRec lookup that follows this class in the MRO.
+        kernel = self._dynamic_kernel(config)
+        return (
+            kernel
+            if kernel is not None
+            else super()._create_embedding_kernel(config, *args, **kwargs)  # type: ignore[misc]
+        )
+
 
 class DynamicEmbeddingsLookup(_DynamicKernelFactory, GroupedEmbeddingsLookup):
     """TorchRec's sequence lookup; groups of dynamic tables get our kernel."""
@@ -112,16 +123,6 @@ class DynamicEmbeddingsLookup(_DynamicKernelFactory, GroupedEmbeddingsLookup):
     ) -> None:
         self._dynamic_setup(table_options, DynamicEmbPoolingMode.NONE, pg, device)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, **kwargs)
-
-    def _create_embedding_kernel(
-        self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any
-    ) -> nn.Module:
-        kernel = self._dynamic_kernel(config)
-        return (
-            kernel
-            if kernel is not None
-            else super()._create_embedding_kernel(config, *args, **kwargs)
-        )
 
 
 class DynamicPooledEmbeddingsLookup(_DynamicKernelFactory, GroupedPooledEmbeddingsLookup):
@@ -140,16 +141,6 @@ class DynamicPooledEmbeddingsLookup(_DynamicKernelFactory, GroupedPooledEmbeddin
         self._dynamic_setup(table_options, DynamicEmbPoolingMode.SUM, pg, device)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, **kwargs)
 
-    def _create_embedding_kernel(
-        self, config: GroupedEmbeddingConfig, *args: Any, **kwargs: Any
-    ) -> nn.Module:
-        kernel = self._dynamic_kernel(config)
-        return (
-            kernel
-            if kernel is not None
-            else super()._create_embedding_kernel(config, *args, **kwargs)
-        )
-
 
 def _check_supported(sharding: Any) -> None:
     if getattr(sharding, "_has_feature_processor", False):
@@ -159,13 +150,19 @@ def _check_supported(sharding: Any) -> None:
         )
 
 
-class RwSequenceDynamicEmbeddingSharding(RwSequenceEmbeddingSharding):
-    """Row-wise sharding of an ``EmbeddingCollection``'s tables, some of them dynamic."""
+class _RwDynamicSharding:
+    """What both row-wise shardings add to TorchRec's: checks, per-feature routes, dynamic options.
+
+    Listed before the TorchRec sharding in the bases; ``_demb_is_sequence`` picks the input dist's
+    output layout (sequence or pooled).
+    """
+
+    _demb_is_sequence: bool
 
     def __init__(
         self, sharding_infos: List[EmbeddingShardingInfo], *args: Any, **kwargs: Any
     ) -> None:
-        super().__init__(sharding_infos, *args, **kwargs)
+        super().__init__(sharding_infos, *args, **kwargs)  # type: ignore[call-arg]
         _check_supported(self)
         self._demb_routes = _routes_by_feature(sharding_infos)
         self._demb_options = _options_by_table(sharding_infos)
@@ -173,8 +170,18 @@ class RwSequenceDynamicEmbeddingSharding(RwSequenceEmbeddingSharding):
     def create_input_dist(
         self, device: Optional[torch.device] = None
     ) -> RwDynamicSparseFeaturesDist:
-        routes = [self._demb_routes[f] for f in self.feature_names()]
-        return RwDynamicSparseFeaturesDist(pg=self._pg, routes=routes, is_sequence=True)
+        routes = [self._demb_routes[f] for f in self.feature_names()]  # type: ignore[attr-defined]
+        return RwDynamicSparseFeaturesDist(
+            pg=self._pg,  # type: ignore[attr-defined]
+            routes=routes,
+            is_sequence=self._demb_is_sequence,
+        )
+
+
+class RwSequenceDynamicEmbeddingSharding(_RwDynamicSharding, RwSequenceEmbeddingSharding):
+    """Row-wise sharding of an ``EmbeddingCollection``'s tables, some of them dynamic."""
+
+    _demb_is_sequence = True
 
     def create_lookup(
         self,
@@ -191,22 +198,10 @@ class RwSequenceDynamicEmbeddingSharding(RwSequenceEmbeddingSharding):
         )
 
 
-class RwPooledDynamicEmbeddingSharding(RwPooledEmbeddingSharding):
+class RwPooledDynamicEmbeddingSharding(_RwDynamicSharding, RwPooledEmbeddingSharding):
     """Row-wise sharding of an ``EmbeddingBagCollection``'s tables, some of them dynamic."""
 
-    def __init__(
-        self, sharding_infos: List[EmbeddingShardingInfo], *args: Any, **kwargs: Any
-    ) -> None:
-        super().__init__(sharding_infos, *args, **kwargs)
-        _check_supported(self)
-        self._demb_routes = _routes_by_feature(sharding_infos)
-        self._demb_options = _options_by_table(sharding_infos)
-
-    def create_input_dist(
-        self, device: Optional[torch.device] = None
-    ) -> RwDynamicSparseFeaturesDist:
-        routes = [self._demb_routes[f] for f in self.feature_names()]
-        return RwDynamicSparseFeaturesDist(pg=self._pg, routes=routes, is_sequence=False)
+    _demb_is_sequence = False
 
     def create_lookup(
         self,

@@ -46,10 +46,9 @@ __all__ = [
 ]
 
 
-def _construct(cls: type, **kwargs: Any) -> Any:
-    """Call ``cls`` with the keyword arguments its TorchRec base accepts (1.6 lacks some)."""
-    base: Any = cls.__mro__[1]
-    accepted = inspect.signature(base.__init__).parameters
+def _construct(cls: type, base: type, **kwargs: Any) -> Any:
+    """Call ``cls`` with the keyword arguments its TorchRec ``base`` accepts (1.6 lacks some)."""
+    accepted = inspect.signature(base).parameters
     return cls(**{k: v for k, v in kwargs.items() if k in accepted})
 
 
@@ -89,24 +88,61 @@ def _register_dynamic_kernels(module: nn.Module) -> None:
     module.dynamic_kernels = nn.ModuleList(kernels)
 
 
-def _with_row_wise(types: List[str]) -> List[str]:
-    return types if ShardingType.ROW_WISE.value in types else types + [ShardingType.ROW_WISE.value]
+def _dynamic_rw_sharding(
+    sharding_cls: type,
+    sharding_type: str,
+    sharding_infos: List[EmbeddingShardingInfo],
+    env: ShardingEnv,
+    device: Optional[torch.device],
+    qcomm_codecs_registry: Optional[Dict[str, Any]],
+) -> Optional[Any]:
+    """``sharding_cls`` for a row-wise group holding a dynamic table; None: TorchRec shards it."""
+    if sharding_type != ShardingType.ROW_WISE.value or not has_dynamic_tables(sharding_infos):
+        return None
+    return sharding_cls(
+        sharding_infos=sharding_infos,
+        env=env,
+        device=device,
+        qcomm_codecs_registry=qcomm_codecs_registry,
+    )
 
 
-class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
+class _DynamicShardedCollection:
+    """What both sharded collections add to TorchRec's: kernel registration, dense-only reset.
+
+    Listed before the TorchRec module in the bases; ``_demb_configs_attr`` names the attribute that
+    holds its table configs.
+    """
+
+    _demb_configs_attr: str
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _register_dynamic_kernels(self)  # type: ignore[arg-type]
+
+    def reset_parameters(self) -> None:
+        with _without_dynamic_configs(self, self._demb_configs_attr):  # type: ignore[arg-type]
+            super().reset_parameters()  # type: ignore[misc]
+
+
+class _RowWiseShardingTypes:
+    """Sharder mixin: offer row-wise sharding on every device, as a dynamic table needs it."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        types: List[str] = super().sharding_types(compute_device_type)  # type: ignore[misc]
+        if ShardingType.ROW_WISE.value in types:
+            return types
+        return types + [ShardingType.ROW_WISE.value]
+
+
+class ShardedDynamicEmbeddingCollection(_DynamicShardedCollection, ShardedEmbeddingCollection):
     """TorchRec's sharded EmbeddingCollection whose row-wise dynamic tables use our sharding.
 
     Attributes:
         dynamic_kernels: the :class:`BatchedDynamicEmbeddingKernel` of every dynamic group on this rank.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _register_dynamic_kernels(self)
-
-    def reset_parameters(self) -> None:
-        with _without_dynamic_configs(self, "_embedding_configs"):
-            super().reset_parameters()
+    _demb_configs_attr = "_embedding_configs"
 
     @classmethod
     def create_embedding_sharding(
@@ -118,13 +154,16 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> Any:
-        if sharding_type == ShardingType.ROW_WISE.value and has_dynamic_tables(sharding_infos):
-            return RwSequenceDynamicEmbeddingSharding(
-                sharding_infos=sharding_infos,
-                env=env,
-                device=device,
-                qcomm_codecs_registry=qcomm_codecs_registry,
-            )
+        sharding = _dynamic_rw_sharding(
+            RwSequenceDynamicEmbeddingSharding,
+            sharding_type,
+            sharding_infos,
+            env,
+            device,
+            qcomm_codecs_registry,
+        )
+        if sharding is not None:
+            return sharding
         return super().create_embedding_sharding(
             sharding_type=sharding_type,
             sharding_infos=sharding_infos,
@@ -135,20 +174,16 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
         )
 
 
-class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+class ShardedDynamicEmbeddingBagCollection(
+    _DynamicShardedCollection, ShardedEmbeddingBagCollection
+):
     """TorchRec's sharded EmbeddingBagCollection whose row-wise dynamic tables use our sharding.
 
     Attributes:
         dynamic_kernels: the :class:`BatchedDynamicEmbeddingKernel` of every dynamic group on this rank.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _register_dynamic_kernels(self)
-
-    def reset_parameters(self) -> None:
-        with _without_dynamic_configs(self, "_embedding_bag_configs"):
-            super().reset_parameters()
+    _demb_configs_attr = "_embedding_bag_configs"
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -160,14 +195,16 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
         **kwargs: Any,
     ) -> Any:
-        sharding_type = sharding_infos[0].param_sharding.sharding_type
-        if sharding_type == ShardingType.ROW_WISE.value and has_dynamic_tables(sharding_infos):
-            return RwPooledDynamicEmbeddingSharding(
-                sharding_infos=sharding_infos,
-                env=env,
-                device=device,
-                qcomm_codecs_registry=qcomm_codecs_registry,
-            )
+        sharding = _dynamic_rw_sharding(
+            RwPooledDynamicEmbeddingSharding,
+            sharding_infos[0].param_sharding.sharding_type,
+            sharding_infos,
+            env,
+            device,
+            qcomm_codecs_registry,
+        )
+        if sharding is not None:
+            return sharding
         return super().create_embedding_bag_sharding(
             sharding_infos=sharding_infos,
             env=env,
@@ -178,7 +215,7 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         )
 
 
-class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+class DynamicEmbeddingCollectionSharder(_RowWiseShardingTypes, EmbeddingCollectionSharder):
     """``EmbeddingCollectionSharder`` for collections holding dynamic tables (sequence lookup)."""
 
     def shard(
@@ -191,6 +228,7 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
     ) -> ShardedEmbeddingCollection:
         return _construct(
             ShardedDynamicEmbeddingCollection,
+            ShardedEmbeddingCollection,
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,
@@ -201,15 +239,12 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             module_fqn=module_fqn,
         )
 
-    def sharding_types(self, compute_device_type: str) -> List[str]:
-        return _with_row_wise(super().sharding_types(compute_device_type))
-
     @property
     def sharded_module_type(self) -> Type[ShardedEmbeddingCollection]:
         return ShardedDynamicEmbeddingCollection
 
 
-class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+class DynamicEmbeddingBagCollectionSharder(_RowWiseShardingTypes, EmbeddingBagCollectionSharder):
     """``EmbeddingBagCollectionSharder`` for collections holding dynamic tables (pooled lookup)."""
 
     def shard(
@@ -222,6 +257,7 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     ) -> ShardedEmbeddingBagCollection:
         return _construct(
             ShardedDynamicEmbeddingBagCollection,
+            ShardedEmbeddingBagCollection,
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,
@@ -230,9 +266,6 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             module_fqn=module_fqn,
         )
-
-    def sharding_types(self, compute_device_type: str) -> List[str]:
-        return _with_row_wise(super().sharding_types(compute_device_type))
 
     @property
     def sharded_module_type(self) -> Type[ShardedEmbeddingBagCollection]:
