@@ -28,16 +28,24 @@ def _as_int64(u: int) -> int:
     return u - (1 << 64) if u >= (1 << 63) else u
 
 
+def _smallest_index_per_cell(cell: Tensor, index: Tensor, cells: int, n: int) -> Tensor:
+    """For each entry, the smallest ``index`` among the entries in its cell (``scatter_reduce`` amin)."""
+    smallest = torch.full((cells,), n, dtype=torch.int64, device=cell.device)
+    smallest.scatter_reduce_(0, cell, index, "amin")
+    return smallest[cell]
+
+
 def first_occurrence(values: Tensor) -> Tensor:
     """For each i, the smallest j with ``values[j] == values[i]`` (so j <= i), in expected O(n).
 
-    Each round hashes the unresolved entries (multiply-shift with a new odd multiplier, so a
-    collision does not repeat) into a cell array and keeps the smallest entry index per cell
-    (``scatter_reduce`` amin). Entry i whose cell's smallest index holds the same value is
-    resolved: every occurrence of that value lies in the same cell and is still unresolved (values
-    resolve together), so that index is the value's first occurrence. The rest share a cell with a
-    smaller, different value and try again; every non-empty cell resolves at least one value, so
-    the rounds end, and they shrink geometrically.
+    Values spanning fewer than ``_CELLS_PER_ENTRY * n`` integers (slots) index a dense cell array
+    directly: one scatter, exact. Other values (keys) go through rounds: each hashes the unresolved
+    entries (multiply-shift with a new odd multiplier, so a collision does not repeat) into cells
+    and keeps the smallest entry index per cell. Entry i whose cell's smallest index holds the same
+    value is resolved: every occurrence of that value lies in the same cell and is still
+    unresolved (values resolve together), so that index is the value's first occurrence. The rest
+    share a cell with a smaller, different value and try again (their answer is overwritten);
+    every non-empty cell resolves at least one value, so the rounds end, shrinking geometrically.
 
     Args:
         values: (n,) int64, any values.
@@ -47,9 +55,14 @@ def first_occurrence(values: Tensor) -> Tensor:
     """
     n = values.numel()
     device = values.device
+    if n == 0:
+        return torch.empty(0, dtype=torch.int64, device=device)
+    index = torch.arange(n, dtype=torch.int64, device=device)
+    lo, hi = (int(v) for v in torch.aminmax(values))
+    if hi - lo < _CELLS_PER_ENTRY * n:  # Python ints: no overflow for any int64 range
+        return _smallest_index_per_cell(values - lo, index, hi - lo + 1, n)
     first = torch.empty(n, dtype=torch.int64, device=device)
-    pending = torch.arange(n, dtype=torch.int64, device=device)
-    pending_values = values
+    pending, pending_values = index, values
     rounds = 0
     while pending.numel():
         rounds += 1
@@ -58,12 +71,9 @@ def first_occurrence(values: Tensor) -> Tensor:
         # The top `bits` bits of the 64-bit product (int64 wraps like uint64; the mask makes the
         # shift logical).
         cell = (pending_values * multiplier >> (64 - bits)) & ((1 << bits) - 1)
-        smallest = torch.full((1 << bits,), n, dtype=torch.int64, device=device)
-        smallest.scatter_reduce_(0, cell, pending, "amin")
-        candidate = smallest[cell]
-        same = values[candidate] == pending_values
-        first[pending[same]] = candidate[same]
-        unresolved = ~same
+        candidate = _smallest_index_per_cell(cell, pending, 1 << bits, n)
+        first[pending] = candidate  # final for the resolved; the others are overwritten later
+        unresolved = (values[candidate] != pending_values).nonzero().squeeze(1)
         pending, pending_values = pending[unresolved], pending_values[unresolved]
     return first
 
