@@ -35,7 +35,23 @@ from dynamicemb_core.storage.tier import (
 )
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
-__all__ = ["DeviceStorage", "table_spec_for"]
+__all__ = ["DeviceStorage", "slots_by_block", "table_spec_for"]
+
+
+def slots_by_block(
+    blocks: Sequence[Tuple[torch.Tensor, int]], slots: torch.Tensor
+) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Split ``slots`` over row blocks ``(buffer, first slot)`` (see ``row_blocks``).
+
+    Yields, for each block holding some of them, ``(buffer, idx, local)``: ``idx`` the positions in
+    ``slots`` that fall in the block and ``local`` their rows in ``buffer``, on ``buffer``'s device.
+    Slots in no block (e.g. -1) are skipped.
+    """
+    for buffer, first in blocks:
+        inside = (slots >= first) & (slots < first + buffer.size(0))
+        idx = inside.nonzero().squeeze(1)
+        if idx.numel():
+            yield buffer, idx, (slots[idx] - first).to(buffer.device)
 
 
 def table_spec_for(
@@ -221,12 +237,8 @@ class DeviceStorage(LookupTier):
         if len(blocks) == 1:
             apply(blocks[0][0], torch.where(homes >= 0, homes, HOME_NONE), grads)
             return
-        for buffer, first in blocks:
-            inside = (homes >= first) & (homes < first + buffer.size(0))
-            idx = inside.nonzero().squeeze(1)
-            if idx.numel():
-                local = (homes[idx] - first).to(buffer.device)
-                apply(buffer, local, grads[idx].to(buffer.device))
+        for buffer, idx, local in slots_by_block(blocks, homes):
+            apply(buffer, local, grads[idx].to(buffer.device))
 
     def _count_evictions(self, table_id: int, result: Any) -> None:
         ev = getattr(result, "evicted", None)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
-from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
+from dynamicemb_core.storage.device import DeviceStorage, slots_by_block, table_spec_for
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
 __all__ = ["HybridStorage"]
@@ -82,21 +82,13 @@ class HybridStorage(DeviceStorage):
     def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         spec = self.tables[table_id]
         out = torch.zeros((slots.numel(), spec.row_width), dtype=spec.dtype, device=self.device)
-        for buffer, first in self._blocks[table_id]:
-            inside = (slots >= first) & (slots < first + buffer.size(0))
-            idx = inside.nonzero().squeeze(1)
-            if idx.numel():
-                local = (slots[idx] - first).to(buffer.device)
-                out[idx] = buffer[local].to(self.device)
+        for buffer, idx, local in slots_by_block(self._blocks[table_id], slots):
+            out[idx] = buffer[local].to(self.device)
         return out
 
     def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        for buffer, first in self._blocks[table_id]:
-            inside = (slots >= first) & (slots < first + buffer.size(0))
-            idx = inside.nonzero().squeeze(1)
-            if idx.numel():
-                local = (slots[idx] - first).to(buffer.device)
-                buffer[local] = rows[idx].to(buffer.device, buffer.dtype)
+        for buffer, idx, local in slots_by_block(self._blocks[table_id], slots):
+            buffer[local] = rows[idx].to(buffer.device, buffer.dtype)
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         total = 0
