@@ -156,6 +156,26 @@ class RowCodec:
         out[:, HEADER_BYTES + self.scores_bytes :] = row_u8
         return _split(out.tobytes(), self.value_bytes)
 
+    def decode_items(
+        self, items: Sequence[Tuple[bytes, bytes]], prefix_len: int = 0
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decode stored ``(key, value)`` pairs, e.g. one page of an export scan.
+
+        Args:
+            items: keys as :func:`encode_keys` wrote them (after a ``prefix_len``-byte prefix) and
+                their values.
+            prefix_len: bytes before each key's int64.
+
+        Returns:
+            ``(keys, rows, scores)`` on the CPU: (n,) int64, (n, row_width), (n, num_scores) int64.
+
+        Raises:
+            RowFormatError: a value's length or header differs from this table's layout.
+        """
+        keys = decode_keys([k for k, _ in items], prefix_len)
+        _, rows, scores = self.decode([v for _, v in items], keys)
+        return keys, rows, scores
+
     def decode(
         self, values: Sequence[Optional[bytes]], keys: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -13,7 +13,14 @@ import torch
 
 from dynamicemb_core.types import StorageTableSpec
 
-__all__ = ["check_erase", "check_find", "check_insert", "check_table_id", "check_table_specs"]
+__all__ = [
+    "check_erase",
+    "check_export",
+    "check_find",
+    "check_insert",
+    "check_table_id",
+    "check_table_specs",
+]
 
 
 def check_table_specs(owner: str, tables: Sequence[StorageTableSpec]) -> None:
@@ -94,32 +101,34 @@ def check_insert(
     """Validate ``insert`` arguments (shapes, dtypes) before anything is written; return the spec."""
     spec = check_table_id(tables, table_id)
     n = _check_keys(spec, keys)
-    if (
-        not isinstance(rows, torch.Tensor)
-        or rows.dtype != spec.dtype
-        or tuple(rows.shape) != (n, spec.row_width)
+    # One rule for both matrices: (n keys x width) of the dtype the storage keeps.
+    for name, value, dtype, dtype_text, width, width_name in (
+        ("rows", rows, spec.dtype, str(spec.dtype), spec.row_width, "row_width"),
+        ("scores", scores, torch.int64, "int64", spec.num_scores, "num_scores"),
     ):
+        if (
+            isinstance(value, torch.Tensor)
+            and value.dtype == dtype
+            and tuple(value.shape) == (n, width)
+        ):
+            continue
         found = (
-            f"{rows.dtype} {tuple(rows.shape)}"
-            if isinstance(rows, torch.Tensor)
-            else type(rows).__name__
+            f"{value.dtype} {tuple(value.shape)}"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
         )
         raise ValueError(
-            f"table {spec.name!r}: rows must be {spec.dtype} of shape ({n}, {spec.row_width}) "
-            f"(n keys x row_width), got {found}"
+            f"table {spec.name!r}: {name} must be {dtype_text} of shape ({n}, {width}) "
+            f"(n keys x {width_name}), got {found}"
         )
-    if (
-        not isinstance(scores, torch.Tensor)
-        or scores.dtype != torch.int64
-        or tuple(scores.shape) != (n, spec.num_scores)
-    ):
-        found = (
-            f"{scores.dtype} {tuple(scores.shape)}"
-            if isinstance(scores, torch.Tensor)
-            else type(scores).__name__
-        )
-        raise ValueError(
-            f"table {spec.name!r}: scores must be int64 of shape ({n}, {spec.num_scores}) "
-            f"(n keys x num_scores), got {found}"
-        )
+    return spec
+
+
+def check_export(
+    tables: Sequence[StorageTableSpec], table_id: int, batch_size: int
+) -> StorageTableSpec:
+    """Validate ``export`` arguments (a positive ``batch_size``); return the table's spec."""
+    spec = check_table_id(tables, table_id)
+    if batch_size <= 0:
+        raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
     return spec

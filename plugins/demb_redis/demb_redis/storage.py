@@ -25,9 +25,10 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, decode_keys, encode_keys
+from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, encode_keys
 from dynamicemb_core.plugins.storage_checks import (
     check_erase,
+    check_export,
     check_find,
     check_insert,
     check_table_id,
@@ -246,9 +247,7 @@ class RedisStorage(Storage):
         HSCAN may return a field twice when Redis rehashes the hash mid-scan, so fields already
         yielded are remembered (8 bytes plus Python overhead per key) and skipped.
         """
-        spec = check_table_id(self.tables, table_id)
-        if batch_size <= 0:
-            raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
+        check_export(self.tables, table_id, batch_size)
         name = self._hash_keys[table_id]
         seen: set = set()
         cursor = 0
@@ -278,8 +277,7 @@ class RedisStorage(Storage):
                     f"demb-redis: table {self.tables[table_id].name!r}: field of {len(field)} bytes in "
                     f"{self._hash_keys[table_id]!r}; something other than demb-redis wrote to this hash"
                 )
-        keys = decode_keys([f for f, _ in items])
-        _, rows, scores = self._codecs[table_id].decode([v for _, v in items], keys)
+        keys, rows, scores = self._codecs[table_id].decode_items(items)
         return keys.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def flush(self) -> None:

@@ -25,11 +25,11 @@ from dynamicemb_core.plugins.row_codec import (
     HEADER_BYTES,
     KEY_BYTES,
     RowCodec,
-    decode_keys,
     encode_keys,
 )
 from dynamicemb_core.plugins.storage_checks import (
     check_erase,
+    check_export,
     check_find,
     check_insert,
     check_table_id,
@@ -160,9 +160,7 @@ class RocksDBStorage(Storage):
     def export(
         self, table_id: int, batch_size: int = 65536
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        spec = check_table_id(self.tables, table_id)
-        if batch_size <= 0:
-            raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
+        check_export(self.tables, table_id, batch_size)
         page: List[Tuple[bytes, bytes]] = []
         for item in self._scan(table_id):
             page.append(item)
@@ -181,8 +179,7 @@ class RocksDBStorage(Storage):
                 f"demb-rocksdb: table {self.tables[table_id].name!r} at {self.path}: a key of unexpected "
                 f"length in the table's range; something other than demb-rocksdb wrote to this database"
             )
-        keys = decode_keys([k for k, _ in page], prefix_len)
-        _, rows, scores = self._codecs[table_id].decode([v for _, v in page], keys)
+        keys, rows, scores = self._codecs[table_id].decode_items(page, prefix_len)
         return keys.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def flush(self) -> None:
