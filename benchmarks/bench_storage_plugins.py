@@ -28,7 +28,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -85,47 +85,61 @@ class _Batches:
         return self.i
 
 
+def _ours_vs_peer(
+    args: argparse.Namespace,
+    b: _Batches,
+    storage: Any,
+    peer_write: Callable[[int], Any],
+    peer_read: Callable[[int], Sequence[Any]],
+    cases: Tuple[str, str],
+) -> List[Tuple[str, float, float]]:
+    """Preload every batch into both, then time insert and find of ``storage`` against the peer's
+    ``peer_write(i)`` / ``peer_read(i)`` of the same batch ``i``; one row per case (insert, find)."""
+    for i in range(len(b.keys)):  # preload both so find always hits
+        storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
+        peer_write(i)
+
+    def ours_insert() -> None:
+        i = b.next()
+        storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
+
+    def peer_insert() -> None:
+        peer_write(b.next())
+
+    def ours_find() -> None:
+        found, _, _ = storage.find(0, b.keys[b.next()])
+        assert bool(found.all())
+
+    def peer_find() -> None:
+        assert peer_read(b.next())[0] is not None
+
+    n = b.keys[0].numel()
+    return [
+        (case, *_compare(ours, peer, n, args.calls, args.repeats))
+        for case, ours, peer in zip(cases, (ours_insert, ours_find), (peer_insert, peer_find))
+    ]
+
+
 def bench_redis(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
     import redis
 
     from demb_redis import RedisStorage
     from demb_redis.server import LocalRedisServer
 
-    out = []
     with LocalRedisServer() as server:
         b = _Batches(args.key_space, args.batches)
         storage = RedisStorage([b.spec], url=server.url, model="bench")
         raw = redis.Redis.from_url(server.url)
         # the peer uses plain string keys in the same tagged namespace, one key per row
         peer_keys = [[b"demb:{bench:peer}:" + k for k in ks] for ks in b.raw_keys]
-        for i in range(len(b.keys)):  # preload both so find always hits
-            storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
-            raw.mset(dict(zip(peer_keys[i], b.values[i])))
-
-        def ours_insert() -> None:
-            i = b.next()
-            storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
-
-        def peer_insert() -> None:
-            i = b.next()
-            raw.mset(dict(zip(peer_keys[i], b.values[i])))
-
-        def ours_find() -> None:
-            i = b.next()
-            found, _, _ = storage.find(0, b.keys[i])
-            assert bool(found.all())
-
-        def peer_find() -> None:
-            i = b.next()
-            values = raw.mget(peer_keys[i])
-            assert values[0] is not None
-
-        n = b.keys[0].numel()
-        for case, ours, peer in [
-            ("redis insert (HSET vs MSET)", ours_insert, peer_insert),
-            ("redis find (HMGET vs MGET)", ours_find, peer_find),
-        ]:
-            out.append((case, *_compare(ours, peer, n, args.calls, args.repeats)))
+        out = _ours_vs_peer(
+            args,
+            b,
+            storage,
+            lambda i: raw.mset(dict(zip(peer_keys[i], b.values[i]))),
+            lambda i: raw.mget(peer_keys[i]),
+            ("redis insert (HSET vs MSET)", "redis find (HMGET vs MGET)"),
+        )
         storage.clear()
         storage.close()
     return out
@@ -136,47 +150,27 @@ def bench_rocksdb(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
 
     from demb_rocksdb import RocksDBStorage
 
-    out = []
     with tempfile.TemporaryDirectory(prefix="demb-bench-") as tmp:
         b = _Batches(args.key_space, args.batches, codec_prefix=b"bench\x00")
         storage = RocksDBStorage([b.spec], path=os.path.join(tmp, "ours"))
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         raw = Rdict(os.path.join(tmp, "peer"), options)
-        for i in range(len(b.keys)):
-            storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
+
+        def peer_write(i: int) -> None:
             wb = WriteBatch(raw_mode=True)
             for k, v in zip(b.raw_keys[i], b.values[i]):
                 wb.put(k, v)
             raw.write(wb)
 
-        def ours_insert() -> None:
-            i = b.next()
-            storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
-
-        def peer_insert() -> None:
-            i = b.next()
-            wb = WriteBatch(raw_mode=True)
-            for k, v in zip(b.raw_keys[i], b.values[i]):
-                wb.put(k, v)
-            raw.write(wb)
-
-        def ours_find() -> None:
-            i = b.next()
-            found, _, _ = storage.find(0, b.keys[i])
-            assert bool(found.all())
-
-        def peer_find() -> None:
-            i = b.next()
-            values = raw[b.raw_keys[i]]
-            assert values[0] is not None
-
-        n = b.keys[0].numel()
-        for case, ours, peer in [
-            ("rocksdb insert (WriteBatch)", ours_insert, peer_insert),
-            ("rocksdb find (multi-get)", ours_find, peer_find),
-        ]:
-            out.append((case, *_compare(ours, peer, n, args.calls, args.repeats)))
+        out = _ours_vs_peer(
+            args,
+            b,
+            storage,
+            peer_write,
+            lambda i: raw[b.raw_keys[i]],
+            ("rocksdb insert (WriteBatch)", "rocksdb find (multi-get)"),
+        )
         storage.close()
         raw.close()
     return out
