@@ -56,6 +56,12 @@ def _ops() -> Any:
     return torch.ops.dynamicemb
 
 
+def _with_score_fns(state: TableState, score_fns: Tensor) -> Tuple[Tensor, ...]:
+    """The state arguments of the ops that score new keys: ``score_fns`` (T,) goes right before
+    ``sizes``, the one state tensor they list after it."""
+    return (*state[:-1], score_fns, state.sizes)
+
+
 def find(
     keys: Tensor, table_ids: Tensor, state: TableState, cur_scores: Tensor, update_score: bool
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -72,20 +78,8 @@ def insert(
     input_scores: Optional[Tensor] = None,
 ) -> Tensor:
     """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words."""
-    s = state
     return _ops().insert.default(
-        keys,
-        table_ids,
-        s.table_keys,
-        s.digests,
-        s.scores,
-        s.slot_offsets,
-        s.bucket_caps,
-        s.policies,
-        score_fns,
-        s.sizes,
-        cur_scores,
-        input_scores,
+        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores
     )
 
 
@@ -93,19 +87,8 @@ def find_or_insert(
     keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor
 ) -> Tuple[Tensor, Tensor]:
     """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``."""
-    s = state
     return _ops().find_or_insert.default(
-        keys,
-        table_ids,
-        s.table_keys,
-        s.digests,
-        s.scores,
-        s.slot_offsets,
-        s.bucket_caps,
-        s.policies,
-        score_fns,
-        s.sizes,
-        cur_scores,
+        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores
     )
 
 
@@ -123,20 +106,8 @@ def insert_and_evict(
         ``(slots (n,), is_new (n,) bool, ev_keys (m,), ev_slots (m,), ev_scores (m, 2) internal
         order, ev_table_ids (m,))``; an evicted key's slot now holds the new key that took it.
     """
-    s = state
     return _ops().insert_and_evict.default(
-        keys,
-        table_ids,
-        s.table_keys,
-        s.digests,
-        s.scores,
-        s.slot_offsets,
-        s.bucket_caps,
-        s.policies,
-        score_fns,
-        s.sizes,
-        cur_scores,
-        input_scores,
+        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores
     )
 
 
@@ -165,21 +136,7 @@ def insert_at(
     dry_run: bool,
 ) -> Tensor:
     """Slot-exact placement (replay). Returns ``placed (n,) bool``; ``dry_run`` writes nothing."""
-    s = state
-    return _ops().insert_at.default(
-        keys,
-        table_ids,
-        slots,
-        s.table_keys,
-        s.digests,
-        s.scores,
-        s.slot_offsets,
-        s.bucket_caps,
-        s.policies,
-        s.sizes,
-        input_scores,
-        dry_run,
-    )
+    return _ops().insert_at.default(keys, table_ids, slots, *state, input_scores, dry_run)
 
 
 def gather_rows(values: Tensor, slots: Tensor) -> Tensor:
