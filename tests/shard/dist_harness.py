@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -51,10 +52,16 @@ def _worker(
     try:
         fn(rank, world, *args)
     except BaseException as err:
+        dist.destroy_process_group()
         # the parent prints the child's traceback; add the rank so failures are attributable
         raise RuntimeError(f"rank {rank} failed:\n{traceback.format_exc()}") from err
-    finally:
-        dist.destroy_process_group()
+    # Success: wait for the peer, then leave without running C++ static destructors. Tearing down
+    # gloo's and OpenMP's threads at interpreter exit intermittently aborted a worker here with
+    # "terminate called without an active exception" (SIGABRT) after its test had passed.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_workers(
