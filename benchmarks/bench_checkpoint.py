@@ -35,7 +35,11 @@ sys.path.insert(0, ".")
 def _model(rows: int, dim: int, device: str, training: bool = True) -> torch.nn.Module:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbScoreStrategy, DynamicEmbTableOptions
+    from dynamicemb_core.config import (
+        DynamicEmbPoolingMode,
+        DynamicEmbScoreStrategy,
+        DynamicEmbTableOptions,
+    )
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 
     capacity = 2 * rows
@@ -48,7 +52,13 @@ def _model(rows: int, dim: int, device: str, training: bool = True) -> torch.nn.
         score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
     )
     module = BatchedDynamicEmbeddingTables(
-        [opts], ["t0"], [0], DynamicEmbPoolingMode.SUM, EmbOptimType.EXACT_ROWWISE_ADAGRAD, device, learning_rate=0.1
+        [opts],
+        ["t0"],
+        [0],
+        DynamicEmbPoolingMode.SUM,
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        device,
+        learning_rate=0.1,
     )
     holder = torch.nn.Module()
     holder.ebc = module
@@ -64,7 +74,9 @@ def _fill(model: torch.nn.Module, rows: int, dim: int) -> None:
     now = time.monotonic_ns()
     scores = torch.full((rows, 1), now, dtype=torch.int64, device=tier.device)
     for lo in range(0, rows, 1 << 18):
-        tier.insert(0, keys[lo : lo + (1 << 18)], data[lo : lo + (1 << 18)], scores[lo : lo + (1 << 18)])
+        tier.insert(
+            0, keys[lo : lo + (1 << 18)], data[lo : lo + (1 << 18)], scores[lo : lo + (1 << 18)]
+        )
 
 
 def _median(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
@@ -135,9 +147,13 @@ def main(argv: List[str] | None = None) -> int:
     values = src.ebc.tables[0].table.values(0)
     slots = holder["delta"]["ebc"].meta[0]["slot_index"].to(values.device)
     other = torch.empty_like(values)
-    floor = _median(lambda: other.index_copy_(0, slots, values.index_select(0, slots)), args.repeats, sync)
+    floor = _median(
+        lambda: other.index_copy_(0, slots, values.index_select(0, slots)), args.repeats, sync
+    )
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     commit = commit or "(no git checkout here)"
     import fbgemm_gpu
     import torchrec
@@ -158,7 +174,9 @@ def main(argv: List[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|")
     for case, seconds in results.items():
         rate = args.rows / seconds / 1e6
-        print(f"| {case} | {seconds * 1e3:.1f} | {rate:.2f} | {floor * 1e3:.2f} | {floor / seconds:.3f} |")
+        print(
+            f"| {case} | {seconds * 1e3:.1f} | {rate:.2f} | {floor * 1e3:.2f} | {floor / seconds:.3f} |"
+        )
     return 0
 
 

@@ -148,9 +148,7 @@ class DynamicEmbTableOptions:
     device_id: Optional[int] = None
 
     training: bool = True
-    initializer_args: DynamicEmbInitializerArgs = field(
-        default_factory=DynamicEmbInitializerArgs
-    )
+    initializer_args: DynamicEmbInitializerArgs = field(default_factory=DynamicEmbInitializerArgs)
     eval_initializer_args: DynamicEmbInitializerArgs = field(
         default_factory=lambda: DynamicEmbInitializerArgs(
             mode=DynamicEmbInitializerMode.CONSTANT, value=0.0
@@ -232,4 +230,3 @@ def ceil_div(a: int, b: int) -> int:
 def is_power_of_two(n: int) -> bool:
     """True for 1, 2, 4, ..."""
     return n > 0 and (n & (n - 1)) == 0
-

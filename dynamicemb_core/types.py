@@ -121,16 +121,16 @@ class Storage(abc.ABC):
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Yield ``(keys, rows, scores)`` batches covering every key of the table once."""
 
-    def dump(self, path: str) -> None:
+    def dump(self, path: str) -> None:  # noqa: B027 (optional hook, no-op default)
         """Persist everything under ``path``. The default writes nothing: durable backends override."""
 
-    def load(self, path: str) -> None:
+    def load(self, path: str) -> None:  # noqa: B027 (optional hook, no-op default)
         """Read back what :meth:`dump` wrote. The default reads nothing."""
 
-    def flush(self) -> None:
+    def flush(self) -> None:  # noqa: B027 (optional hook, no-op default)
         """Make previous writes durable/visible. Default: nothing buffered."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook, no-op default)
         """Release connections and handles."""
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:

@@ -119,7 +119,7 @@ def _compile(
         user = cuda.jit(device=True)(fn)
         if timestamp_first:
 
-            def victim_ranks(scores, slot_offsets, t, now, out):  # user order [ts, count]
+            def victim_ranks(scores, slot_offsets, t, now, out):  # noqa: ANN001, ANN202 (numba kernel) user order [ts, count]
                 g = slot_offsets[t] + cuda.grid(1)
                 end = slot_offsets[t + 1]
                 at = now[t]
@@ -128,7 +128,7 @@ def _compile(
                     g += cuda.gridsize(1)
         else:
 
-            def victim_ranks(scores, slot_offsets, t, now, out):  # user order [count, ts]
+            def victim_ranks(scores, slot_offsets, t, now, out):  # noqa: ANN001, ANN202 (numba kernel) user order [count, ts]
                 g = slot_offsets[t] + cuda.grid(1)
                 end = slot_offsets[t + 1]
                 at = now[t]
