@@ -1,6 +1,7 @@
 """Rows per second of incremental_dump and replay_increment for 1M changed rows (plus full dump/load).
 
     python benchmarks/bench_checkpoint.py [--rows 1000000] [--dim 32] [--device cpu|cuda] [--repeats 3]
+    python benchmarks/bench_checkpoint.py --small     # seconds: a smoke run (nox -s bench)
 
 A table of ``2 * rows`` slots is filled with ``rows`` keys (every row "changed": the threshold is older than
 every score), then, median of ``--repeats`` after one warm-up:
@@ -30,6 +31,11 @@ from typing import Callable, List
 import torch
 
 sys.path.insert(0, ".")
+
+from small import add_small_flag, apply_small
+
+# --small: every case on 4096 rows of dim 8, one timed repeat after the warm-up.
+SMALL = {"rows": 4096, "dim": 8, "repeats": 1}
 
 
 def _model(rows: int, dim: int, device: str, training: bool = True) -> torch.nn.Module:
@@ -97,7 +103,8 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+    add_small_flag(parser)
+    args = apply_small(parser, parser.parse_args(argv), SMALL)
 
     from dynamicemb_core.checkpoint import DynamicEmbDump, DynamicEmbLoad
     from dynamicemb_core.incremental_dump import ReplayContent, incremental_dump, replay_increment
@@ -163,7 +170,7 @@ def main(argv: List[str] | None = None) -> int:
         f"Machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads; GPU: {gpu}. "
         f"torch {torch.__version__}, fbgemm-gpu {getattr(fbgemm_gpu, '__version__', '?')}, torchrec "
         f"{getattr(torchrec, '__version__', '?')}. Commit {commit}. Command: `python benchmarks/bench_checkpoint.py "
-        f"--rows {args.rows} --dim {args.dim} --device {args.device}`.\n"
+        f"--rows {args.rows} --dim {args.dim} --device {args.device}{' --small' if args.small else ''}`.\n"
     )
     print(
         f"{args.rows} changed rows of dim {args.dim} (rowwise Adagrad: 1 state element, 1 TIMESTAMP score) in a "

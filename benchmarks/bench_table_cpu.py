@@ -3,6 +3,7 @@
 Run:
     PYTHONPATH=. python benchmarks/bench_table_cpu.py                 # 1M keys per op, 2M slots
     PYTHONPATH=. python benchmarks/bench_table_cpu.py --keys 262144 --capacity 524288
+    PYTHONPATH=. python benchmarks/bench_table_cpu.py --small   # seconds: a smoke run (nox -s bench)
 
 Each case prefills a table (one logical table, buckets of 128, no growth) to a load factor, then
 times one op over ``--keys`` keys, *including* moving the value rows, so every column does the same
@@ -29,6 +30,7 @@ import time
 from typing import Callable, Dict, List, Tuple
 
 import torch
+from small import add_small_flag, apply_small
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy
 from dynamicemb_core.ops import table_ops
@@ -36,6 +38,14 @@ from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import ScoredHashTable, TableSpec
 
 BUCKET = 128
+# --small: every op at 0.5 and 0.9 (where inserts evict), one dim, 4096 keys into 16384 slots.
+SMALL = {
+    "keys": 1 << 12,
+    "capacity": 1 << 14,
+    "repeats": 1,
+    "dims": [16],
+    "load_factors": [0.5, 0.9],
+}
 
 
 def median_time(
@@ -196,7 +206,8 @@ def main(argv: List[str]) -> int:
     parser.add_argument(
         "--ops", nargs="+", default=["find", "insert", "find_or_insert", "insert_and_evict"]
     )
-    args = parser.parse_args(argv)
+    add_small_flag(parser)
+    args = apply_small(parser, parser.parse_args(argv), SMALL)
     print(header(argv))
     print(
         f"- {args.keys:,} keys per op; table of {args.capacity:,} slots in buckets of {BUCKET}; "

@@ -12,6 +12,7 @@ shape is ``--ids 1048576 --num-ids 1000000`` (use it on the GPU machine).
 Run:
     PYTHONPATH=. python benchmarks/bench_training.py --threads 1   # CPU defaults, one thread
     PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000
+    PYTHONPATH=. python benchmarks/bench_training.py --small    # seconds: a smoke run (nox -s bench)
 """
 
 from __future__ import annotations
@@ -25,7 +26,20 @@ from typing import Callable, List, Tuple
 
 import numpy as np
 import torch
+from small import add_small_flag, apply_small
 from torch import nn
+
+# --small: the same steps (ours and both peers, SGD and ADAM) on 2 tiny tables, 2 timed steps.
+SMALL = {
+    "tables": 2,
+    "dim": 16,
+    "ids": 2048,
+    "num_ids": 4096,
+    "batch": 64,
+    "batches": 2,
+    "warmup": 1,
+    "repeats": 2,
+}
 
 
 def power_law_batch(
@@ -153,7 +167,7 @@ def header(args, device: torch.device) -> str:
         f"torchrec {getattr(torchrec, '__version__', '?')}; commit {commit}\n"
         f"Command: `python benchmarks/bench_training.py --device {device.type} --ids {args.ids} "
         f"--num-ids {args.num_ids} --tables {args.tables} --dim {args.dim} --batch {args.batch} "
-        f"--threads {args.threads}`\n"
+        f"--threads {args.threads}{' --small' if args.small else ''}`\n"
         f"Shape: {args.tables} tables x dim {args.dim}, SUM pooling, ~{args.ids} ids a batch "
         f"(power law alpha {args.alpha}, {args.num_ids} ids per table), median of {args.repeats} "
         f"steps (ours and the peer alternating) after {args.warmup} warm-up steps each (the "
@@ -180,7 +194,8 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument(
         "--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)"
     )
-    args = p.parse_args(argv)
+    add_small_flag(p)
+    args = apply_small(p, p.parse_args(argv), SMALL)
     if args.threads:
         torch.set_num_threads(args.threads)
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
