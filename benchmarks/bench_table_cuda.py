@@ -4,6 +4,10 @@ Run (on a CUDA machine, from the repository root)::
 
     python benchmarks/bench_table_cuda.py                      # 64M slots, 1,048,576 keys per op
     python benchmarks/bench_table_cuda.py --slots 4194304 --dims 32 --load-factors 0.5   # quick
+    python benchmarks/bench_table_cuda.py --small    # seconds: a smoke run (nox -s bench)
+
+Without a CUDA device it exits with a message saying so: status 1, or 0 with ``--small`` (a smoke
+run has nothing to check there, and ``nox -s bench`` runs on CPU machines too).
 
 Set-up, as HierarchicalKV's ``merlin_hashtable_benchmark`` does it: one table of ``--slots`` slots
 (buckets of 128, TIMESTAMP policy with the device clock, HKV's LRU), filled with consecutive keys to
@@ -40,12 +44,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from small import add_small_flag, apply_small
+
 from dynamicemb_core.ops import table_ops as ops
 from dynamicemb_core.ops.table_ops import TableState
 
 TIMESTAMP = 0
 BUCKET = 128
-KEYS_PER_OP = 1 << 20
+KEYS_PER_OP = 1 << 20  # the default of --keys
 HIT_RATE = 0.6  # HKV's default in test_one_api
 COPY_TBPS = 4.3  # device-to-device copy, measured on the H200 (shared/device/README.md)
 GIB = float(1 << 30)  # HKV divides by 1024^3 for "billion"
@@ -78,6 +84,14 @@ TARGET = {
     "insert_and_evict": 1.1,
     "export_if": 1.0,
 }
+# --small: every op at two load factors (1.0: inserts evict) and two dims, 4096 keys, 64k slots.
+SMALL = {
+    "slots": 1 << 16,
+    "keys": 1 << 12,
+    "dims": [8, 32],
+    "load_factors": [0.5, 1.0],
+    "repeats": 2,
+}
 
 
 def empty_state(slots: int, dev: torch.device) -> TableState:
@@ -93,17 +107,18 @@ def empty_state(slots: int, dev: torch.device) -> TableState:
     )
 
 
-def fill(state: TableState, load_factor: float, fns, clock) -> int:
-    """Insert consecutive keys until the table holds load_factor * slots keys; return next key."""
+def fill(state: TableState, load_factor: float, fns, clock, chunk: int) -> int:
+    """Insert consecutive keys, ``chunk`` a call, until the table holds load_factor * slots keys;
+    return the next key."""
     dev = state.table_keys.device
     cap = state.table_keys.numel()
     target = int(cap * load_factor)
     start = 0
-    for _ in range(4 * cap // KEYS_PER_OP + 8):  # at 1.0, evictions make the last 1% slow to fill
+    for _ in range(4 * cap // chunk + 8):  # at 1.0, evictions make the last 1% slow to fill
         size = int(state.sizes[0])
         if target - size <= cap * 0.001:
             break
-        n = min(KEYS_PER_OP, max(target - size, 1))
+        n = min(chunk, max(target - size, 1))
         keys = torch.arange(start, start + n, device=dev)
         ops.find_or_insert(keys, torch.zeros_like(keys), state, fns, clock)
         start += n
@@ -161,25 +176,26 @@ class Filled:
             dst.copy_(src)
 
 
-def make_filled(slots: int, lf: float, gen: torch.Generator) -> Filled:
+def make_filled(slots: int, lf: float, gen: torch.Generator, keys: int) -> Filled:
+    """A table of ``slots`` filled to ``lf``, with key sets of ``keys`` keys for each measured call."""
     dev = torch.device("cuda")
     fns = torch.zeros(1, dtype=torch.int64)
     clock = torch.full((1,), -1, dtype=torch.int64, device=dev)  # read %globaltimer
     state = empty_state(slots, dev)
-    start = fill(state, lf, fns, clock)
-    n_hit = int(KEYS_PER_OP * HIT_RATE)
+    start = fill(state, lf, fns, clock, keys)
+    n_hit = int(keys * HIT_RATE)
     hit = torch.arange(start - n_hit, start, device=dev)
-    new = torch.arange(start, start + KEYS_PER_OP - n_hit, device=dev)
-    mixed = torch.cat([hit, new])[torch.randperm(KEYS_PER_OP, device=dev, generator=gen)]
-    present = torch.arange(start - KEYS_PER_OP, start, device=dev)
-    present = present[torch.randperm(KEYS_PER_OP, device=dev, generator=gen)]
+    new = torch.arange(start, start + keys - n_hit, device=dev)
+    mixed = torch.cat([hit, new])[torch.randperm(keys, device=dev, generator=gen)]
+    present = torch.arange(start - keys, start, device=dev)
+    present = present[torch.randperm(keys, device=dev, generator=gen)]
     return Filled(
         state,
         TableState(*(t.clone() for t in state)),
         int(state.sizes[0]) / slots,
         mixed,
         present,
-        torch.zeros(KEYS_PER_OP, dtype=torch.int64, device=dev),
+        torch.zeros(keys, dtype=torch.int64, device=dev),
         fns,
         clock,
     )
@@ -221,24 +237,25 @@ def bench_dim(
     f: Filled, dim: int, values: torch.Tensor, static: torch.Tensor, args, gen: torch.Generator
 ) -> List[List[str]]:
     slots = values.size(0)
-    idx = torch.randint(0, slots, (KEYS_PER_OP,), device=values.device, generator=gen)
+    keys = f.mixed.numel()
+    idx = torch.randint(0, slots, (keys,), device=values.device, generator=gen)
     t_ref = time_ms(lambda: static.index_select(0, idx), args.repeats)
-    ref_bkv = KEYS_PER_OP / (t_ref * 1e-3) / GIB
-    new_rows = torch.ones(KEYS_PER_OP, dim, device=values.device)
+    ref_bkv = keys / (t_ref * 1e-3) / GIB
+    new_rows = torch.ones(keys, dim, device=values.device)
     exported = [0]
     model = probe_bytes(dim)
     lf = min(args.load_factors, key=lambda x: abs(x - f.load_factor))
     rows = []
     for name, (fn, before) in cases_for(f, values, new_rows, exported).items():
         ms = time_ms(fn, args.repeats, before)
-        n = exported[0] if name == "export_if" else KEYS_PER_OP
+        n = exported[0] if name == "export_if" else keys
         bkv = n / (ms * 1e-3) / GIB
         if name == "export_if":
             moved = slots * (1 + 16 * f.load_factor) + n * (8 + 8 + 16 + 8)
         else:
-            moved = KEYS_PER_OP * model[name]
+            moved = keys * model[name]
         tbps = moved / (ms * 1e-3) / 1e12
-        hkv = HKV.get((lf, dim, name))
+        hkv = HKV.get((lf, dim, name)) if keys == KEYS_PER_OP else None  # HKV: 1M keys a call
         goal = TARGET.get(name)
         ratio = "n/a"
         if hkv:
@@ -269,12 +286,12 @@ def profile(args: argparse.Namespace) -> str:
     from torch.profiler import profile as torch_profile
 
     gen = torch.Generator(device="cuda").manual_seed(0)
-    f = make_filled(args.slots, args.load_factors[0], gen)
+    f = make_filled(args.slots, args.load_factors[0], gen, args.keys)
     dim = args.dims[0]
     values = torch.empty(args.slots, dim, device="cuda")
     out = []
     for name, (fn, before) in cases_for(
-        f, values, torch.ones(KEYS_PER_OP, dim, device="cuda"), [0]
+        f, values, torch.ones(args.keys, dim, device="cuda"), [0]
     ).items():
         for _ in range(2):
             if before is not None:
@@ -296,7 +313,7 @@ def run(args: argparse.Namespace) -> str:
     gen = torch.Generator(device=dev).manual_seed(0)
     rows: List[List[str]] = []
     for lf in args.load_factors:
-        filled = make_filled(args.slots, lf, gen)
+        filled = make_filled(args.slots, lf, gen, args.keys)
         for dim in args.dims:
             values = values_flat[: args.slots * dim].view(args.slots, dim)
             static = static_flat[: args.slots * dim].view(args.slots, dim)
@@ -322,7 +339,7 @@ def render(args: argparse.Namespace, rows: List[List[str]]) -> str:
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"Command: `python benchmarks/bench_table_cuda.py {' '.join(sys.argv[1:])}`".rstrip(),
         f"Table: {args.slots:,} slots, buckets of {BUCKET}, TIMESTAMP (device clock); "
-        f"{KEYS_PER_OP:,} keys per op ({int(HIT_RATE * 100)}% present for inserting ops); "
+        f"{args.keys:,} keys per op ({int(HIT_RATE * 100)}% present for inserting ops); "
         f"median of {args.repeats}.",
         "",
         "| λ | dim | op | ours (B-KV/s) | ours (ms) | index_select (B-rows/s) | "
@@ -338,10 +355,18 @@ def main() -> None:
     p.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64, 128])
     p.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--keys", type=int, default=KEYS_PER_OP, help="keys per measured call (HKV's: 1048576)"
+    )
     p.add_argument("--profile", action="store_true", help="print a per-kernel breakdown instead")
-    args = p.parse_args()
+    add_small_flag(p)
+    args = apply_small(p, p.parse_args(), SMALL)
     if not torch.cuda.is_available():
-        raise SystemExit("bench_table_cuda.py needs a CUDA device")
+        message = "bench_table_cuda.py needs a CUDA device; torch sees none"
+        if args.small:
+            print(f"{message}: skipped (--small)", file=sys.stderr)
+            raise SystemExit(0)
+        raise SystemExit(message)
     print(profile(args) if args.profile else run(args))
 
 
