@@ -188,12 +188,13 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Every benchmarks/bench_*.py that takes --small, run small: a check that they work, not a measurement.
 
-    A benchmark opts in by accepting `--small` (few sizes, few repeats); the others (full-size or
-    GPU-only runs) are left out, each with a log line saying so.
+    A benchmark opts in by accepting `--small` (few sizes, few repeats), its own or through
+    benchmarks/small.py's add_small_flag; the others are left out, each with a log line saying so.
     """
     scripts = []
     for script in sorted((REPO / "benchmarks").glob("bench_*.py")):
-        if '"--small"' in script.read_text():
+        text = script.read_text()
+        if '"--small"' in text or "add_small_flag(" in text:
             scripts.append(script)
         else:
             session.log(f"{script.name}: left out, it has no --small option")
