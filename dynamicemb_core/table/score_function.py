@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Tuple
 
-from dynamicemb_core.config import DynamicEmbScoreStrategy, normalize_score_strategy
+from dynamicemb_core.config import (
+    DynamicEmbScoreStrategy,
+    ScoreStrategySpec,
+    normalize_score_strategy,
+)
 
 __all__ = ["CompiledScoreFunction", "compile_score_function"]
 
@@ -57,7 +61,7 @@ class FunctionKey:
 
 
 def compile_score_function(
-    fn: Callable[..., float], score_strategy: Sequence[DynamicEmbScoreStrategy] | Any
+    fn: Callable[..., float], score_strategy: ScoreStrategySpec
 ) -> CompiledScoreFunction:
     """Compile ``fn`` for a compound table whose strategy tuple is ``score_strategy``.
 
@@ -96,18 +100,21 @@ def _compile(fn: Callable[..., float], timestamp_first: bool) -> CompiledScoreFu
         signature = types.float64(types.CPointer(types.int64), types.int64)
         if timestamp_first:
 
-            def adapter(words, now):  # noqa: ANN001, ANN202  (numba: internal [count, ts] -> user [ts, count])
+            def adapter(words: Any, now: int) -> float:  # internal [count, ts] -> user [ts, count]
                 return user((words[1], words[0]), now)
         else:
 
-            def adapter(words, now):  # noqa: ANN001, ANN202  (internal order is the user's [count, ts])
+            def adapter(words: Any, now: int) -> float:  # internal order is the user's [count, ts]
                 return user((words[0], words[1]), now)
 
-        compiled = numba.cfunc(signature, nopython=True)(adapter)
+        # numba's inline annotation of cfunc omits the **options it forwards to the compiler
+        compiled = numba.cfunc(signature, nopython=True)(adapter)  # type: ignore[call-arg]
     except Exception as err:  # numba raises its own error types; surface one clear TypeError
         name = getattr(fn, "__qualname__", repr(fn))
         raise TypeError(
             f"score_function {name} could not be compiled with numba (it must index scores with "
             f"constants and return a number): {err}"
         ) from err
-    return CompiledScoreFunction(compiled.address, compiled, timestamp_first)
+    address = compiled.address
+    assert address is not None  # set once a cfunc is compiled (numba types it Optional)
+    return CompiledScoreFunction(address, compiled, timestamp_first)

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
-from dynamicemb_core.config import DynamicEmbScoreStrategy, normalize_score_strategy
+from dynamicemb_core.config import (
+    DynamicEmbScoreStrategy,
+    ScoreStrategySpec,
+    normalize_score_strategy,
+)
 from dynamicemb_core.table.score_function import FunctionKey, compile_score_function
 
 __all__ = ["CompiledCudaScoreFunction", "compile_score_function_cuda", "score_fn_handle"]
@@ -44,7 +48,7 @@ class CompiledCudaScoreFunction:
     compute_capability: Tuple[int, int]
 
 
-def _timestamp_first(score_strategy: Sequence[DynamicEmbScoreStrategy] | Any) -> bool:
+def _timestamp_first(score_strategy: ScoreStrategySpec) -> bool:
     strategies = normalize_score_strategy(score_strategy)
     if len(strategies) != 2:
         raise ValueError(
@@ -56,7 +60,7 @@ def _timestamp_first(score_strategy: Sequence[DynamicEmbScoreStrategy] | Any) ->
 
 def compile_score_function_cuda(
     fn: Callable[..., float],
-    score_strategy: Sequence[DynamicEmbScoreStrategy] | Any,
+    score_strategy: ScoreStrategySpec,
     device: torch.device | str | int,
 ) -> CompiledCudaScoreFunction:
     """Compile ``fn`` into the ranking kernel for a compound table on a CUDA ``device``.
@@ -90,7 +94,7 @@ def compile_score_function_cuda(
 
 def score_fn_handle(
     fn: Callable[..., float] | None,
-    score_strategy: Sequence[DynamicEmbScoreStrategy] | Any,
+    score_strategy: ScoreStrategySpec,
     device: torch.device | str,
 ) -> int:
     """The ``score_fns[t]`` entry for a table on ``device``: 0 without a function, else the CPU
@@ -119,8 +123,11 @@ def _compile(
         user = cuda.jit(device=True)(fn)
         if timestamp_first:
 
-            def victim_ranks(scores, slot_offsets, t, now, out):  # noqa: ANN001, ANN202 (numba kernel) user order [ts, count]
-                g = slot_offsets[t] + cuda.grid(1)
+            def victim_ranks(  # numba kernel; user order [ts, count]
+                scores: Any, slot_offsets: Any, t: int, now: Any, out: Any
+            ) -> None:
+                # numba's stub types the intrinsic's typing-time signature (typingctx, ndim)
+                g = slot_offsets[t] + cuda.grid(1)  # type: ignore[call-arg]
                 end = slot_offsets[t + 1]
                 at = now[t]
                 while g < end:
@@ -128,8 +135,11 @@ def _compile(
                     g += cuda.gridsize(1)
         else:
 
-            def victim_ranks(scores, slot_offsets, t, now, out):  # noqa: ANN001, ANN202 (numba kernel) user order [count, ts]
-                g = slot_offsets[t] + cuda.grid(1)
+            def victim_ranks(  # numba kernel; user order [count, ts]
+                scores: Any, slot_offsets: Any, t: int, now: Any, out: Any
+            ) -> None:
+                # numba's stub types the intrinsic's typing-time signature (typingctx, ndim)
+                g = slot_offsets[t] + cuda.grid(1)  # type: ignore[call-arg]
                 end = slot_offsets[t + 1]
                 at = now[t]
                 while g < end:

@@ -9,7 +9,7 @@ per-table step / custom score, applies ``safe_check_mode`` and collects RETAIN_K
 from __future__ import annotations
 
 import warnings
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -141,7 +141,7 @@ class ScoredHashTable:
             return self.specs[int(table_ids or 0)].num_scores
         return max(s.num_scores for s in self.specs)
 
-    def _shared(self, where: str, involved: List[int], attr: str) -> object:
+    def _shared(self, where: str, involved: List[int], attr: str) -> Any:
         values = {getattr(self.specs[t], attr) for t in involved}
         if len(values) > 1:
             raise ValueError(
@@ -351,6 +351,8 @@ class ScoredHashTable:
             sub_slots, sub_new, _ = self._run_insert(keys[idx], tids[idx], cur, sub_words, evicting)
             slots[idx] = sub_slots
             if is_new is not None:
+                # is_new is only tracked when evicting, and _run_insert then returns it
+                assert sub_new is not None
                 is_new[idx] = sub_new
         raise DynamicEmbError(
             "NO_EVICTION insert did not converge after 64 doublings; this is a bug"
