@@ -68,6 +68,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("reduce_grads(Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int mode, int num_unique) -> Tensor");
   // EXACT_SGD on value rows at slots (-1 skipped), in place.
   m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr) -> ()");
+  // reduce_grads then sgd_update in one op, without the (u, D) gradient tensor: slots (u,) are the
+  // unique keys' slots (-1 skipped); bit-identical to the two ops (the training backward's SGD path).
+  m.def("sgd_reduce_update(Tensor(a!) values, Tensor slots, Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int pool_mode, float lr) -> ()");
   // EXACT_ADAGRAD on rows [w | m(D)] at slots, in place.
   m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps) -> ()");
   // EXACT_ROWWISE_ADAGRAD on rows [w | m(1)] at slots, in place; weight_decay_mode 0 NONE, 1 L2, 2 DECOUPLE.

@@ -129,14 +129,19 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
   return out;
 }
 
-at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inverse,
-                            const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                            int64_t mode, int64_t num_unique) {
-  check_bags(inverse, offsets, weights, mode, "reduce_grads");
-  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1,
-                    "reduce_grads: grad_bags must be (b, D) with b = offsets.numel()-1 = ",
+// The reduction shared by reduce_grads and the fused sgd_reduce_update: validates the bags, then
+// calls sink(k, acc) once per unique key k in [0, num_unique) with acc (D floats) the sum of
+// scale * grad_bags[bag] over the key's positions, in input order. keep(k) false skips key k (no
+// sum is formed). Each key is summed by one thread in a fixed order: the result is deterministic.
+template <typename Keep, typename Sink>
+void reduce_per_key(const at::Tensor& grad_bags, const at::Tensor& inverse,
+                    const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                    int64_t mode, int64_t num_unique, const char* op, Keep keep, Sink sink) {
+  check_bags(inverse, offsets, weights, mode, op);
+  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
+                    ": grad_bags must be (b, D) with b = offsets.numel()-1 = ",
                     offsets.numel() - 1, ", got ", grad_bags.sizes());
-  TORCH_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
+  TORCH_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
   const auto g = grad_bags.contiguous().to(at::kFloat);
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
@@ -147,28 +152,26 @@ at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inver
   const int64_t* off_p = off.data_ptr<int64_t>();
   const at::Tensor w_c = weights.has_value() ? weights->contiguous() : at::Tensor();
   const float* w_p = w_c.defined() ? w_c.data_ptr<float>() : nullptr;
-  const auto bag_of = bag_of_indices(off_p, num_bags, n, "reduce_grads");
+  const auto bag_of = bag_of_indices(off_p, num_bags, n, op);
 
-  // CSR of index positions per unique key, in input order: the sum per key is then computed by one
-  // thread in a fixed order, which makes the result deterministic.
+  // CSR of index positions per unique key, in input order.
   std::vector<int64_t> start(num_unique + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < num_unique, "reduce_grads: inverse[", i,
-                      "]=", inv_p[i], " out of range [0, ", num_unique, ")");
+    TORCH_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < num_unique, op, ": inverse[", i, "]=",
+                      inv_p[i], " out of range [0, ", num_unique, ")");
     ++start[inv_p[i] + 1];
   }
   for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
   std::vector<int64_t> pos(n), fill(start.begin(), start.end() - 1);
   for (int64_t i = 0; i < n; ++i) pos[fill[inv_p[i]]++] = i;
 
-  auto out = at::empty({num_unique, D}, g.options());
   const float* g_p = g.data_ptr<float>();
-  float* o = out.data_ptr<float>();
   at::parallel_for(0, num_unique, 64, [&](int64_t begin, int64_t end) {
     // A private accumulator (no aliasing with the inputs) lets the compiler vectorize the sum.
     std::vector<float> acc(D);
     float* a = acc.data();
     for (int64_t k = begin; k < end; ++k) {
+      if (!keep(k)) continue;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = start[k]; j < start[k + 1]; ++j) {
         const int64_t i = pos[j];
@@ -178,9 +181,23 @@ at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inver
         const float* __restrict__ src = g_p + b * D;
         for (int64_t d = 0; d < D; ++d) a[d] += scale * src[d];
       }
-      std::copy(acc.begin(), acc.end(), o + k * D);
+      sink(k, static_cast<const float*>(a), D);
     }
   });
+}
+
+at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inverse,
+                            const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                            int64_t mode, int64_t num_unique) {
+  TORCH_CHECK_VALUE(grad_bags.dim() == 2, "reduce_grads: grad_bags must be (b, D), got ",
+                    grad_bags.sizes());
+  TORCH_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
+  auto out = at::empty({num_unique, grad_bags.size(1)}, grad_bags.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  reduce_per_key(
+      grad_bags, inverse, offsets, weights, mode, num_unique, "reduce_grads",
+      [](int64_t) { return true; },
+      [&](int64_t k, const float* acc, int64_t D) { std::copy(acc, acc + D, o + k * D); });
   return out;
 }
 
@@ -239,6 +256,47 @@ void sgd_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tenso
   for_each_row(values, slots, grads, "sgd_update", [&](float* __restrict__ w, const float* __restrict__ g, int64_t D) {
     for (int64_t d = 0; d < D; ++d) w[d] -= lr_f * g[d];
   });
+}
+
+// EXACT_SGD straight from the bag gradients: reduce_grads followed by sgd_update, without the
+// (u, D) gradient tensor in between (its allocation, writes and re-reads). Each key's sum is formed
+// exactly as reduce_grads forms it and applied exactly as sgd_update applies it, so the rows come
+// out bit-identical to the two-op path. Keys whose slot is < 0 are skipped (not even summed).
+void sgd_reduce_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
+                           const at::Tensor& inverse, const at::Tensor& offsets,
+                           const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "sgd_reduce_update: slots must be int64, got ",
+                   slots.scalar_type());
+  TORCH_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ",
+                    slots.sizes());
+  TORCH_CHECK_TYPE(grad_bags.scalar_type() == at::kFloat,
+                   "sgd_reduce_update: grad_bags must be float32, got ", grad_bags.scalar_type());
+  TORCH_CHECK_VALUE(grad_bags.dim() == 2, "sgd_reduce_update: grad_bags must be (b, D), got ",
+                    grad_bags.sizes());
+  const int64_t num_unique = slots.numel();
+  // Same preconditions as sgd_update on one (u, D) gradient per slot.
+  check_update(values, slots,
+               at::empty({num_unique, grad_bags.size(1)}, grad_bags.options().device(at::kMeta)),
+               0, 0, "sgd_reduce_update");
+  const auto s = slots.contiguous();
+  const int64_t* s_p = s.data_ptr<int64_t>();
+  float* v_p = values.data_ptr<float>();
+  const int64_t cap = values.size(0), W = values.size(1);
+  for (int64_t k = 0; k < num_unique; ++k) {
+    TORCH_CHECK_INDEX(s_p[k] < cap, "sgd_reduce_update: slot ", s_p[k], " out of range [0, ",
+                      cap, ")");
+  }
+  const float lr_f = float(lr);
+  reduce_per_key(
+      grad_bags, inverse, offsets, weights, mode, num_unique, "sgd_reduce_update",
+      [&](int64_t k) { return s_p[k] >= 0; },
+      [&](int64_t k, const float* __restrict__ g, int64_t D) {
+        // Rows sit at random slots: fetch the row a few keys ahead while this one is summed.
+        const int64_t ahead = k + kPrefetchAhead;
+        if (ahead < num_unique && s_p[ahead] >= 0) prefetch_row(v_p + s_p[ahead] * W, D);
+        float* __restrict__ w = v_p + s_p[k] * W;
+        for (int64_t d = 0; d < D; ++d) w[d] -= lr_f * g[d];
+      });
 }
 
 void adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
@@ -357,6 +415,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("pooled_gather", &pooled_gather_cpu);
   m.impl("reduce_grads", &reduce_grads_cpu);
   m.impl("sgd_update", &sgd_update_cpu);
+  m.impl("sgd_reduce_update", &sgd_reduce_update_cpu);
   m.impl("adagrad_update", &adagrad_update_cpu);
   m.impl("rowwise_adagrad_update", &rowwise_adagrad_update_cpu);
   m.impl("adam_update", &adam_update_cpu);

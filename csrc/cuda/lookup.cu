@@ -244,6 +244,16 @@ void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tens
   launch_update<Opt::kSgd>(values, slots, grads, p);
 }
 
+// The fused op's GPU form is the two kernels back to back: the (u, D) gradient lives in the caching
+// allocator's memory for one launch, which costs little on the GPU (the CPU kernel is the fused one).
+void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
+                            const at::Tensor& inverse, const at::Tensor& offsets,
+                            const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
+  TORCH_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ", slots.sizes());
+  const auto grads = reduce_grads_cuda(grad_bags, inverse, offsets, weights, mode, slots.numel());
+  sgd_update_cuda(values, slots, grads, lr);
+}
+
 void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                          double lr, double eps) {
   check_update_cuda(values, slots, grads, 1, 0, "adagrad_update");
@@ -300,6 +310,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("pooled_gather", &pooled_gather_cuda);
   m.impl("reduce_grads", &reduce_grads_cuda);
   m.impl("sgd_update", &sgd_update_cuda);
+  m.impl("sgd_reduce_update", &sgd_reduce_update_cuda);
   m.impl("adagrad_update", &adagrad_update_cuda);
   m.impl("rowwise_adagrad_update", &rowwise_adagrad_update_cuda);
   m.impl("adam_update", &adam_update_cuda);

@@ -36,6 +36,9 @@ class TableLookup:
         columns: per feature of the table, its first output column (pooled).
         apply_grads: ``apply_grads(grads (u, D))`` updates the table; None when nothing trains.
         dim: D, kept for the backward once ``rows`` is released.
+        apply_bag_grads: ``apply_bag_grads(part, grad_bags (b, D), mode)`` reduces the bag
+            gradients and updates the table in one fused op; returns False when it cannot (then
+            ``apply_grads`` runs). None: always the two-step path.
     """
 
     table: int
@@ -49,6 +52,7 @@ class TableLookup:
     columns: List[int]
     apply_grads: Optional[Callable[[torch.Tensor], None]]
     dim: int = 0
+    apply_bag_grads: Optional[Callable[["TableLookup", torch.Tensor, int], bool]] = None
 
 
 def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: int) -> None:
@@ -60,19 +64,24 @@ def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: 
         out[:, col : col + dim] = pooled[j * batch_size : (j + 1) * batch_size]
 
 
-def pooled_grads(
-    part: TableLookup, mode: int, grad_out: torch.Tensor, batch_size: int
-) -> torch.Tensor:
-    """Gradient per unique key of one table from the output gradient (B, total_D)."""
+def bag_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
+    """(k*B, D) float32 gradient of each of one table's bags, from the output gradient (B, total_D)."""
     dim = part.dim
     grad_bags = (
         torch.cat([grad_out[:, c : c + dim] for c in part.columns])
         if part.columns
         else (grad_out.new_zeros((0, dim)))
     )
+    return grad_bags.float().contiguous()
+
+
+def pooled_grads(
+    part: TableLookup, mode: int, grad_out: torch.Tensor, batch_size: int
+) -> torch.Tensor:
+    """Gradient per unique key of one table from the output gradient (B, total_D)."""
     assert part.offsets is not None, "pooled part without offsets"
     return lookup_ops.reduce_grads(
-        grad_bags.float().contiguous(),
+        bag_grads(part, grad_out),
         part.inverse,
         part.offsets,
         part.weights,
@@ -129,6 +138,10 @@ class LookupFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[None, ...]:
         for part in [p for p in ctx.parts if p.apply_grads is not None]:
+            fused = part.apply_bag_grads
+            if ctx.mode is not None and fused is not None:
+                if fused(part, bag_grads(part, grad_out), ctx.mode):
+                    continue
             if ctx.mode is None:
                 grads = sequence_grads(part, grad_out)
             else:

@@ -35,7 +35,7 @@ from dynamicemb_core.optim import (
     optimizer_kind,
     row_width,
 )
-from dynamicemb_core.storage import HOME_NONE, LookupTier
+from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
 from dynamicemb_core.storage.tier import normalize_device
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 
@@ -313,6 +313,36 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
         return lambda grads: tier.update(0, keys, homes, grads, apply)
 
+    def _bag_grad_applier(
+        self, t: int, homes: torch.Tensor
+    ) -> Optional[Callable[[TableLookup, torch.Tensor, int], bool]]:
+        """EXACT_SGD on a one-buffer device table: reduce and update in one op, else None.
+
+        Same result as ``reduce_grads`` then the table's ``update`` (which, for one buffer, runs
+        ``sgd_update`` on the homes as slots), without the (u, D) gradient tensor in between.
+        """
+        tier = self.tables[t]
+        if self._kind is not OptimizerKind.SGD or not isinstance(tier, DeviceStorage):
+            return None
+
+        def apply(part: TableLookup, grad_bags: torch.Tensor, mode: int) -> bool:
+            blocks = tier.row_blocks(0)  # read now: the table may have grown since the forward
+            if len(blocks) != 1 or part.offsets is None:
+                return False
+            lookup_ops.sgd_reduce_update(
+                blocks[0][0],
+                homes,
+                grad_bags,
+                part.inverse,
+                part.offsets,
+                part.weights,
+                mode,
+                float(self.optimizer_args.learning_rate),
+            )
+            return True
+
+        return apply
+
     def forward(
         self,
         indices: torch.Tensor,
@@ -360,6 +390,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     positions=seg.positions,
                     columns=self._columns[t],
                     apply_grads=self._grad_applier(t, keys, homes) if homes is not None else None,
+                    apply_bag_grads=(
+                        self._bag_grad_applier(t, homes) if homes is not None and pooled else None
+                    ),
                 )
             )
         mode = None

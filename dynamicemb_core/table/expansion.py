@@ -17,6 +17,7 @@ from torch import Tensor
 
 from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
+from dynamicemb_core.table.host_memory import host_zeros
 
 __all__ = ["Doubled", "double_table", "needs_growth", "region_state"]
 
@@ -125,7 +126,7 @@ def double_table(
     )
     if bool((new_slots < 0).any()):  # impossible by the argument in the module docstring
         raise RuntimeError(f"rehash of table {t} lost keys while doubling; this is a bug")
-    new_values = values.new_zeros((2 * capacity, values.shape[1]))
+    new_values = host_zeros((2 * capacity, values.shape[1]), values.dtype, values.device)
     if values.shape[1] > 0 and keys.numel() > 0:
         new_values.index_copy_(0, new_slots, values.index_select(0, old_slots))
 

@@ -19,6 +19,7 @@ from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import expansion
 from dynamicemb_core.table.environment import custom_score_check_enabled
+from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.table.results import EvictedItems, ExportResult, FindResult, InsertResult
 from dynamicemb_core.table.score_columns import score_columns_for_user, score_words_from_user
 from dynamicemb_core.table.spec import COMPOUND_POLICY, TableSpec
@@ -80,8 +81,7 @@ class ScoredHashTable:
             torch.zeros(len(specs), dtype=i64, device=dev),
         )
         self._values = [
-            torch.zeros(self.capacity(t), s.row_width, dtype=s.dtype, device=dev)
-            for t, s in enumerate(specs)
+            host_zeros((self.capacity(t), s.row_width), s.dtype, dev) for t, s in enumerate(specs)
         ]
         self._reversed = torch.tensor([s.timestamp_first for s in specs], device=dev)
         self._compound = torch.tensor([s.policy == COMPOUND_POLICY for s in specs], device=dev)
