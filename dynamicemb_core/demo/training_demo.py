@@ -17,6 +17,7 @@ and a dense optimizer beside the tables' fused one.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import socket
@@ -267,4 +268,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return _train(args, device)
     finally:
-        dist.destroy_process_group()
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Tear the process group down only once nothing refers to it any more.
+
+    DMP's modules (and DDP's reducer inside them) hold the group through reference cycles; left to
+    interpreter exit, gloo's threads were destroyed during finalization and intermittently aborted a
+    rank ("terminate called without an active exception", SIGABRT) after a successful run.
+    """
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
