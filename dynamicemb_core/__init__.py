@@ -7,8 +7,9 @@ build the C++ extension until an op is used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict
+from typing import Dict
+
+from dynamicemb_core._lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -52,15 +53,4 @@ _EXPORTS: Dict[str, str] = {
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dynamicemb_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -11,8 +11,9 @@ File layout and on-disk format: :mod:`dynamicemb_core.checkpoint.format` and ``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict
+from typing import Dict
+
+from dynamicemb_core._lazy_exports import lazy_exports
 
 _EXPORTS: Dict[str, str] = {
     "DynamicEmbDump": "dynamicemb_core.checkpoint.dump",
@@ -35,15 +36,4 @@ _EXPORTS: Dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dynamicemb_core.checkpoint' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -6,8 +6,9 @@ name is used, and ``dynamicemb_core.shard`` can import the parts it needs withou
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Dict
+from typing import Dict
+
+from dynamicemb_core._lazy_exports import lazy_exports
 
 _EXPORTS: Dict[str, str] = {
     "DynamicEmbParameterConstraints": "dynamicemb_core.planner.constraints",
@@ -21,15 +22,4 @@ _EXPORTS: Dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dynamicemb_core.planner' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -11,10 +11,11 @@ The suites are imported lazily so that importing this package does not import py
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import Dict
 
-_EXPORTS = {
+from dynamicemb_core._lazy_exports import lazy_exports
+
+_EXPORTS: Dict[str, str] = {
     "PyDictStorage": "dynamicemb_core.testing.dict_storage",
     "StorageSuite": "dynamicemb_core.testing.storage_suite",
     "StoragePersistenceSuite": "dynamicemb_core.testing.storage_suite",
@@ -25,9 +26,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dynamicemb_core.testing' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
