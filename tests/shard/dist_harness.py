@@ -34,6 +34,7 @@ from dynamicemb_core.shard import (
 )
 
 WORLD_SIZE = 2
+CPU = torch.device("cpu")
 
 
 def free_port() -> int:
@@ -43,12 +44,19 @@ def free_port() -> int:
 
 
 def _worker(
-    rank: int, world: int, port: int, fn: Callable[..., None], args: Tuple[Any, ...]
+    rank: int,
+    world: int,
+    port: int,
+    backend: str,
+    fn: Callable[..., None],
+    args: Tuple[Any, ...],
 ) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         fn(rank, world, *args)
     except BaseException as err:
@@ -65,23 +73,31 @@ def _worker(
 
 
 def run_workers(
-    fn: Callable[..., None], *args: Any, world: int = WORLD_SIZE, timeout: float = 240.0
+    fn: Callable[..., None],
+    *args: Any,
+    world: int = WORLD_SIZE,
+    timeout: float = 240.0,
+    backend: str = "gloo",
 ) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; raise if any fails or hangs.
+
+    ``backend`` is the process group's: gloo on CPU, nccl with one CUDA device a rank.
 
     The free port is chosen before the workers bind it, so another process on the machine can take
     it in between: that one failure (and only it) is retried on a new port.
     """
     try:
-        _run_once(fn, args, world, timeout)
+        _run_once(fn, args, world, timeout, backend)
     except mp.ProcessRaisedException as err:
         if "address already in use" not in str(err).lower():
             raise
-        _run_once(fn, args, world, timeout)
+        _run_once(fn, args, world, timeout, backend)
 
 
-def _run_once(fn: Callable[..., None], args: Tuple[Any, ...], world: int, timeout: float) -> None:
-    ctx = mp.spawn(_worker, args=(world, free_port(), fn, args), nprocs=world, join=False)
+def _run_once(
+    fn: Callable[..., None], args: Tuple[Any, ...], world: int, timeout: float, backend: str
+) -> None:
+    ctx = mp.spawn(_worker, args=(world, free_port(), backend, fn, args), nprocs=world, join=False)
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
@@ -119,6 +135,7 @@ def shard_model(
     constraints: Dict[str, Any],
     fused_params: Dict[str, Any],
     world: int,
+    device: torch.device = CPU,
 ) -> DistributedModelParallel:
     """Plan with our planner and wrap in DMP, as a user would (collection built on meta)."""
     model = Wrapper(make_collection(pooled, configs, torch.device("meta")))
@@ -127,13 +144,13 @@ def shard_model(
     )
     sharders = [sharder_cls(fused_params=dict(fused_params))]
     planner = DynamicEmbeddingShardingPlanner(
-        eb_configs=configs, topology=default_topology(world, "cpu"), constraints=constraints
+        eb_configs=configs, topology=default_topology(world, device.type), constraints=constraints
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     return DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        device=torch.device("cpu"),
+        device=device,
         plan=plan,
         sharders=sharders,
     )
@@ -147,6 +164,11 @@ def dynamic_kernels(model: nn.Module) -> Dict[str, Tuple[BatchedDynamicEmbedding
             for i, name in enumerate(m.table_names):
                 found[name] = (m, i)
     return found
+
+
+def kernel_device(kernel: BatchedDynamicEmbeddingKernel) -> torch.device:
+    """The device a dynamic kernel's tables live on."""
+    return kernel.emb_module.device
 
 
 def global_batch(
@@ -278,7 +300,9 @@ def mirror_dynamic_rows(
         rows = torch.empty(len(mine), spec.row_width)
         rows[:, : weight.shape[1]] = weight[mine]
         rows[:, weight.shape[1] :] = initial_state_value(emb._kind, emb.optimizer_args)
-        tier.insert(0, mine, rows, torch.zeros(len(mine), spec.num_scores, dtype=torch.int64))
+        scores = torch.zeros(len(mine), spec.num_scores, dtype=torch.int64)
+        dev = kernel_device(kernel)
+        tier.insert(0, mine.to(dev), rows.to(dev), scores.to(dev))
 
 
 def mirror_native_rows(model: nn.Module, twin: nn.Module) -> int:
@@ -308,8 +332,11 @@ def train_against_twin(
     hyper: Dict[str, float],
     steps: int,
     batch_per_rank: int = 4,
+    device: torch.device = CPU,
 ) -> DistributedModelParallel:
     """Train the sharded model and its unsharded twin side by side and compare at every step.
+
+    The sharded model lives on ``device``; the twin and the reference optimizer stay on the CPU.
 
     Outputs must match at every step (they depend on every table's updated rows, native ones too);
     at the end each dynamic table's rows (embedding and optimizer state) must equal the twin's, and
@@ -320,7 +347,7 @@ def train_against_twin(
     from dynamicemb_core.shard.ownership import owner_rank
 
     model = shard_model(
-        pooled, configs, constraints, {"optimizer": EmbOptimType(optimizer), **hyper}, world
+        pooled, configs, constraints, {"optimizer": EmbOptimType(optimizer), **hyper}, world, device
     )
     torch.manual_seed(0)
     twin = make_collection(pooled, configs, torch.device("cpu"))
@@ -340,13 +367,13 @@ def train_against_twin(
             {f: c.num_embeddings for f, c in table_of.items()},
             batch_per_rank * world,
         )
-        out = _flatten(model(rank_slice(kjt, rank, world)), pooled)
+        out = _flatten(model(rank_slice(kjt, rank, world).to(device)), pooled)
         full = _flatten(twin(kjt) if not pooled else twin(kjt).values(), pooled)
         target = torch.randn(full.shape, generator=torch.Generator().manual_seed(step))
         torch.testing.assert_close(
-            out, _local_rows(full, pooled, kjt, rank, world), atol=1e-5, rtol=1e-5
+            out.cpu(), _local_rows(full, pooled, kjt, rank, world), atol=1e-5, rtol=1e-5
         )
-        (out * _local_rows(target, pooled, kjt, rank, world)).sum().backward()
+        (out * _local_rows(target, pooled, kjt, rank, world).to(device)).sum().backward()
         model.fused_optimizer.step()
         (full * target).sum().div(world).backward()
         with torch.no_grad():
@@ -363,7 +390,7 @@ def train_against_twin(
         owned = (
             owner_rank(keys, kernel.dist_types[t], world, num_embeddings=weight.shape[0]) == rank
         )
-        found, rows, _ = tier.find(0, keys)
+        found, rows, _ = (t.cpu() for t in tier.find(0, keys.to(kernel_device(kernel))))
         assert torch.equal(found, owned), f"table {name!r}: keys stored off their owner rank"
         assert tier.size(0) == int(owned.sum())
         dim = weight.shape[1]

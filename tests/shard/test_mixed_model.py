@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dist_harness import dynamic_kernels, global_batch, rank_slice, run_workers, train_against_twin
+from dist_harness import (
+    CPU,
+    dynamic_kernels,
+    global_batch,
+    rank_slice,
+    run_workers,
+    train_against_twin,
+)
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -41,9 +48,9 @@ def _constraints():
     }
 
 
-def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
+def _mixed(rank: int, world: int, pooled: bool, optimizer: str, device: torch.device = CPU) -> None:
     model = train_against_twin(
-        rank, world, pooled, _configs(pooled), _constraints(), optimizer, HYPER, steps=3
+        rank, world, pooled, _configs(pooled), _constraints(), optimizer, HYPER, 3, device=device
     )
     kind = "embedding_bags" if pooled else "embeddings"
     state = model.state_dict()
@@ -53,7 +60,7 @@ def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
     # a strict round trip through state_dict works and leaves the dynamic rows alone
     ((kernel, t),) = dynamic_kernels(model).values()
     tier = kernel.emb_module.tables[t]
-    keys = torch.arange(50)
+    keys = torch.arange(50, device=device)
     before = tier.find(0, keys)[1]
     model.load_state_dict(state)
     assert torch.equal(tier.find(0, keys)[1], before)
@@ -69,7 +76,7 @@ def _mixed(rank: int, world: int, pooled: bool, optimizer: str) -> None:
             [batch["f0"].values() + 10**12, batch["f1"].values(), batch["f2"].values()]
         ),
         lengths=batch.lengths(),
-    )
+    ).to(device)
     out = model(unseen)
     f0 = out[:, :4] if pooled else out["f0"].values()
     assert torch.count_nonzero(f0) == 0
@@ -90,6 +97,12 @@ def test_dynamic_and_native_tables_train_together(pooled: bool) -> None:
     run_workers(_all, pooled)
 
 
-def _all(rank: int, world: int, pooled: bool) -> None:
+def _all(rank: int, world: int, pooled: bool, device: str = "cpu") -> None:
     for optimizer in ("exact_sgd", "exact_row_wise_adagrad"):
-        _mixed(rank, world, pooled, optimizer)
+        _mixed(
+            rank,
+            world,
+            pooled,
+            optimizer,
+            torch.device(device, rank) if device == "cuda" else torch.device(device),
+        )
