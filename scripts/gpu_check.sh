@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The GPU machine's checks, one phase a call (each fits the device tool's 10-minute command limit).
+#
+#   scripts/gpu_check.sh install   TorchRec + FBGEMM (CUDA build if /tmp/fbg holds its parts, else the
+#                                  CPU build) into /tmp/site from the carried .whl/ folder
+#   scripts/gpu_check.sh test      build the extension, then every CUDA test (pytest -m gpu)
+#   scripts/gpu_check.sh sanitize  compute-sanitizer memcheck + racecheck over the CUDA table tests
+#   scripts/gpu_check.sh bench     the CUDA benchmarks (table, training step vs TBE, checkpoint)
+#
+# Logs go to $OUT (the device tool brings them back). Several phases may be named in one call.
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+OUT="${OUT:-/tmp/gpu_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$repo:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export DYNAMICEMB_CACHE_DIR="${DYNAMICEMB_CACHE_DIR:-/tmp/demb_build}"
+# keep NVLink multicast off (the lending workplace's rule for its shared hosts)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+status=0
+
+install() {
+  local wheels
+  wheels=$(ls .whl/*.whl)
+  if ls /tmp/fbg/part* >/dev/null 2>&1; then
+    local fbg=/tmp/fbgemm_gpu-1.6.0-cp312-cp312-manylinux_2_28_x86_64.whl
+    cat /tmp/fbg/part* >"$fbg"
+    wheels="$(echo "$wheels" | grep -v fbgemm_gpu_cpu) $fbg"
+  fi
+  # shellcheck disable=SC2086
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site $wheels
+  python3 -c 'import torch, torchrec, fbgemm_gpu; print("torch", torch.__version__, "torchrec", torchrec.__version__, "cuda", torch.cuda.get_device_name())'
+}
+
+run_tests() {
+  python3 -m dynamicemb_core build 2>&1 | tail -5
+  python3 -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 900 tests "$@" \
+    2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|PASS|FAIL|Error|error" | tail -40
+  return "${PIPESTATUS[0]}"
+}
+
+sanitize() {
+  local t
+  for t in memcheck racecheck; do
+    compute-sanitizer --tool "$t" --report-api-errors no --print-limit 20 \
+      python3 -m pytest -p no:cacheprovider -q -x tests/table/test_cuda_ops.py \
+      >"$OUT/sanitize_$t.log" 2>&1
+    echo "$t: rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' "$OUT/sanitize_$t.log" | tr '\n' ' ')"
+  done
+}
+
+bench() {
+  python3 benchmarks/bench_table_cuda.py 2>&1 | tee "$OUT/bench_table_cuda.md" | tail -3
+  python3 benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 --batch 4096 \
+    2>&1 | tee "$OUT/bench_training_cuda.md" | tail -8
+}
+
+for phase in "$@"; do
+  case "$phase" in
+    install) install || status=1 ;;
+    test) run_tests || status=1 ;;
+    sanitize) sanitize || status=1 ;;
+    bench) bench || status=1 ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+done
+exit "$status"
