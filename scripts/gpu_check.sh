@@ -36,10 +36,22 @@ install() {
 }
 
 run_tests() {
-  python3 -m dynamicemb_core build 2>&1 | tail -5
-  python3 -m pytest -p no:cacheprovider -m gpu -q -rfEs --timeout 900 tests "$@" \
-    2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|PASS|FAIL|Error|error" | tail -40
-  return "${PIPESTATUS[0]}"
+  python3 -m dynamicemb_core build 2>&1 | tail -2
+  # One process per test file, four at a time: a CUDA fault poisons only its own file's process
+  # (an illegal address is sticky for the whole CUDA context), so one bug cannot hide the others.
+  local logs=/tmp/gpu_test_logs files rc=0
+  rm -rf "$logs" && mkdir -p "$logs"
+  files=$(python3 -m pytest -p no:cacheprovider -m gpu --collect-only -q tests "$@" 2>/dev/null |
+    grep '::' | cut -d: -f1 | sort -u)
+  echo "$files" | xargs -P 4 -I{} sh -c \
+    'python3 -m pytest -p no:cacheprovider -m gpu -q -rfE --timeout 900 "$0" >"$1/$(echo "$0" | tr / _).log" 2>&1' \
+    {} "$logs" || rc=1
+  for f in "$logs"/*.log; do
+    echo "== $(basename "$f" .log): $(tail -1 "$f")"
+  done | tee "$OUT/gpu_summary.txt"
+  cat "$logs"/*.log >"$OUT/gpu_tests.log"
+  grep -h "^FAILED\|^ERROR" "$logs"/*.log | head -40
+  return "$rc"
 }
 
 sanitize() {

@@ -16,13 +16,11 @@
 #include <optional>
 #include <vector>
 
+#include "dynamicemb/bag_checks.h"
 #include "dynamicemb/hashing.h"
 
 namespace dynamicemb {
 namespace {
-
-constexpr int64_t kPoolSum = 0;
-constexpr int64_t kPoolMean = 1;
 
 // Rows sit at random slots of large buffers, so the row loops wait on memory: they prefetch the
 // row kPrefetchAhead positions ahead (every cache line of it) while computing the current one.
@@ -36,28 +34,6 @@ inline void prefetch_bytes(const void* row, int64_t bytes) {
 }
 
 inline void prefetch_row(const float* row, int64_t n) { prefetch_bytes<1>(row, n * 4); }
-
-void check_bags(const at::Tensor& inverse, const at::Tensor& offsets,
-                const std::optional<at::Tensor>& weights, int64_t mode,
-                const char* op) {
-  TORCH_CHECK_TYPE(inverse.scalar_type() == at::kLong, op,
-                   ": inverse must be int64, got ", inverse.scalar_type());
-  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, op,
-                   ": offsets must be int64, got ", offsets.scalar_type());
-  TORCH_CHECK_VALUE(inverse.dim() == 1 && offsets.dim() == 1, op,
-                    ": inverse and offsets must be 1-D, got ", inverse.sizes(), " and ",
-                    offsets.sizes());
-  TORCH_CHECK_VALUE(offsets.numel() >= 1, op, ": offsets needs at least one element (b+1)");
-  TORCH_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op,
-                    ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
-  if (weights.has_value()) {
-    TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == inverse.numel(), op,
-                      ": weights must be (n,) = (", inverse.numel(), ",), got ",
-                      weights->sizes());
-    TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat, op,
-                     ": weights must be float32, got ", weights->scalar_type());
-  }
-}
 
 // Fills bag_of[i] with the bag of index i; validates offsets on the way.
 std::vector<int64_t> bag_of_indices(const int64_t* off, int64_t num_bags, int64_t n,

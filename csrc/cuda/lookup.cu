@@ -13,12 +13,13 @@
 
 #include <optional>
 
+#include "dynamicemb/bag_checks.h"
+
 namespace dynamicemb {
 namespace {
 
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 4;  // warps per block
-constexpr int64_t kPoolMean = 1;
 
 inline int64_t blocks_for(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
 
@@ -47,31 +48,75 @@ __global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int
   }
 }
 
-void check_bags_cuda(const at::Tensor& inverse, const at::Tensor& offsets,
-                     const std::optional<at::Tensor>& weights, int64_t mode, const char* op) {
-  TORCH_CHECK_TYPE(inverse.scalar_type() == at::kLong && offsets.scalar_type() == at::kLong, op,
-                   ": inverse and offsets must be int64, got ", inverse.scalar_type(), " and ",
-                   offsets.scalar_type());
-  TORCH_CHECK_VALUE(inverse.dim() == 1 && offsets.dim() == 1 && offsets.numel() >= 1, op,
-                    ": inverse (n,) and offsets (b+1,) must be 1-D");
-  TORCH_CHECK_VALUE(mode == 0 || mode == 1, op, ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
-  if (weights.has_value()) {
-    TORCH_CHECK_VALUE(weights->numel() == inverse.numel() && weights->scalar_type() == at::kFloat,
-                      op, ": weights must be float32 (n,) = (", inverse.numel(), ",)");
+// ---- data checks of a bag batch, on the device, one sync: offsets start at 0, end at n and never
+// decrease; inverse lies in [0, u). Run before any output is written (the CPU kernels check the
+// same while reading). report: [flags, first bad inverse position, first decreasing b, off[0], off[b]].
+constexpr int64_t kBadEnds = 1, kBadOrder = 2, kBadInverse = 4;
+
+__global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_t n,
+                                     const int64_t* __restrict__ offsets, int64_t num_bags, int64_t u,
+                                     unsigned long long* __restrict__ report) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n || i < num_bags; i += stride) {
+    if (i < n && (inverse[i] < 0 || inverse[i] >= u)) {
+      atomicOr(&report[0], (unsigned long long)kBadInverse);
+      atomicMin(&report[1], (unsigned long long)i);
+    }
+    if (i < num_bags && offsets[i] > offsets[i + 1]) {
+      atomicOr(&report[0], (unsigned long long)kBadOrder);
+      atomicMin(&report[2], (unsigned long long)i);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    report[3] = (unsigned long long)offsets[0];
+    report[4] = (unsigned long long)offsets[num_bags];
+    if (offsets[0] != 0 || offsets[num_bags] != n) atomicOr(&report[0], (unsigned long long)kBadEnds);
+  }
+}
+
+void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u, const char* op) {
+  const int64_t n = inv.numel(), num_bags = off.numel() - 1;
+  auto report = at::empty({5}, off.options());
+  report.select(0, 0).fill_(0);
+  report.select(0, 1).fill_(n);
+  report.select(0, 2).fill_(num_bags);
+  const int threads = 256;
+  const int64_t work = std::max<int64_t>(std::max<int64_t>(n, num_bags), 1);
+  const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, 1024));
+  validate_bags_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      inv.data_ptr<int64_t>(), n, off.data_ptr<int64_t>(), num_bags, u,
+      reinterpret_cast<unsigned long long*>(report.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto r = report.cpu();
+  const int64_t* p = r.data_ptr<int64_t>();
+  TORCH_CHECK_VALUE(!(p[0] & kBadEnds), op, ": offsets must start at 0 and end at n=", n, ", got [",
+                    p[3], ", ...,", p[4], "]");
+  if (p[0] & kBadOrder) {
+    const auto pair = off.narrow(0, p[2], 2).cpu();
+    TORCH_CHECK_VALUE(false, op, ": offsets must be non-decreasing; offsets[", p[2], "]=",
+                      pair.data_ptr<int64_t>()[0], " > offsets[", p[2] + 1, "]=",
+                      pair.data_ptr<int64_t>()[1]);
+  }
+  if (p[0] & kBadInverse) {
+    TORCH_CHECK_INDEX(false, op, ": inverse[", p[1], "]=", inv.select(0, p[1]).item<int64_t>(),
+                      " out of range [0, ", u, ")");
   }
 }
 
 at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& inverse,
                               const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                               int64_t mode) {
-  check_bags_cuda(inverse, offsets, weights, mode, "pooled_gather");
-  TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D)");
+  check_bags(inverse, offsets, weights, mode, "pooled_gather");
+  TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
+                    embeddings.sizes());
+  check_on_device(inverse, embeddings.device(), "inverse", "pooled_gather");
   const at::cuda::CUDAGuard guard(embeddings.device());
   // Rows may be a column slice of a table's value rows: rows are addressed by their own stride.
   const auto emb = embeddings.stride(1) == 1 ? embeddings : embeddings.contiguous();
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  validate_bags_cuda(inv, off, emb.size(0), "pooled_gather");
   const int64_t num_bags = off.numel() - 1, D = emb.size(1);
   auto out = at::zeros({num_bags, D}, emb.options());
   if (num_bags == 0 || D == 0) return out;
@@ -113,18 +158,21 @@ __global__ void reduce_grads_kernel(const float* __restrict__ grad_bags, const i
   }
 }
 
-at::Tensor reduce_grads_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
-                             const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                             int64_t mode, int64_t num_unique) {
-  check_bags_cuda(inverse, offsets, weights, mode, "reduce_grads");
-  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1,
-                    "reduce_grads: grad_bags must be (b, D) with b = offsets.numel()-1");
-  TORCH_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
+at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
+                               const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                               int64_t mode, int64_t num_unique, const char* op) {
+  check_bags(inverse, offsets, weights, mode, op);
+  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
+                    ": grad_bags must be (b, D) with b = offsets.numel()-1 = ", offsets.numel() - 1,
+                    ", got ", grad_bags.sizes());
+  TORCH_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
+  check_on_device(inverse, grad_bags.device(), "inverse", op);
   const at::cuda::CUDAGuard guard(grad_bags.device());
   const auto g = grad_bags.contiguous().to(at::kFloat);
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  validate_bags_cuda(inv, off, num_unique, op);
   const int64_t n = inv.numel(), num_bags = off.numel() - 1, D = g.size(1);
   auto out = at::zeros({num_unique, D}, g.options());
   if (n == 0 || num_unique == 0 || D == 0) return out;
@@ -146,6 +194,12 @@ at::Tensor reduce_grads_cuda(const at::Tensor& grad_bags, const at::Tensor& inve
       num_unique, D, mode, out.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
+}
+
+at::Tensor reduce_grads_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
+                             const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                             int64_t mode, int64_t num_unique) {
+  return reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, num_unique, "reduce_grads");
 }
 
 // ---- fused optimizer updates: one warp per slot ----
@@ -212,6 +266,8 @@ int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, con
                     ": values must be a contiguous (capacity, row_width) tensor");
   TORCH_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
                     ": grads must be (n, D) and slots (n,)");
+  check_on_device(slots, values.device(), "slots", op);
+  check_on_device(grads, values.device(), "grads", op);
   const int64_t D = grads.size(1);
   const int64_t need = D + state_per_dim * D + state_fixed;
   TORCH_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
@@ -250,7 +306,8 @@ void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const a
                             const at::Tensor& inverse, const at::Tensor& offsets,
                             const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
   TORCH_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ", slots.sizes());
-  const auto grads = reduce_grads_cuda(grad_bags, inverse, offsets, weights, mode, slots.numel());
+  const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, slots.numel(),
+                                         "sgd_reduce_update");
   sgd_update_cuda(values, slots, grads, lr);
 }
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+try:  # fbgemm-gpu >= 1.8
+    from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+except ImportError:  # fbgemm-gpu 1.6 (the GPU machine's CUDA build)
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
 from dynamicemb_core.config import (
     DynamicEmbInitializerArgs,
