@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Tuple
 
 import torch
 
+from dynamicemb_core.devices import normalize_device
+
 if TYPE_CHECKING:  # pragma: no cover
     from dynamicemb_core.config import DynamicEmbInitializerArgs
 
@@ -84,7 +86,7 @@ class Storage(abc.ABC):
 
     def __init__(self, tables: Sequence[StorageTableSpec], device: torch.device) -> None:
         self.tables = list(tables)
-        self.device = torch.device(device)
+        self.device = normalize_device(device)
 
     @abc.abstractmethod
     def find(

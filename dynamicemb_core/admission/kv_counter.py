@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from dynamicemb_core.config import BUCKET_ALIGNMENT, DynamicEmbScoreStrategy
-from dynamicemb_core.storage.tier import normalize_device
+from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.types import Counter, MemoryType
 
 __all__ = ["KVCounter"]

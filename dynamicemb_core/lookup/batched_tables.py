@@ -36,7 +36,7 @@ from dynamicemb_core.optim import (
     row_width,
 )
 from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
-from dynamicemb_core.storage.tier import normalize_device
+from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 
 __all__ = ["BatchedDynamicEmbeddingTables"]

@@ -19,15 +19,9 @@ import torch
 
 from dynamicemb_core.types import Storage
 
+from dynamicemb_core.devices import normalize_device
+
 __all__ = ["HOME_BACKING", "HOME_NONE", "LookupTier", "RowUpdate", "TierRows", "normalize_device"]
-
-
-def normalize_device(device: "torch.device | str") -> torch.device:
-    """``cuda`` -> ``cuda:<current>``, so comparisons with tensors' devices (always indexed) hold."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 HOME_NONE = -1

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from dynamicemb_core.config import DynamicEmbCheckMode, DynamicEmbScoreStrategy, EvictedItemMode
+from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import expansion
@@ -62,7 +63,7 @@ class ScoredHashTable:
         if len(set(names)) != len(names):
             raise ValueError(f"ScoredHashTable: table names must be unique, got {names}")
         self.specs = specs
-        self.device = torch.device(device)
+        self.device = normalize_device(device)
         layouts = []
         for spec in specs:  # a plain loop: the rounding warning points at the caller (stacklevel)
             layouts.append(spec.initial_layout())
