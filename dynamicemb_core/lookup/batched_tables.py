@@ -21,6 +21,7 @@ from dynamicemb_core.config import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
+from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.lookup.autograd import LookupFunction, TableLookup
 from dynamicemb_core.lookup.features import split_by_table, validate_inputs
 from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
@@ -36,7 +37,6 @@ from dynamicemb_core.optim import (
     row_width,
 )
 from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
-from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 
 __all__ = ["BatchedDynamicEmbeddingTables"]

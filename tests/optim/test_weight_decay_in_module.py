@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
 try:  # fbgemm-gpu >= 1.8
     from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
 except ImportError:  # fbgemm-gpu 1.6 (the GPU machine's CUDA build)
