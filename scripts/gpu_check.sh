@@ -5,7 +5,8 @@
 #                                  CPU build) into /tmp/site from the carried .whl/ folder
 #   scripts/gpu_check.sh test      build the extension, then every CUDA test (pytest -m gpu)
 #   scripts/gpu_check.sh sanitize  compute-sanitizer memcheck + racecheck over the CUDA table tests
-#   scripts/gpu_check.sh bench     the CUDA benchmarks (table, training step vs TBE, checkpoint)
+#   scripts/gpu_check.sh bench_table     the CUDA table benchmark (vs index_select and HKV's figures)
+#   scripts/gpu_check.sh bench_training  the training step vs FBGEMM TBE (needs FBGEMM's CUDA build)
 #
 # Logs go to $OUT (the device tool brings them back). Several phases may be named in one call.
 set -uo pipefail
@@ -41,10 +42,10 @@ run_tests() {
   # (an illegal address is sticky for the whole CUDA context), so one bug cannot hide the others.
   local logs=/tmp/gpu_test_logs files rc=0
   rm -rf "$logs" && mkdir -p "$logs"
-  files=$(python3 -m pytest -p no:cacheprovider -m gpu --collect-only -q tests "$@" 2>/dev/null |
+  files=$(python3 -m pytest -p no:cacheprovider -m "gpu and not slow" --collect-only -q tests "$@" 2>/dev/null |
     grep '::' | cut -d: -f1 | sort -u)
   echo "$files" | xargs -P 4 -I{} sh -c \
-    'python3 -m pytest -p no:cacheprovider -m gpu -q -rfE --timeout 900 "$0" >"$1/$(echo "$0" | tr / _).log" 2>&1' \
+    'timeout 420 python3 -m pytest -p no:cacheprovider -m "gpu and not slow" -q -rfE --timeout 240 "$0" >"$1/$(echo "$0" | tr / _).log" 2>&1' \
     {} "$logs" || rc=1
   for f in "$logs"/*.log; do
     echo "== $(basename "$f" .log): $(tail -1 "$f")"
@@ -64,9 +65,12 @@ sanitize() {
   done
 }
 
-bench() {
+bench_table() {
   python3 benchmarks/bench_table_cuda.py 2>&1 | tee "$OUT/bench_table_cuda.md" | tail -3
-  python3 benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 --batch 4096 \
+}
+
+bench_training() {
+  timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 --batch 4096 \
     2>&1 | tee "$OUT/bench_training_cuda.md" | tail -8
 }
 
@@ -75,7 +79,8 @@ for phase in "$@"; do
     install) install || status=1 ;;
     test) run_tests || status=1 ;;
     sanitize) sanitize || status=1 ;;
-    bench) bench || status=1 ;;
+    bench_table) bench_table || status=1 ;;
+    bench_training) bench_training || status=1 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

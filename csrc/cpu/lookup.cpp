@@ -18,6 +18,7 @@
 
 #include "dynamicemb/bag_checks.h"
 #include "dynamicemb/hashing.h"
+#include "dynamicemb/check.h"
 
 namespace dynamicemb {
 namespace {
@@ -38,12 +39,12 @@ inline void prefetch_row(const float* row, int64_t n) { prefetch_bytes<1>(row, n
 // Fills bag_of[i] with the bag of index i; validates offsets on the way.
 std::vector<int64_t> bag_of_indices(const int64_t* off, int64_t num_bags, int64_t n,
                                     const char* op) {
-  TORCH_CHECK_VALUE(off[0] == 0 && off[num_bags] == n, op,
+  DEMB_CHECK_VALUE(off[0] == 0 && off[num_bags] == n, op,
                     ": offsets must start at 0 and end at n=", n, ", got [", off[0], ", ...,",
                     off[num_bags], "]");
   std::vector<int64_t> bag_of(n);
   for (int64_t b = 0; b < num_bags; ++b) {
-    TORCH_CHECK_VALUE(off[b] <= off[b + 1], op, ": offsets must be non-decreasing; offsets[",
+    DEMB_CHECK_VALUE(off[b] <= off[b + 1], op, ": offsets must be non-decreasing; offsets[",
                       b, "]=", off[b], " > offsets[", b + 1, "]=", off[b + 1]);
     for (int64_t i = off[b]; i < off[b + 1]; ++i) bag_of[i] = b;
   }
@@ -54,7 +55,7 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
                              const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                              int64_t mode) {
   check_bags(inverse, offsets, weights, mode, "pooled_gather");
-  TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
+  DEMB_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
                     embeddings.sizes());
   // Rows may be a column slice of a wider buffer (the embedding part of a table's value rows):
   // only the innermost stride must be 1, rows are addressed by their own stride.
@@ -67,7 +68,7 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
   const int64_t row_stride = emb.stride(0);
   const int64_t* off_p = off.data_ptr<int64_t>();
   const int64_t* inv_p = inv.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(off_p[0] == 0 && off_p[num_bags] == inv.numel(),
+  DEMB_CHECK_VALUE(off_p[0] == 0 && off_p[num_bags] == inv.numel(),
                     "pooled_gather: offsets must start at 0 and end at n=", inv.numel(),
                     ", got first ", off_p[0], " last ", off_p[num_bags]);
   const at::Tensor w_c = weights.has_value() ? weights->contiguous() : at::Tensor();
@@ -91,7 +92,7 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
             prefetch_bytes<0>(e + inv_p[ahead] * row_stride, D * int64_t(sizeof(scalar_t)));
           }
           const int64_t r = inv_p[i];
-          TORCH_CHECK_INDEX(r >= 0 && r < u, "pooled_gather: inverse[", i, "]=", r,
+          DEMB_CHECK_INDEX(r >= 0 && r < u, "pooled_gather: inverse[", i, "]=", r,
                             " out of range [0, ", u, ")");
           const acc_t w = w_p ? acc_t(w_p[i]) : acc_t(1);
           const scalar_t* row = e + r * row_stride;
@@ -114,10 +115,10 @@ void reduce_per_key(const at::Tensor& grad_bags, const at::Tensor& inverse,
                     const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                     int64_t mode, int64_t num_unique, const char* op, Keep keep, Sink sink) {
   check_bags(inverse, offsets, weights, mode, op);
-  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
+  DEMB_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
                     ": grad_bags must be (b, D) with b = offsets.numel()-1 = ",
                     offsets.numel() - 1, ", got ", grad_bags.sizes());
-  TORCH_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
+  DEMB_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
   const auto g = grad_bags.contiguous().to(at::kFloat);
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
@@ -133,7 +134,7 @@ void reduce_per_key(const at::Tensor& grad_bags, const at::Tensor& inverse,
   // CSR of index positions per unique key, in input order.
   std::vector<int64_t> start(num_unique + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < num_unique, op, ": inverse[", i, "]=",
+    DEMB_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < num_unique, op, ": inverse[", i, "]=",
                       inv_p[i], " out of range [0, ", num_unique, ")");
     ++start[inv_p[i] + 1];
   }
@@ -165,9 +166,9 @@ void reduce_per_key(const at::Tensor& grad_bags, const at::Tensor& inverse,
 at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inverse,
                             const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                             int64_t mode, int64_t num_unique) {
-  TORCH_CHECK_VALUE(grad_bags.dim() == 2, "reduce_grads: grad_bags must be (b, D), got ",
+  DEMB_CHECK_VALUE(grad_bags.dim() == 2, "reduce_grads: grad_bags must be (b, D), got ",
                     grad_bags.sizes());
-  TORCH_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
+  DEMB_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
   auto out = at::empty({num_unique, grad_bags.size(1)}, grad_bags.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   reduce_per_key(
@@ -180,21 +181,21 @@ at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inver
 // Shared preconditions of the row updates; returns D.
 int64_t check_update(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                      int64_t state_per_dim, int64_t state_fixed, const char* op) {
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, op, ": values must be float32, got ",
+  DEMB_CHECK_TYPE(values.scalar_type() == at::kFloat, op, ": values must be float32, got ",
                    values.scalar_type());
-  TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, op, ": grads must be float32, got ",
+  DEMB_CHECK_TYPE(grads.scalar_type() == at::kFloat, op, ": grads must be float32, got ",
                    grads.scalar_type());
-  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
                    slots.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), op,
+  DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), op,
                     ": values must be a contiguous (capacity, row_width) tensor, got ",
                     values.sizes());
-  TORCH_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
+  DEMB_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
                     ": grads must be (n, D) and slots (n,), got ", grads.sizes(), " and ",
                     slots.sizes());
   const int64_t D = grads.size(1);
   const int64_t need = D + state_per_dim * D + state_fixed;
-  TORCH_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
+  DEMB_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
                     " is too small for dim ", D, " and its optimizer state (needs ", need, ")");
   return D;
 }
@@ -210,7 +211,7 @@ void for_each_row(const at::Tensor& values, const at::Tensor& slots, const at::T
   float* v_p = values.data_ptr<float>();
   const int64_t cap = values.size(0), W = values.size(1), D = g.size(1);
   for (int64_t i = 0; i < s.numel(); ++i) {
-    TORCH_CHECK_INDEX(s_p[i] < cap, op, ": slot ", s_p[i], " out of range [0, ", cap, ")");
+    DEMB_CHECK_INDEX(s_p[i] < cap, op, ": slot ", s_p[i], " out of range [0, ", cap, ")");
   }
   at::parallel_for(0, s.numel(), 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -241,13 +242,13 @@ void sgd_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tenso
 void sgd_reduce_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
                            const at::Tensor& inverse, const at::Tensor& offsets,
                            const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
-  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "sgd_reduce_update: slots must be int64, got ",
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, "sgd_reduce_update: slots must be int64, got ",
                    slots.scalar_type());
-  TORCH_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ",
+  DEMB_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ",
                     slots.sizes());
-  TORCH_CHECK_TYPE(grad_bags.scalar_type() == at::kFloat,
+  DEMB_CHECK_TYPE(grad_bags.scalar_type() == at::kFloat,
                    "sgd_reduce_update: grad_bags must be float32, got ", grad_bags.scalar_type());
-  TORCH_CHECK_VALUE(grad_bags.dim() == 2, "sgd_reduce_update: grad_bags must be (b, D), got ",
+  DEMB_CHECK_VALUE(grad_bags.dim() == 2, "sgd_reduce_update: grad_bags must be (b, D), got ",
                     grad_bags.sizes());
   const int64_t num_unique = slots.numel();
   // Same preconditions as sgd_update on one (u, D) gradient per slot.
@@ -259,7 +260,7 @@ void sgd_reduce_update_cpu(at::Tensor& values, const at::Tensor& slots, const at
   float* v_p = values.data_ptr<float>();
   const int64_t cap = values.size(0), W = values.size(1);
   for (int64_t k = 0; k < num_unique; ++k) {
-    TORCH_CHECK_INDEX(s_p[k] < cap, "sgd_reduce_update: slot ", s_p[k], " out of range [0, ",
+    DEMB_CHECK_INDEX(s_p[k] < cap, "sgd_reduce_update: slot ", s_p[k], " out of range [0, ",
                       cap, ")");
   }
   const float lr_f = float(lr);
@@ -293,7 +294,7 @@ void rowwise_adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots,
                                 const at::Tensor& grads, double lr, double eps,
                                 double weight_decay, int64_t weight_decay_mode) {
   check_update(values, slots, grads, 0, 1, "rowwise_adagrad_update");
-  TORCH_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
+  DEMB_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
                     "rowwise_adagrad_update: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 "
                     "(DECOUPLE), got ", weight_decay_mode);
   const float lr_f = float(lr), eps_f = float(eps), wd = float(weight_decay);
@@ -318,7 +319,7 @@ void adam_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tens
                      double lr, double eps, double beta1, double beta2, double weight_decay,
                      int64_t step) {
   check_update(values, slots, grads, 2, 0, "adam_update");
-  TORCH_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
+  DEMB_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
   const float lr_f = float(lr), eps_f = float(eps), b1 = float(beta1), b2 = float(beta2);
   const float wd = float(weight_decay);
   const float bc1 = 1.0f - std::pow(b1, float(step));
@@ -341,9 +342,9 @@ void adam_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tens
 // in one serial pass: O(n), and unique keys come out in order of first occurrence, which makes
 // the result (and the table's slot assignment that follows) deterministic.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_cpu(const at::Tensor& keys) {
-  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "unique: keys must be int64, got ",
+  DEMB_CHECK_TYPE(keys.scalar_type() == at::kLong, "unique: keys must be int64, got ",
                    keys.scalar_type());
-  TORCH_CHECK_VALUE(keys.dim() == 1, "unique: keys must be 1-D, got ", keys.sizes());
+  DEMB_CHECK_VALUE(keys.dim() == 1, "unique: keys must be 1-D, got ", keys.sizes());
   const auto k = keys.contiguous();
   const int64_t n = k.numel();
   const int64_t* kp = k.data_ptr<int64_t>();

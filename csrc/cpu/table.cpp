@@ -24,6 +24,7 @@
 #include "dynamicemb/bucket_layout.h"
 #include "dynamicemb/hashing.h"
 #include "dynamicemb/score_policy.h"
+#include "dynamicemb/check.h"
 
 namespace dynamicemb {
 namespace {
@@ -48,11 +49,11 @@ int64_t clock_ns() {
 
 void check_cpu_tensor(const Tensor& t, const char* op, const char* name, at::ScalarType dtype,
                       int64_t dim) {
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "dynamicemb.", op, ": ", name,
+  DEMB_CHECK_VALUE(t.device().is_cpu(), "dynamicemb.", op, ": ", name,
                     " must be on cpu like the other arguments, got ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "dynamicemb.", op, ": ", name, " must be ", dtype,
+  DEMB_CHECK_TYPE(t.scalar_type() == dtype, "dynamicemb.", op, ": ", name, " must be ", dtype,
                    ", got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == dim, "dynamicemb.", op, ": ", name, " must be ", dim,
+  DEMB_CHECK_VALUE(t.dim() == dim, "dynamicemb.", op, ": ", name, " must be ", dim,
                     "-D, got shape ", t.sizes());
 }
 
@@ -84,16 +85,16 @@ State check_state(const char* op, const Tensor& table_keys, const Tensor& digest
   check_cpu_tensor(sizes, op, "sizes", at::kLong, 1);
   const int64_t total = table_keys.size(0);
   const int64_t T = bucket_caps.size(0);
-  TORCH_CHECK_VALUE(digests.size(0) == total && scores.size(0) == total && scores.size(1) == 2,
+  DEMB_CHECK_VALUE(digests.size(0) == total && scores.size(0) == total && scores.size(1) == 2,
                     "dynamicemb.", op, ": digests must be (", total, ",) and scores (", total,
                     ", 2) like table_keys, got ", digests.sizes(), " and ", scores.sizes());
-  TORCH_CHECK_VALUE(slot_offsets.size(0) == T + 1 && policies.size(0) == T && sizes.size(0) == T,
+  DEMB_CHECK_VALUE(slot_offsets.size(0) == T + 1 && policies.size(0) == T && sizes.size(0) == T,
                     "dynamicemb.", op, ": slot_offsets must be (T+1,) and policies, sizes (T,) for T=",
                     T, " tables, got ", slot_offsets.sizes(), ", ", policies.sizes(), ", ",
                     sizes.sizes());
   for (const Tensor* t : {&table_keys, &digests, &scores, &slot_offsets, &bucket_caps, &policies,
                           &sizes}) {
-    TORCH_CHECK_VALUE(t->is_contiguous(), "dynamicemb.", op, ": table state must be contiguous");
+    DEMB_CHECK_VALUE(t->is_contiguous(), "dynamicemb.", op, ": table state must be contiguous");
   }
   State s;
   s.keys = table_keys.data_ptr<int64_t>();
@@ -105,16 +106,16 @@ State check_state(const char* op, const Tensor& table_keys, const Tensor& digest
   s.sizes = sizes.data_ptr<int64_t>();
   s.num_tables = T;
   s.total_slots = total;
-  TORCH_CHECK_VALUE(s.offsets[0] == 0 && s.offsets[T] == total, "dynamicemb.", op,
+  DEMB_CHECK_VALUE(s.offsets[0] == 0 && s.offsets[T] == total, "dynamicemb.", op,
                     ": slot_offsets must start at 0 and end at total_slots=", total, ", got ",
                     s.offsets[0], " and ", s.offsets[T]);
   s.bucket_base.assign(T + 1, 0);
   for (int64_t t = 0; t < T; ++t) {
     const TableLayout l = s.layout(t);
-    TORCH_CHECK_VALUE(l.bucket_cap > 0 && l.capacity > 0 && l.capacity % l.bucket_cap == 0,
+    DEMB_CHECK_VALUE(l.bucket_cap > 0 && l.capacity > 0 && l.capacity % l.bucket_cap == 0,
                       "dynamicemb.", op, ": table ", t, " must hold a positive whole number of ",
                       "buckets, got capacity ", l.capacity, " with bucket_caps[t]=", l.bucket_cap);
-    TORCH_CHECK_VALUE(is_valid_policy(s.policies[t]), "dynamicemb.", op, ": policies[", t,
+    DEMB_CHECK_VALUE(is_valid_policy(s.policies[t]), "dynamicemb.", op, ": policies[", t,
                       "] must be a policy code in [0, ", kNumPolicies, "), got ", s.policies[t]);
     s.bucket_base[t + 1] = s.bucket_base[t] + l.num_buckets;
   }
@@ -124,25 +125,25 @@ State check_state(const char* op, const Tensor& table_keys, const Tensor& digest
 void check_keys(const char* op, const Tensor& keys, const Tensor& table_ids, int64_t T) {
   check_cpu_tensor(keys, op, "keys", at::kLong, 1);
   check_cpu_tensor(table_ids, op, "table_ids", at::kLong, 1);
-  TORCH_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
+  DEMB_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
                     ": keys and table_ids must have the same length, got ", keys.size(0), " and ",
                     table_ids.size(0));
   const int64_t* tid = table_ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < table_ids.numel(); ++i) {
-    TORCH_CHECK_INDEX(tid[i] >= 0 && tid[i] < T, "dynamicemb.", op, ": table_ids[", i, "] = ",
+    DEMB_CHECK_INDEX(tid[i] >= 0 && tid[i] < T, "dynamicemb.", op, ": table_ids[", i, "] = ",
                       tid[i], " is not a table id in [0, ", T, ")");
   }
 }
 
 void check_per_table(const char* op, const Tensor& t, const char* name, int64_t T) {
   check_cpu_tensor(t, op, name, at::kLong, 1);
-  TORCH_CHECK_VALUE(t.size(0) == T, "dynamicemb.", op, ": ", name, " must be (", T,
+  DEMB_CHECK_VALUE(t.size(0) == T, "dynamicemb.", op, ": ", name, " must be (", T,
                     ",), one per table, got ", t.sizes());
 }
 
 void check_input_scores(const char* op, const Tensor& s, int64_t n) {
   check_cpu_tensor(s, op, "input_scores", at::kLong, 2);
-  TORCH_CHECK_VALUE(s.size(0) == n && s.size(1) == 2, "dynamicemb.", op,
+  DEMB_CHECK_VALUE(s.size(0) == n && s.size(1) == 2, "dynamicemb.", op,
                     ": input_scores must be (n, 2) = (", n, ", 2), got ", s.sizes());
 }
 
@@ -638,7 +639,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> export_if_cpu(
   State s = check_state("export_if", table_keys, digests, scores, slot_offsets, bucket_caps,
                         policies, sizes);
   check_per_table("export_if", thresholds, "thresholds", s.num_tables);
-  TORCH_CHECK_VALUE(column == 0 || column == 1,
+  DEMB_CHECK_VALUE(column == 0 || column == 1,
                     "dynamicemb.export_if: column must be 0 or 1, got ", column);
   const Tensor thc = thresholds.contiguous();
   const int64_t* th = thc.data_ptr<int64_t>();
@@ -699,7 +700,7 @@ Tensor insert_at_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& 
                         policies, sizes);
   check_keys("insert_at", keys, table_ids, s.num_tables);
   check_cpu_tensor(slots, "insert_at", "slots", at::kLong, 1);
-  TORCH_CHECK_VALUE(slots.size(0) == keys.size(0), "dynamicemb.insert_at: slots must have ",
+  DEMB_CHECK_VALUE(slots.size(0) == keys.size(0), "dynamicemb.insert_at: slots must have ",
                     keys.size(0), " entries like keys, got ", slots.size(0));
   check_input_scores("insert_at", input_scores, keys.size(0));
   const Tensor kc = keys.contiguous(), tc = table_ids.contiguous(), sc = slots.contiguous(),
@@ -738,9 +739,9 @@ Tensor insert_at_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& 
 }
 
 void check_rows_slots(const char* op, const Tensor& values, const Tensor& slots) {
-  TORCH_CHECK_VALUE(values.device().is_cpu(), "dynamicemb.", op,
+  DEMB_CHECK_VALUE(values.device().is_cpu(), "dynamicemb.", op,
                     ": values must be on cpu like slots, got ", values.device());
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,
+  DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,
                     ": values must be a contiguous (capacity, width) tensor, got shape ",
                     values.sizes());
   check_cpu_tensor(slots, op, "slots", at::kLong, 1);
@@ -748,7 +749,7 @@ void check_rows_slots(const char* op, const Tensor& values, const Tensor& slots)
   const int64_t* sl = sc.data_ptr<int64_t>();
   const int64_t cap = values.size(0);
   for (int64_t i = 0; i < sc.numel(); ++i) {
-    TORCH_CHECK_INDEX(sl[i] >= -1 && sl[i] < cap, "dynamicemb.", op, ": slots[", i, "] = ", sl[i],
+    DEMB_CHECK_INDEX(sl[i] >= -1 && sl[i] < cap, "dynamicemb.", op, ": slots[", i, "] = ", sl[i],
                       " is outside [-1, ", cap, ") for values of ", cap, " rows");
   }
 }
@@ -776,10 +777,10 @@ Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots) {
 
 void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& rows) {
   check_rows_slots("scatter_rows", values, slots);
-  TORCH_CHECK_TYPE(rows.scalar_type() == values.scalar_type(),
+  DEMB_CHECK_TYPE(rows.scalar_type() == values.scalar_type(),
                    "dynamicemb.scatter_rows: rows must have the dtype of values (",
                    values.scalar_type(), "), got ", rows.scalar_type());
-  TORCH_CHECK_VALUE(rows.device().is_cpu() && rows.dim() == 2 && rows.size(0) == slots.size(0) &&
+  DEMB_CHECK_VALUE(rows.device().is_cpu() && rows.dim() == 2 && rows.size(0) == slots.size(0) &&
                         rows.size(1) == values.size(1),
                     "dynamicemb.scatter_rows: rows must be (", slots.size(0), ", ", values.size(1),
                     ") on cpu, got ", rows.sizes(), " on ", rows.device());
@@ -806,7 +807,7 @@ void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& r
 
 /** The clock the CPU kernels read for "cur_scores[t] < 0" (clock_ns), as a 0-d int64 tensor. */
 Tensor device_clock_cpu(const Tensor& like) {
-  TORCH_CHECK_VALUE(like.device().is_cpu(), "dynamicemb.device_clock: like must be on cpu, got ",
+  DEMB_CHECK_VALUE(like.device().is_cpu(), "dynamicemb.device_clock: like must be on cpu, got ",
                     like.device());
   return at::scalar_tensor(clock_ns(), like.options().dtype(at::kLong));
 }

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "dynamicemb/bag_checks.h"
+#include "dynamicemb/check.h"
 
 namespace dynamicemb {
 namespace {
@@ -89,16 +90,16 @@ void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto r = report.cpu();
   const int64_t* p = r.data_ptr<int64_t>();
-  TORCH_CHECK_VALUE(!(p[0] & kBadEnds), op, ": offsets must start at 0 and end at n=", n, ", got [",
+  DEMB_CHECK_VALUE(!(p[0] & kBadEnds), op, ": offsets must start at 0 and end at n=", n, ", got [",
                     p[3], ", ...,", p[4], "]");
   if (p[0] & kBadOrder) {
     const auto pair = off.narrow(0, p[2], 2).cpu();
-    TORCH_CHECK_VALUE(false, op, ": offsets must be non-decreasing; offsets[", p[2], "]=",
+    DEMB_CHECK_VALUE(false, op, ": offsets must be non-decreasing; offsets[", p[2], "]=",
                       pair.data_ptr<int64_t>()[0], " > offsets[", p[2] + 1, "]=",
                       pair.data_ptr<int64_t>()[1]);
   }
   if (p[0] & kBadInverse) {
-    TORCH_CHECK_INDEX(false, op, ": inverse[", p[1], "]=", inv.select(0, p[1]).item<int64_t>(),
+    DEMB_CHECK_INDEX(false, op, ": inverse[", p[1], "]=", inv.select(0, p[1]).item<int64_t>(),
                       " out of range [0, ", u, ")");
   }
 }
@@ -107,7 +108,7 @@ at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& in
                               const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                               int64_t mode) {
   check_bags(inverse, offsets, weights, mode, "pooled_gather");
-  TORCH_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
+  DEMB_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
                     embeddings.sizes());
   check_on_device(inverse, embeddings.device(), "inverse", "pooled_gather");
   const at::cuda::CUDAGuard guard(embeddings.device());
@@ -162,10 +163,10 @@ at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& in
                                const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                                int64_t mode, int64_t num_unique, const char* op) {
   check_bags(inverse, offsets, weights, mode, op);
-  TORCH_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
+  DEMB_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
                     ": grad_bags must be (b, D) with b = offsets.numel()-1 = ", offsets.numel() - 1,
                     ", got ", grad_bags.sizes());
-  TORCH_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
+  DEMB_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
   check_on_device(inverse, grad_bags.device(), "inverse", op);
   const at::cuda::CUDAGuard guard(grad_bags.device());
   const auto g = grad_bags.contiguous().to(at::kFloat);
@@ -257,24 +258,24 @@ __global__ void update_kernel(float* __restrict__ values, const int64_t* __restr
 
 int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                           int64_t state_per_dim, int64_t state_fixed, const char* op) {
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat, op,
+  DEMB_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat, op,
                    ": values and grads must be float32, got ", values.scalar_type(), " and ",
                    grads.scalar_type());
-  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
                    slots.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), op,
+  DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), op,
                     ": values must be a contiguous (capacity, row_width) tensor");
-  TORCH_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
+  DEMB_CHECK_VALUE(grads.dim() == 2 && slots.dim() == 1 && grads.size(0) == slots.size(0), op,
                     ": grads must be (n, D) and slots (n,)");
   check_on_device(slots, values.device(), "slots", op);
   check_on_device(grads, values.device(), "grads", op);
   const int64_t D = grads.size(1);
   const int64_t need = D + state_per_dim * D + state_fixed;
-  TORCH_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
+  DEMB_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
                     " is too small for dim ", D, " and its optimizer state (needs ", need, ")");
   if (slots.numel() > 0) {
     const int64_t hi = slots.max().item<int64_t>();
-    TORCH_CHECK_INDEX(hi < values.size(0), op, ": slot ", hi, " out of range [0, ", values.size(0), ")");
+    DEMB_CHECK_INDEX(hi < values.size(0), op, ": slot ", hi, " out of range [0, ", values.size(0), ")");
   }
   return D;
 }
@@ -305,7 +306,7 @@ void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tens
 void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
                             const at::Tensor& inverse, const at::Tensor& offsets,
                             const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
-  TORCH_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ", slots.sizes());
+  DEMB_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ", slots.sizes());
   const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, slots.numel(),
                                          "sgd_reduce_update");
   sgd_update_cuda(values, slots, grads, lr);
@@ -323,7 +324,7 @@ void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::
 void rowwise_adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                                  double lr, double eps, double weight_decay, int64_t weight_decay_mode) {
   check_update_cuda(values, slots, grads, 0, 1, "rowwise_adagrad_update");
-  TORCH_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
+  DEMB_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
                     "rowwise_adagrad_update: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 "
                     "(DECOUPLE), got ", weight_decay_mode);
   UpdateParams p{};
@@ -337,7 +338,7 @@ void rowwise_adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, co
 void adam_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads, double lr,
                       double eps, double beta1, double beta2, double weight_decay, int64_t step) {
   check_update_cuda(values, slots, grads, 2, 0, "adam_update");
-  TORCH_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
+  DEMB_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
   UpdateParams p{};
   p.lr = float(lr);
   p.eps = float(eps);
@@ -353,9 +354,9 @@ void adam_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Ten
 // deterministic too; the CPU kernel returns first-occurrence order (both are valid orders: the op
 // promises unique keys, the inverse and the counts, not an order).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> unique_cuda(const at::Tensor& keys) {
-  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "unique: keys must be int64, got ",
+  DEMB_CHECK_TYPE(keys.scalar_type() == at::kLong, "unique: keys must be int64, got ",
                    keys.scalar_type());
-  TORCH_CHECK_VALUE(keys.dim() == 1, "unique: keys must be 1-D, got ", keys.sizes());
+  DEMB_CHECK_VALUE(keys.dim() == 1, "unique: keys must be 1-D, got ", keys.sizes());
   const at::cuda::CUDAGuard guard(keys.device());
   return at::_unique2(keys, /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/true);
 }

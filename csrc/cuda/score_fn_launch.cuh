@@ -30,7 +30,7 @@ inline PFN_cuLaunchKernel_v4000 driver_launch_kernel() {
     cudaDriverEntryPointQueryResult status;
     C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuLaunchKernel", &p, 12000, cudaEnableDefault,
                                                     &status));
-    TORCH_CHECK(status == cudaDriverEntryPointSuccess && p != nullptr,
+    DEMB_CHECK(status == cudaDriverEntryPointSuccess && p != nullptr,
                 "dynamicemb (CUDA): cuLaunchKernel not found in the CUDA driver; the compound "
                 "score_function needs a CUDA 12+ driver");
     return reinterpret_cast<PFN_cuLaunchKernel_v4000>(p);
@@ -64,7 +64,7 @@ inline at::Tensor compute_fn_ranks(const at::Tensor& score_fns_host, const at::T
     const CUresult r = driver_launch_kernel()(
         reinterpret_cast<CUfunction>(handles[t]), grid, 1, 1, kBlockThreads, 1, 1, 0,
         reinterpret_cast<CUstream>(stream), args, nullptr);
-    TORCH_CHECK(r == CUDA_SUCCESS, "dynamicemb (CUDA): launching the score_function of table ", t,
+    DEMB_CHECK(r == CUDA_SUCCESS, "dynamicemb (CUDA): launching the score_function of table ", t,
                 " failed with CUresult ", static_cast<int>(r),
                 "; was it compiled for this device (score_function_cuda.py)?");
   }

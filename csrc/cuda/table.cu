@@ -47,7 +47,7 @@ StateView check_state(const char* op, const Tensor& table_keys, const Tensor& di
                       const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
                       const Tensor& policies, const Tensor& sizes) {
   const at::Device dev = table_keys.device();
-  TORCH_CHECK_VALUE(dev.is_cuda(), "dynamicemb.", op, " (CUDA): table_keys must be on a CUDA device");
+  DEMB_CHECK_VALUE(dev.is_cuda(), "dynamicemb.", op, " (CUDA): table_keys must be on a CUDA device");
   check_state_tensor(table_keys, "table_keys", at::kLong, dev);
   check_state_tensor(digests, "digests", at::kByte, dev);
   check_state_tensor(scores, "scores", at::kLong, dev);
@@ -57,12 +57,12 @@ StateView check_state(const char* op, const Tensor& table_keys, const Tensor& di
   check_state_tensor(sizes, "sizes", at::kLong, dev);
   const int64_t total = table_keys.size(0);
   const int64_t T = bucket_caps.numel();
-  TORCH_CHECK_VALUE(table_keys.dim() == 1 && digests.dim() == 1 && digests.size(0) == total &&
+  DEMB_CHECK_VALUE(table_keys.dim() == 1 && digests.dim() == 1 && digests.size(0) == total &&
                         scores.dim() == 2 && scores.size(0) == total && scores.size(1) == 2,
                     "dynamicemb.", op, " (CUDA): table_keys and digests must be (", total,
                     ",) and scores (", total, ", 2), got ", table_keys.sizes(), ", ",
                     digests.sizes(), ", ", scores.sizes());
-  TORCH_CHECK_VALUE(slot_offsets.numel() == T + 1 && policies.numel() == T && sizes.numel() == T,
+  DEMB_CHECK_VALUE(slot_offsets.numel() == T + 1 && policies.numel() == T && sizes.numel() == T,
                     "dynamicemb.", op, " (CUDA): slot_offsets must be (T+1,) and policies, sizes (T,)"
                     " for T=", T, " tables, got ", slot_offsets.sizes(), ", ", policies.sizes(),
                     ", ", sizes.sizes());
@@ -77,13 +77,13 @@ std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys, const T
                                      const at::Device& dev) {
   for (auto [x, name] : {std::pair<const Tensor*, const char*>{&keys, "keys"},
                          {&table_ids, "table_ids"}}) {
-    TORCH_CHECK_TYPE(x->scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
+    DEMB_CHECK_TYPE(x->scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
                      " must be int64, got ", x->scalar_type());
-    TORCH_CHECK_VALUE(x->device() == dev && x->dim() == 1, "dynamicemb.", op, " (CUDA): ", name,
+    DEMB_CHECK_VALUE(x->device() == dev && x->dim() == 1, "dynamicemb.", op, " (CUDA): ", name,
                       " must be 1-D on ", dev, " like the table, got shape ", x->sizes(), " on ",
                       x->device());
   }
-  TORCH_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
+  DEMB_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
                     " (CUDA): keys and table_ids must have the same length, got ", keys.size(0),
                     " and ", table_ids.size(0));
   return {keys.contiguous(), table_ids.contiguous()};
@@ -91,18 +91,18 @@ std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys, const T
 
 Tensor check_per_table(const char* op, const Tensor& x, const char* name, int64_t T,
                        const at::Device& dev) {
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
+  DEMB_CHECK_TYPE(x.scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
                    " must be int64, got ", x.scalar_type());
-  TORCH_CHECK_VALUE(x.device() == dev && x.dim() == 1 && x.size(0) == T, "dynamicemb.", op,
+  DEMB_CHECK_VALUE(x.device() == dev && x.dim() == 1 && x.size(0) == T, "dynamicemb.", op,
                     " (CUDA): ", name, " must be (", T, ",) on ", dev, ", one per table, got ",
                     x.sizes(), " on ", x.device());
   return x.contiguous();
 }
 
 Tensor check_input_scores(const char* op, const Tensor& s, int64_t n, const at::Device& dev) {
-  TORCH_CHECK_TYPE(s.scalar_type() == at::kLong, "dynamicemb.", op,
+  DEMB_CHECK_TYPE(s.scalar_type() == at::kLong, "dynamicemb.", op,
                    " (CUDA): input_scores must be int64, got ", s.scalar_type());
-  TORCH_CHECK_VALUE(s.device() == dev && s.dim() == 2 && s.size(0) == n && s.size(1) == 2,
+  DEMB_CHECK_VALUE(s.device() == dev && s.dim() == 2 && s.size(0) == n && s.size(1) == 2,
                     "dynamicemb.", op, " (CUDA): input_scores must be (", n, ", 2) on ", dev,
                     ", got ", s.sizes(), " on ", s.device());
   return s.contiguous();
@@ -147,7 +147,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   const c10::cuda::CUDAGuard guard(dev);
   auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev);
   const Tensor cur_scores = check_per_table(op, cur_scores_in, "cur_scores", s.num_tables, dev);
-  TORCH_CHECK_TYPE(score_fns.scalar_type() == at::kLong && score_fns.dim() == 1 &&
+  DEMB_CHECK_TYPE(score_fns.scalar_type() == at::kLong && score_fns.dim() == 1 &&
                        score_fns.size(0) == s.num_tables,
                    "dynamicemb.", op, " (CUDA): score_fns must be (", s.num_tables,
                    ",) int64 kernel handles, got ", score_fns.sizes(), " ", score_fns.scalar_type());
@@ -298,7 +298,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> export_if_cuda(
   const c10::cuda::CUDAGuard guard(dev);
   const Tensor thresholds =
       check_per_table("export_if", thresholds_in, "thresholds", s.num_tables, dev);
-  TORCH_CHECK_VALUE(column == 0 || column == 1,
+  DEMB_CHECK_VALUE(column == 0 || column == 1,
                     "dynamicemb.export_if (CUDA): column must be 0 or 1, got ", column);
   ExportParams p{};
   p.table_keys = s.table_keys;
@@ -323,9 +323,9 @@ Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const T
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
   auto [keys, table_ids] = check_keys("insert_at", keys_in, table_ids_in, dev);
-  TORCH_CHECK_TYPE(slots_in.scalar_type() == at::kLong, "dynamicemb.insert_at (CUDA): slots must "
+  DEMB_CHECK_TYPE(slots_in.scalar_type() == at::kLong, "dynamicemb.insert_at (CUDA): slots must "
                    "be int64, got ", slots_in.scalar_type());
-  TORCH_CHECK_VALUE(slots_in.device() == dev && slots_in.dim() == 1 &&
+  DEMB_CHECK_VALUE(slots_in.device() == dev && slots_in.dim() == 1 &&
                         slots_in.size(0) == keys.size(0),
                     "dynamicemb.insert_at (CUDA): slots must be (", keys.size(0), ",) on ", dev,
                     " like keys, got ", slots_in.sizes(), " on ", slots_in.device());
@@ -346,12 +346,12 @@ Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const T
 }
 
 void check_rows(const char* op, const Tensor& values, const Tensor& slots) {
-  TORCH_CHECK_VALUE(values.is_cuda() && values.dim() == 2 && values.is_contiguous(), "dynamicemb.",
+  DEMB_CHECK_VALUE(values.is_cuda() && values.dim() == 2 && values.is_contiguous(), "dynamicemb.",
                     op, " (CUDA): values must be a contiguous (capacity, width) CUDA tensor, got ",
                     values.sizes(), " on ", values.device());
-  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "dynamicemb.", op,
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, "dynamicemb.", op,
                    " (CUDA): slots must be int64, got ", slots.scalar_type());
-  TORCH_CHECK_VALUE(slots.device() == values.device() && slots.dim() == 1, "dynamicemb.", op,
+  DEMB_CHECK_VALUE(slots.device() == values.device() && slots.dim() == 1, "dynamicemb.", op,
                     " (CUDA): slots must be 1-D on ", values.device(), ", got ", slots.sizes(),
                     " on ", slots.device());
 }
@@ -367,10 +367,10 @@ Tensor gather_rows_cuda(const Tensor& values, const Tensor& slots_in) {
 
 void scatter_rows_cuda(const Tensor& values, const Tensor& slots_in, const Tensor& rows_in) {
   check_rows("scatter_rows", values, slots_in);
-  TORCH_CHECK_TYPE(rows_in.scalar_type() == values.scalar_type(),
+  DEMB_CHECK_TYPE(rows_in.scalar_type() == values.scalar_type(),
                    "dynamicemb.scatter_rows (CUDA): rows must have the dtype of values (",
                    values.scalar_type(), "), got ", rows_in.scalar_type());
-  TORCH_CHECK_VALUE(rows_in.device() == values.device() && rows_in.dim() == 2 &&
+  DEMB_CHECK_VALUE(rows_in.device() == values.device() && rows_in.dim() == 2 &&
                         rows_in.size(0) == slots_in.size(0) && rows_in.size(1) == values.size(1),
                     "dynamicemb.scatter_rows (CUDA): rows must be (", slots_in.size(0), ", ",
                     values.size(1), ") on ", values.device(), ", got ", rows_in.sizes(), " on ",
@@ -387,7 +387,7 @@ __global__ void device_clock_kernel(int64_t* __restrict__ out) {
 }
 
 Tensor device_clock_cuda(const Tensor& like) {
-  TORCH_CHECK_VALUE(like.is_cuda(), "dynamicemb.device_clock (CUDA): like must be on a CUDA "
+  DEMB_CHECK_VALUE(like.is_cuda(), "dynamicemb.device_clock (CUDA): like must be on a CUDA "
                     "device, got ", like.device());
   const c10::cuda::CUDAGuard guard(like.device());
   Tensor out = at::empty({}, like.options().dtype(at::kLong));

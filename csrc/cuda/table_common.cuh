@@ -20,6 +20,7 @@
 #include "dynamicemb/bucket_layout.h"
 #include "dynamicemb/hashing.h"
 #include "dynamicemb/score_policy.h"
+#include "dynamicemb/check.h"
 
 namespace dynamicemb {
 namespace cuda_table {
@@ -193,11 +194,11 @@ __device__ __forceinline__ bool is_protected(const uint32_t* bits, int64_t g) {
 /** @brief Checks shared by every table op: dtype, device and contiguity of one state tensor. */
 inline void check_state_tensor(const at::Tensor& x, const char* name, at::ScalarType dtype,
                                const at::Device& device) {
-  TORCH_CHECK_TYPE(x.scalar_type() == dtype, "dynamicemb table (CUDA): ", name, " must be ",
+  DEMB_CHECK_TYPE(x.scalar_type() == dtype, "dynamicemb table (CUDA): ", name, " must be ",
                    dtype, ", got ", x.scalar_type());
-  TORCH_CHECK_VALUE(x.device() == device, "dynamicemb table (CUDA): ", name, " must be on ",
+  DEMB_CHECK_VALUE(x.device() == device, "dynamicemb table (CUDA): ", name, " must be on ",
                     device, " like the table, got ", x.device());
-  TORCH_CHECK_VALUE(x.is_contiguous(), "dynamicemb table (CUDA): ", name,
+  DEMB_CHECK_VALUE(x.is_contiguous(), "dynamicemb table (CUDA): ", name,
                     " must be contiguous (call .contiguous() first)");
 }
 

@@ -107,7 +107,7 @@ inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, con
   const int64_t n = slots.numel();
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (n == 0 || row_bytes == 0) return;
-  TORCH_CHECK_VALUE(n <= INT32_MAX, "dynamicemb scatter_rows (CUDA): at most 2^31-1 rows per call");
+  DEMB_CHECK_VALUE(n <= INT32_MAX, "dynamicemb scatter_rows (CUDA): at most 2^31-1 rows per call");
   const auto dev = slots.options();
   at::Tensor pos = at::arange(n, dev.dtype(at::kInt));
   at::Tensor sorted_slots = at::empty({n}, dev.dtype(at::kLong));

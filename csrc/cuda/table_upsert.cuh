@@ -464,7 +464,7 @@ void launch_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorO
 inline void select_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorOptions& dev,
                           cudaStream_t stream) {
   if (p.n == 0) return;
-  TORCH_CHECK_VALUE(p.n <= INT32_MAX, "dynamicemb table (CUDA): at most 2^31-1 keys per call, got ",
+  DEMB_CHECK_VALUE(p.n <= INT32_MAX, "dynamicemb table (CUDA): at most 2^31-1 keys per call, got ",
                     p.n, "; split the call");
   if (total_slots < (int64_t{1} << 31)) {
     launch_upsert<uint32_t>(p, total_slots, dev, stream);

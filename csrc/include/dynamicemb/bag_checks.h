@@ -13,6 +13,8 @@
 
 #include <optional>
 
+#include "dynamicemb/check.h"
+
 namespace dynamicemb {
 
 constexpr int64_t kPoolSum = 0;
@@ -22,27 +24,27 @@ constexpr int64_t kPoolMean = 1;
 /// memory, which the dispatcher would allow when one argument is a CUDA tensor and another is not.
 inline void check_on_device(const at::Tensor& t, const at::Device& device, const char* name,
                             const char* op) {
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, " must be on ", device, ", got ",
+  DEMB_CHECK_VALUE(t.device() == device, op, ": ", name, " must be on ", device, ", got ",
                     t.device());
 }
 
 inline void check_bags(const at::Tensor& inverse, const at::Tensor& offsets,
                        const std::optional<at::Tensor>& weights, int64_t mode, const char* op) {
-  TORCH_CHECK_TYPE(inverse.scalar_type() == at::kLong, op, ": inverse must be int64, got ",
+  DEMB_CHECK_TYPE(inverse.scalar_type() == at::kLong, op, ": inverse must be int64, got ",
                    inverse.scalar_type());
-  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, op, ": offsets must be int64, got ",
+  DEMB_CHECK_TYPE(offsets.scalar_type() == at::kLong, op, ": offsets must be int64, got ",
                    offsets.scalar_type());
-  TORCH_CHECK_VALUE(inverse.dim() == 1 && offsets.dim() == 1, op,
+  DEMB_CHECK_VALUE(inverse.dim() == 1 && offsets.dim() == 1, op,
                     ": inverse and offsets must be 1-D, got ", inverse.sizes(), " and ",
                     offsets.sizes());
-  TORCH_CHECK_VALUE(offsets.numel() >= 1, op, ": offsets needs at least one element (b+1)");
+  DEMB_CHECK_VALUE(offsets.numel() >= 1, op, ": offsets needs at least one element (b+1)");
   check_on_device(offsets, inverse.device(), "offsets", op);
-  TORCH_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op,
+  DEMB_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op,
                     ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
   if (weights.has_value()) {
-    TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == inverse.numel(), op,
+    DEMB_CHECK_VALUE(weights->dim() == 1 && weights->numel() == inverse.numel(), op,
                       ": weights must be (n,) = (", inverse.numel(), ",), got ", weights->sizes());
-    TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat, op, ": weights must be float32, got ",
+    DEMB_CHECK_TYPE(weights->scalar_type() == at::kFloat, op, ": weights must be float32, got ",
                      weights->scalar_type());
     check_on_device(*weights, inverse.device(), "weights", op);
   }
