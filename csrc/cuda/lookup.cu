@@ -132,7 +132,14 @@ at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& in
   return out;
 }
 
-// ---- reduce_grads: one warp per unique key, positions in input order (deterministic) ----
+// ---- reduce_grads: deterministic two-pass segmented sum over the key-sorted positions ----
+// Under a power law one key can own thousands of positions, so one warp per key is a serial chain
+// as long as the hottest key (it was 3.5 ms per table at 1M ids a batch). Each key's positions (in
+// input order, from a stable sort) are cut into chunks of kChunk; pass 1 sums each chunk with one
+// warp, pass 2 sums a key's chunk partials in chunk order. The order of additions is fixed by the
+// input, so results are deterministic (not bit-equal to the CPU kernel's single running sum).
+constexpr int64_t kChunk = 64;
+
 __global__ void bag_of_kernel(const int64_t* __restrict__ offsets, int64_t num_bags,
                               int64_t* __restrict__ bag_of) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -140,21 +147,48 @@ __global__ void bag_of_kernel(const int64_t* __restrict__ offsets, int64_t num_b
   for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
 }
 
-__global__ void reduce_grads_kernel(const float* __restrict__ grad_bags, const int64_t* __restrict__ perm,
-                                    const int64_t* __restrict__ starts, const int64_t* __restrict__ bag_of,
-                                    const int64_t* __restrict__ offsets, const float* __restrict__ weights,
-                                    int64_t num_unique, int64_t D, int64_t mode, float* __restrict__ out) {
-  const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
-  if (k >= num_unique) return;
+// The key owning chunk c: the last k with chunk_start[k] <= c (chunk_start is non-decreasing).
+__device__ inline int64_t key_of_chunk(const int64_t* chunk_start, int64_t num_unique, int64_t c) {
+  int64_t lo = 0, hi = num_unique;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (chunk_start[mid] <= c) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+__global__ void chunk_sums_kernel(const float* __restrict__ grad_bags, const int64_t* __restrict__ perm,
+                                  const int64_t* __restrict__ starts,
+                                  const int64_t* __restrict__ chunk_start, const int64_t* __restrict__ bag_of,
+                                  const int64_t* __restrict__ offsets, const float* __restrict__ weights,
+                                  int64_t num_unique, int64_t max_chunks, int64_t D, int64_t mode,
+                                  float* __restrict__ partial) {
+  const int64_t c = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (c >= max_chunks || c >= chunk_start[num_unique]) return;
+  const int64_t k = key_of_chunk(chunk_start, num_unique, c);
+  const int64_t lo = starts[k] + (c - chunk_start[k]) * kChunk;
+  const int64_t hi = min(starts[k + 1], lo + kChunk);
   for (int64_t d = threadIdx.x; d < D; d += kWarp) {
     float acc = 0.0f;
-    for (int64_t j = starts[k]; j < starts[k + 1]; ++j) {
+#pragma unroll 4
+    for (int64_t j = lo; j < hi; ++j) {
       const int64_t i = perm[j];
       const int64_t b = bag_of[i];
       float scale = weights ? weights[i] : 1.0f;
       if (mode == kPoolMean) scale /= float(offsets[b + 1] - offsets[b]);
       acc += scale * grad_bags[b * D + d];
     }
+    partial[c * D + d] = acc;
+  }
+}
+
+__global__ void key_sums_kernel(const float* __restrict__ partial, const int64_t* __restrict__ chunk_start,
+                                int64_t num_unique, int64_t D, float* __restrict__ out) {
+  const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (k >= num_unique) return;
+  for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+    float acc = 0.0f;
+    for (int64_t c = chunk_start[k]; c < chunk_start[k + 1]; ++c) acc += partial[c * D + d];
     out[k * D + d] = acc;
   }
 }
@@ -175,24 +209,34 @@ at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& in
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
   validate_bags_cuda(inv, off, num_unique, op);
   const int64_t n = inv.numel(), num_bags = off.numel() - 1, D = g.size(1);
-  auto out = at::zeros({num_unique, D}, g.options());
-  if (n == 0 || num_unique == 0 || D == 0) return out;
+  auto out = at::empty({num_unique, D}, g.options());  // every row is written
+  if (n == 0 || num_unique == 0 || D == 0) return out.zero_();
   auto stream = at::cuda::getCurrentCUDAStream();
-  // Stable sort keeps each key's positions in input order, so the sum order is fixed.
+  // Stable sort keeps each key's positions in input order, so the sum order is fixed; the start
+  // of each key's run comes from a search in the sorted keys (bincount would sync for its max).
   const auto sorted = at::sort(inv, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const auto& sorted_keys = std::get<0>(sorted);
   const auto perm = std::get<1>(sorted).contiguous();
-  const auto counts = at::bincount(inv, {}, num_unique);
-  auto starts = at::zeros({num_unique + 1}, inv.options());
-  starts.narrow(0, 1, num_unique).copy_(at::cumsum(counts, 0));
+  const auto starts = at::searchsorted(sorted_keys, at::arange(num_unique + 1, inv.options()));
+  const auto counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
+  auto chunk_start = at::zeros({num_unique + 1}, inv.options());
+  chunk_start.narrow(0, 1, num_unique).copy_(at::cumsum(at::floor_divide(counts + (kChunk - 1), kChunk), 0));
+  // Upper bound on the chunk count without reading it back: sum ceil(c/C) <= n/C + u.
+  const int64_t max_chunks = n / kChunk + num_unique;
+  auto partial = at::empty({max_chunks, D}, g.options());
   auto bag_of = at::empty({n}, inv.options());
   const int threads = 256;
   bag_of_kernel<<<(num_bags + threads - 1) / threads, threads, 0, stream>>>(
       off.data_ptr<int64_t>(), num_bags, bag_of.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  reduce_grads_kernel<<<blocks_for(num_unique), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+  chunk_sums_kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
       g.data_ptr<float>(), perm.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
-      bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(), w.defined() ? w.data_ptr<float>() : nullptr,
-      num_unique, D, mode, out.data_ptr<float>());
+      chunk_start.data_ptr<int64_t>(), bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
+      w.defined() ? w.data_ptr<float>() : nullptr, num_unique, max_chunks, D, mode,
+      partial.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  key_sums_kernel<<<blocks_for(num_unique), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+      partial.data_ptr<float>(), chunk_start.data_ptr<int64_t>(), num_unique, D, out.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

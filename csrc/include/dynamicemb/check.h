@@ -3,22 +3,67 @@
  * @brief Input checks that raise torch's typed errors (ValueError, TypeError, IndexError) with no
  *        C++ backtrace attached.
  *
- * Why not TORCH_CHECK: its error constructor (the SourceLocation one) captures a C++ backtrace at
- * the throw. On the GPU machine (torch 2.11.0+cu130, this extension built by g++ 13.3) every failed
- * TORCH_CHECK raised from this library's frames, in a CPU or a CUDA kernel alike, killed the
- * process with a segfault, while a std::runtime_error thrown from the same place was caught. The
- * base constructor takes the backtrace as an argument: passing none skips the capture. The Python
- * error type and message are the same as TORCH_CHECK's.
+ * Why not TORCH_CHECK: on the GPU machine (torch 2.11.0+cu130, this extension built there by
+ * g++ 13.3), every failed TORCH_CHECK raised from this library, in a CPU or a CUDA kernel alike,
+ * killed the process with a segfault; a std::runtime_error thrown from the same place was caught.
+ * What the two differ in is c10::str, which formats through an inline std::ostringstream, and the
+ * captured C++ backtrace. Here the message is built by plain string appends and no backtrace is
+ * taken. The Python error type and message are TORCH_CHECK's.
  */
 #pragma once
 
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
-#include <c10/util/StringUtil.h>
+
+#include <string>
+#include <type_traits>
+
+namespace dynamicemb {
+namespace check_detail {
+
+inline void append(std::string& s, const char* v) { s += v; }
+inline void append(std::string& s, const std::string& v) { s += v; }
+inline void append(std::string& s, char v) { s += v; }
+inline void append(std::string& s, bool v) { s += v ? "true" : "false"; }
+inline void append(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
+inline void append(std::string& s, const c10::Device& v) { s += v.str(); }
+inline void append(std::string& s, c10::IntArrayRef v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  s += ']';
+}
+template <typename T, std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool> &&
+                                           !std::is_same_v<T, char>,
+                                       int> = 0>
+inline void append(std::string& s, T v) {
+  s += std::to_string(v);
+}
+
+template <typename T, std::enable_if_t<std::is_enum_v<T>, int> = 0>
+inline void append(std::string& s, T v) {
+  s += std::to_string(static_cast<long long>(v));
+}
+
+/// The message of a failed check: its parts appended in order.
+template <typename... Args>
+std::string message(const Args&... args) {
+  std::string s;
+  (append(s, args), ...);
+  return s;
+}
+
+}  // namespace check_detail
+}  // namespace dynamicemb
 
 #define DEMB_CHECK_WITH(error_t, cond, ...)                             \
   do {                                                                  \
     if (C10_UNLIKELY(!(cond))) {                                        \
-      throw ::c10::error_t(::c10::str(__VA_ARGS__), /*backtrace=*/nullptr); \
+      throw ::c10::error_t(::dynamicemb::check_detail::message(__VA_ARGS__), nullptr); \
     }                                                                   \
   } while (0)
 
