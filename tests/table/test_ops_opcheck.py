@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
+from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.ops import ensure_loaded
 from dynamicemb_core.ops.table_ops import TableState
 
@@ -136,7 +137,7 @@ def test_device_clock_is_the_kernels_clock_and_traces(device: torch.device) -> N
     middle = stamp(1002)
     compiled = traced(s.sizes)
     last = stamp(1004)
-    assert eager.shape == () and eager.dtype == torch.int64 and eager.device == device
+    assert eager.shape == () and eager.dtype == torch.int64 and eager.device == normalize_device(device)
     assert 0 < first <= int(eager) <= middle <= int(compiled) <= last
 
 
