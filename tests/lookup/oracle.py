@@ -62,7 +62,16 @@ def read_weights(module, t: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return rows[:, :dim].cpu(), rows[:, dim:].cpu()
 
 
-def fbgemm_peer(dims, feature_table_map, pooling: DynamicEmbPoolingMode, optimizer, **kw):
+def fbgemm_peer(
+    dims,
+    feature_table_map,
+    pooling: DynamicEmbPoolingMode,
+    optimizer,
+    device: Optional[torch.device] = None,
+    **kw,
+):
+    """FBGEMM's TBE over ``dims`` tables of NUM_IDS rows: CPU by default, CUDA (FBGEMM's CUDA build,
+    the only one that offers ADAM) when ``device`` is a CUDA device."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -71,11 +80,18 @@ def fbgemm_peer(dims, feature_table_map, pooling: DynamicEmbPoolingMode, optimiz
     )
 
     mode = {0: PoolingMode.SUM, 1: PoolingMode.MEAN, 2: PoolingMode.NONE}[int(pooling)]
+    on_cuda = device is not None and device.type == "cuda"
+    where = (
+        (EmbeddingLocation.DEVICE, ComputeDevice.CUDA)
+        if on_cuda
+        else (EmbeddingLocation.HOST, ComputeDevice.CPU)
+    )
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(NUM_IDS, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for d in dims],
+        [(NUM_IDS, d, *where) for d in dims],
         feature_table_map=feature_table_map,
         optimizer=optimizer,
         pooling_mode=mode,
+        **({"device": device} if on_cuda else {}),
         **kw,
     )
     # TBE's CPU tables start at zero; random rows make every step's arithmetic matter.

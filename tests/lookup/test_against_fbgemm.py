@@ -3,7 +3,8 @@
 Every pooling mode x optimizer, mixed dims for pooled modes, repeated ids, empty bags and an empty
 batch. EXACT_* optimizers are checked against FBGEMM's CPU TBE (what TorchRec's fused
 EmbeddingBagCollection / EmbeddingCollection run); ADAM against torch's SparseAdam on sparse
-embeddings (row-sparse Adam: only rows in the batch move; bias correction by the global step).
+embeddings (row-sparse Adam: only rows in the batch move; bias correction by the global step), and
+on the GPU machine against FBGEMM's CUDA TBE, whose build offers ADAM.
 
 Row-wise Adagrad's weight decay (L2 / DECOUPLE) is not checked here: FBGEMM 1.8's CPU kernel ignores
 weight_decay_mode (L2, DECOUPLE and NONE give identical rows there), so the formula FBGEMM's CUDA
@@ -112,6 +113,31 @@ def test_adam_matches_row_sparse_adam(device, pooling):
     _train_both(ours, peer, step, pooling, device, tol=1e-4)
     for t, w in enumerate(peer.weights()):
         torch.testing.assert_close(oracle.read_weights(ours, t)[0], w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+def test_adam_matches_fbgemm_cuda_tbe(pooling):
+    """ADAM on CUDA against FBGEMM's own CUDA TBE (its CPU build refuses ADAM): outputs every step,
+    then rows and both moments (our row layout: embedding | m | v)."""
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    dims = _dims(pooling)
+    hp = dict(learning_rate=0.05, eps=1e-8, beta1=0.9, beta2=0.999)
+    tbe = oracle.fbgemm_peer(dims, FEATURE_TABLE_MAP, pooling, EmbOptimType.ADAM, device=cuda, **hp)
+    ours = _ours(dims, pooling, EmbOptimType.ADAM, cuda, **hp)
+    oracle.mirror_weights(ours, [w.detach().cpu() for w in tbe.split_embedding_weights()])
+
+    def peer(indices, offsets):
+        return tbe(indices.to(cuda), offsets.to(cuda)).cpu()
+
+    _train_both(ours, peer, lambda: None, pooling, cuda, tol=1e-5)
+    states = tbe.split_optimizer_states()
+    for t, (w, dim) in enumerate(zip(tbe.split_embedding_weights(), dims)):
+        emb, state = oracle.read_weights(ours, t)
+        torch.testing.assert_close(emb, w.detach().cpu(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state[:, :dim], states[t][0].cpu(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(state[:, dim:], states[t][1].cpu(), rtol=1e-5, atol=1e-5)
 
 
 def test_learning_rate_change_between_steps_matches_fbgemm(device):
