@@ -15,10 +15,14 @@ import pytest
 import torch
 from dist_harness import run_workers
 from test_mixed_model import _all as mixed_all
-from test_sharded_oracle import DIST_TYPES, HYPER, OPTIMIZERS, STEPS, _configs
-
-from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
-from dynamicemb_core.planner import DynamicEmbParameterConstraints
+from test_sharded_oracle import (
+    DIST_TYPES,
+    HYPER,
+    OPTIMIZERS,
+    STEPS,
+    _configs,
+    dynamic_constraints,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,15 +36,7 @@ def _cuda_cases(rank: int, world: int, pooled: bool) -> None:
     device = torch.device("cuda", rank)
     for dist_type, optimizer in itertools.product(DIST_TYPES, OPTIMIZERS):
         configs = _configs(pooled)
-        constraints = {
-            c.name: DynamicEmbParameterConstraints(
-                use_dynamicemb=True,
-                dynamicemb_options=DynamicEmbTableOptions(
-                    dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY
-                ),
-            )
-            for c in configs
-        }
+        constraints = dynamic_constraints(configs, dist_type)
         try:
             model = train_against_twin(
                 rank, world, pooled, configs, constraints, optimizer, HYPER, STEPS, device=device

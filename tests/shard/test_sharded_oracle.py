@@ -49,9 +49,9 @@ def _configs(pooled: bool) -> List:
     ]
 
 
-def _one_case(rank: int, world: int, pooled: bool, dist_type: str, optimizer: str) -> None:
-    configs = _configs(pooled)
-    constraints = {
+def dynamic_constraints(configs: List, dist_type: str) -> dict:
+    """Every table dynamic, one bucket per rank (ample: nothing is evicted)."""
+    return {
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
             dynamicemb_options=DynamicEmbTableOptions(
@@ -60,6 +60,11 @@ def _one_case(rank: int, world: int, pooled: bool, dist_type: str, optimizer: st
         )
         for c in configs
     }
+
+
+def _one_case(rank: int, world: int, pooled: bool, dist_type: str, optimizer: str) -> None:
+    configs = _configs(pooled)
+    constraints = dynamic_constraints(configs, dist_type)
     train_against_twin(rank, world, pooled, configs, constraints, optimizer, HYPER, STEPS)
 
 
@@ -93,14 +98,7 @@ def _any_int64_keys(rank: int, world: int) -> None:
         configs = [
             EmbeddingBagConfig(name="t", embedding_dim=4, num_embeddings=64, feature_names=["f"])
         ]
-        constraints = {
-            "t": DynamicEmbParameterConstraints(
-                use_dynamicemb=True,
-                dynamicemb_options=DynamicEmbTableOptions(
-                    dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY
-                ),
-            )
-        }
+        constraints = dynamic_constraints(configs, dist_type)
         model = shard_model(
             True, configs, constraints, {"optimizer": EmbOptimType.EXACT_SGD}, world
         )
@@ -120,15 +118,7 @@ def _long_case(rank: int, world: int, pooled: bool) -> None:
     for dist_type in DIST_TYPES:
         for optimizer in OPTIMIZERS:
             configs = _configs(pooled)
-            constraints = {
-                c.name: DynamicEmbParameterConstraints(
-                    use_dynamicemb=True,
-                    dynamicemb_options=DynamicEmbTableOptions(
-                        dist_type=dist_type, bucket_capacity=MAX_BUCKET_CAPACITY
-                    ),
-                )
-                for c in configs
-            }
+            constraints = dynamic_constraints(configs, dist_type)
             train_against_twin(
                 rank,
                 world,
