@@ -3,8 +3,14 @@
 The lookup itself (dedup, table access, initialization) runs before this function, without
 autograd. The function receives each table's unique embeddings and the mapping of indices to them;
 its backward reduces the output gradient to one row per unique key and hands it to the table's
-storage, which applies the fused optimizer in place. No dense weight tensor exists, so the function
-returns no gradient for any input: the dummy input only makes autograd call the backward.
+storage, which applies the fused optimizer in place. No dense weight tensor exists, so the
+embeddings get no gradient: the dummy input only makes autograd call the backward.
+
+The one input that does get a gradient is ``per_sample_weights`` (SUM pooling), passed only when
+it requires grad. A pooled row is ``sum_i w_i * row(i)``, so ``d out[bag(i)] / d w_i = row(i)`` and
+``grad_w[i] = <row(i), grad_bag(bag(i))>``. The rows are the ones the forward read: the forward keeps
+one copy per unique key (the backward's optimizer step changes the table in place, and the table may
+grow before the backward runs), and only when the weights want a gradient.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class TableLookup:
         apply_bag_grads: ``apply_bag_grads(part, grad_bags (b, D), mode)`` reduces the bag
             gradients and updates the table in one fused op; returns False when it cannot (then
             ``apply_grads`` runs). None: always the two-step path.
+        weight_rows: (u, D) float32 copy of the unique keys' rows as the forward read them, kept
+            only when the per-sample weights need a gradient (see :func:`weight_grads`).
     """
 
     table: int
@@ -53,6 +61,7 @@ class TableLookup:
     apply_grads: Optional[Callable[[torch.Tensor], None]]
     dim: int = 0
     apply_bag_grads: Optional[Callable[["TableLookup", torch.Tensor, int], bool]] = None
+    weight_rows: Optional[torch.Tensor] = None
 
 
 def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: int) -> None:
@@ -90,6 +99,32 @@ def pooled_grads(
     )
 
 
+def keep_weight_rows(part: TableLookup) -> None:
+    """Copy the rows the forward reads, one per unique key, for :func:`weight_grads`.
+
+    Indices of one key share one row of ``rows``, so scattering ``row_index`` by ``inverse`` picks
+    each key's row whichever duplicate wins; u rows are copied, not one per index.
+    """
+    assert part.rows is not None, "a part's rows are read once, in the forward"
+    unique_row = part.row_index.new_empty(part.num_unique)
+    unique_row[part.inverse] = part.row_index
+    part.weight_rows = part.rows.index_select(0, unique_row).float()
+
+
+def weight_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
+    """(n_t,) float32 gradient of one table's per-sample weights (SUM pooling).
+
+    ``grad_w[i] = <row(i), grad_bag(bag(i))>``: the rows kept by :func:`keep_weight_rows`, gathered
+    by ``inverse``, dotted with the bag gradients gathered by each index's bag.
+    """
+    assert part.weight_rows is not None and part.offsets is not None, "no rows kept for weights"
+    n = part.inverse.numel()
+    bags = torch.arange(part.offsets.numel() - 1, device=part.offsets.device)
+    bag_of_index = torch.repeat_interleave(bags, part.offsets.diff(), output_size=n)
+    grad_bags = bag_grads(part, grad_out)
+    return (part.weight_rows[part.inverse] * grad_bags[bag_of_index]).sum(1)
+
+
 def sequence_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
     """Gradient per unique key of one table from the sequence output gradient (N, D)."""
     n = part.inverse.numel()
@@ -101,12 +136,18 @@ def sequence_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
 
 
 class LookupFunction(torch.autograd.Function):
-    """Forward: pooled (B, total_D) or sequence (N, D) output. Backward: fused optimizer step."""
+    """Forward: pooled (B, total_D) or sequence (N, D) output. Backward: fused optimizer step.
+
+    ``weights`` is the module's (N,) ``per_sample_weights`` when it needs a gradient, else None
+    (then nothing is kept for it). Each part's ``positions`` must then give its indices' places in
+    ``weights``: the backward scatters each table's weight gradient there.
+    """
 
     @staticmethod
     def forward(
         ctx: Any,
         dummy: torch.Tensor,
+        weights: Optional[torch.Tensor],
         parts: List[TableLookup],
         mode: Optional[int],
         out_shape: Tuple[int, int],
@@ -125,6 +166,10 @@ class LookupFunction(torch.autograd.Function):
                     out[part.positions] = part.rows[part.row_index]
             else:
                 pooled_forward(part, mode, out, batch_size)
+        if weights is not None:
+            assert mode == lookup_ops.POOL_SUM, "per-sample weights need SUM pooling"
+            for part in parts:
+                keep_weight_rows(part)
         for part in parts:
             # The backward needs only the index maps: do not keep a view of a table buffer alive
             # (the table may grow and replace it before the backward runs).
@@ -133,10 +178,21 @@ class LookupFunction(torch.autograd.Function):
         ctx.parts = parts
         ctx.mode = mode
         ctx.batch_size = batch_size
+        ctx.weights_meta = None if weights is None else (weights.numel(), weights.dtype)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[None, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        # The weights' gradient first: it reads the kept rows, never the table the step updates.
+        grad_w = None
+        if ctx.weights_meta is not None:
+            numel, dtype = ctx.weights_meta
+            grad_w = grad_out.new_zeros(numel, dtype=torch.float32)
+            for part in ctx.parts:
+                assert part.positions is not None, "weighted part without positions"
+                grad_w[part.positions] = weight_grads(part, grad_out)
+                part.weight_rows = None
+            grad_w = grad_w.to(dtype)
         for part in [p for p in ctx.parts if p.apply_grads is not None]:
             fused = part.apply_bag_grads
             if ctx.mode is not None and fused is not None:
@@ -148,4 +204,4 @@ class LookupFunction(torch.autograd.Function):
                 grads = pooled_grads(part, ctx.mode, grad_out, ctx.batch_size)
             part.apply_grads(grads)
         ctx.parts = None
-        return None, None, None, None, None, None
+        return None, grad_w, None, None, None, None, None

@@ -354,7 +354,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         Args:
             indices: (N,) int64 keys on the module's device, feature after feature.
             offsets: (F*B+1,) int64 bag boundaries, feature-major.
-            per_sample_weights: optional (N,) float weights (SUM only).
+            per_sample_weights: optional (N,) float weights (SUM only); when they require grad,
+                the output is differentiable with respect to them (the gradient of weight i is
+                the dot product of the row index i read with its bag's output gradient).
 
         Returns:
             (B, sum of feature dims) for SUM/MEAN, (N, D) for NONE, of ``output_dtype``.
@@ -368,8 +370,19 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             self.device,
             self.pooling_mode is DynamicEmbPoolingMode.SUM,
         )
+        # Weights that learn are an autograd input; their backward needs each index's position.
+        learn_weights = (
+            per_sample_weights is not None
+            and per_sample_weights.requires_grad
+            and torch.is_grad_enabled()
+        )
         segments = split_by_table(
-            indices, offsets, per_sample_weights, self._features_of_table, B, not pooled
+            indices,
+            offsets,
+            None if per_sample_weights is None else per_sample_weights.detach(),
+            self._features_of_table,
+            B,
+            not pooled or learn_weights,
         )
         parts = []
         for seg in segments:
@@ -406,7 +419,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
         out = LookupFunction.apply(
-            self._dummy, parts, mode, shape, B, sum(1 for f in self._features_of_table if f)
+            self._dummy,
+            per_sample_weights if learn_weights else None,
+            parts,
+            mode,
+            shape,
+            B,
+            sum(1 for f in self._features_of_table if f),
         )
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
