@@ -28,7 +28,7 @@ from typing import List, Optional
 
 import torch
 
-__all__ = ["BuildPlan", "build_plan", "cache_root", "ensure_loaded", "is_loaded"]
+__all__ = ["BuildPlan", "build_plan", "cache_root", "ensure_loaded", "is_loaded", "prune_builds"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,11 @@ LIBRARY_NAME = "dynamicemb_ops"
 _SOURCE_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
 _lock = threading.Lock()
 _loaded_path: Optional[Path] = None
+# Old builds (other sources, flags or torch versions) are pruned once a new build lands: the newest
+# KEEP_BUILDS by last use stay, and anything unused for less than PRUNE_AGE_S stays too, since another
+# process (another venv, another checkout) may be about to load it.
+KEEP_BUILDS = 4
+PRUNE_AGE_S = 24 * 3600
 
 
 def csrc_dir() -> Path:
@@ -196,6 +201,12 @@ def ensure_loaded(verbose: bool = False) -> Path:
         plan = build_plan()
         if not plan.library_path.is_file():
             _compile(plan, verbose)
+            for path in prune_builds(plan.directory.parent, plan.directory):
+                logger.info("dynamicemb_core: removed an old build, %s", path)
+        try:  # mark this build as used (prune_builds keeps the recently used ones)
+            os.utime(plan.directory)
+        except OSError:  # a read-only cache still loads
+            pass
         # cpp_extension.load may already have loaded the library from the temp folder; loading
         # the same file again from its final path is then a no-op for the op registry.
         if not _registered():
@@ -205,6 +216,29 @@ def ensure_loaded(verbose: bool = False) -> Path:
         _loaded_path = plan.library_path
         logger.debug("dynamicemb_core: loaded %s", _loaded_path)
         return _loaded_path
+
+
+def prune_builds(root: Path, current: Path, now: Optional[float] = None) -> List[Path]:
+    """Delete old build folders under ``root`` (never ``current``); return what was deleted.
+
+    A folder goes when it is not among the ``KEEP_BUILDS`` most recently used (its mtime, renewed at
+    every load) and was last used over ``PRUNE_AGE_S`` ago; a temporary folder a killed build left
+    behind goes once it is that old.
+    """
+    now = time.time() if now is None else now
+    builds = sorted(
+        (p for p in root.glob(f"{LIBRARY_NAME}-*") if p.is_dir() and p != current),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    stale_temps = [p for p in root.glob(f".{LIBRARY_NAME}-*") if p.is_dir()]
+    candidates = builds[max(KEEP_BUILDS - 1, 0) :] + stale_temps
+    removed = []
+    for path in candidates:
+        if now - path.stat().st_mtime > PRUNE_AGE_S:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def _registered() -> bool:

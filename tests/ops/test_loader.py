@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -76,3 +77,31 @@ def test_two_processes_building_at_once_share_one_clean_cache(tmp_path: Path) ->
     entries = sorted(e.name for e in tmp_path.iterdir())
     assert len(entries) == 1 and not entries[0].startswith("."), entries
     assert (tmp_path / entries[0] / f"{loader.LIBRARY_NAME}.so").is_file()
+
+
+def test_prune_builds_keeps_current_recent_and_newest(tmp_path: Path) -> None:
+    """Old builds go only when beyond the newest KEEP_BUILDS and unused for PRUNE_AGE_S."""
+    now = 1_000_000_000.0
+    day = loader.PRUNE_AGE_S
+
+    def build(name: str, age: float) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "dynamicemb_ops.so").write_bytes(b"x")
+        os.utime(path, (now - age, now - age))
+        return path
+
+    current = build("dynamicemb_ops-current", 10 * day)  # never removed, however old
+    recent = [build(f"dynamicemb_ops-r{i}", i * 60.0) for i in range(loader.KEEP_BUILDS + 2)]
+    old = [build(f"dynamicemb_ops-o{i}", 2 * day + i) for i in range(3)]
+    killed = build(".dynamicemb_ops-abc-tmp", 2 * day)
+    running = build(".dynamicemb_ops-def-tmp", 10.0)
+    unrelated = build("something-else", 5 * day)
+
+    removed = set(loader.prune_builds(tmp_path, current, now=now))
+
+    assert removed == set(old) | {killed}
+    for path in [current, *recent, running, unrelated]:
+        assert path.is_dir(), path
+    for path in removed:
+        assert not path.exists()
