@@ -61,7 +61,6 @@ def table_spec_for(
     row_width: Optional[int] = None,
     capacity: Optional[int] = None,
     evicted_item_mode: Optional[EvictedItemMode] = None,
-    fixed_capacity: bool = False,
 ) -> Any:
     """The hash table's TableSpec for one logical table.
 
@@ -71,8 +70,6 @@ def table_spec_for(
         row_width: override of ``spec.row_width`` (0 for a keys-only table).
         capacity: override of the capacity (a cache's size); else options' / spec's.
         evicted_item_mode: override (intermediate tiers always DISCARD: they spill instead).
-        fixed_capacity: start at the maximum capacity (no expansion; used when rows live outside
-            the table, which moves only its own buffer on expansion).
 
     The table never applies ``safe_check_mode`` itself: the lookup does, once, for keys that found
     no home in any tier.
@@ -88,12 +85,7 @@ def table_spec_for(
     max_cap = capacity or (options.max_capacity if options is not None else None) or spec.capacity
     if max_cap:
         init_cap = max_cap
-        if (
-            capacity is None
-            and options is not None
-            and options.init_capacity
-            and not fixed_capacity
-        ):
+        if capacity is None and options is not None and options.init_capacity:
             init_cap = min(options.init_capacity, max_cap)
         kwargs["max_capacity"] = int(max_cap)
         kwargs["init_capacity"] = int(init_cap)

@@ -9,7 +9,7 @@ per-table step / custom score, applies ``safe_check_mode`` and collects RETAIN_K
 from __future__ import annotations
 
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -35,6 +35,8 @@ from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
 __all__ = ["ScoredHashTable"]
 
 TableIds = Union[None, int, Tensor]
+# listener(table_id, old_slots (m,), new_slots (m,)): a table doubled and its keys moved.
+GrowthListener = Callable[[int, Tensor, Tensor], None]
 _STEP = int(DynamicEmbScoreStrategy.STEP)
 _CUSTOMIZED = int(DynamicEmbScoreStrategy.CUSTOMIZED)
 _LFU = int(DynamicEmbScoreStrategy.LFU)
@@ -93,6 +95,7 @@ class ScoredHashTable:
         self._steps = [0] * len(specs)
         self._custom_scores = [0] * len(specs)
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
+        self._growth_listeners: List[GrowthListener] = []
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -178,7 +181,18 @@ class ScoredHashTable:
             done.bucket_cap,
             done.values,
         )
+        for listener in self._growth_listeners:
+            listener(t, done.old_slots, done.new_slots)
         return done.old_slots, done.new_slots
+
+    def add_growth_listener(self, listener: GrowthListener) -> None:
+        """Call ``listener(t, old_slots, new_slots)`` each time table ``t`` doubles.
+
+        Called after the new state is in place and before the growing call writes anything, so
+        an owner of rows kept outside the table (HybridStorage) can move them to the new slots;
+        ``old_slots`` / ``new_slots`` are (m,) int64 on the table's device, one pair per key.
+        """
+        self._growth_listeners.append(listener)
 
     def _grow_for(self, keys: Tensor, tids: Tensor, involved: List[int]) -> None:
         """Double each table this call's distinct keys would push past its load factor."""
