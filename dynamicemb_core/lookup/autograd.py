@@ -84,13 +84,11 @@ def bag_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
     return grad_bags.float().contiguous()
 
 
-def pooled_grads(
-    part: TableLookup, mode: int, grad_out: torch.Tensor, batch_size: int
-) -> torch.Tensor:
-    """Gradient per unique key of one table from the output gradient (B, total_D)."""
+def pooled_grads(part: TableLookup, mode: int, grad_bags: torch.Tensor) -> torch.Tensor:
+    """Gradient per unique key of one table from its bag gradients (see :func:`bag_grads`)."""
     assert part.offsets is not None, "pooled part without offsets"
     return lookup_ops.reduce_grads(
-        bag_grads(part, grad_out),
+        grad_bags,
         part.inverse,
         part.offsets,
         part.weights,
@@ -111,17 +109,17 @@ def keep_weight_rows(part: TableLookup) -> None:
     part.weight_rows = part.rows.index_select(0, unique_row).float()
 
 
-def weight_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
+def weight_grads(part: TableLookup, grad_bags: torch.Tensor) -> torch.Tensor:
     """(n_t,) float32 gradient of one table's per-sample weights (SUM pooling).
 
     ``grad_w[i] = <row(i), grad_bag(bag(i))>``: the rows kept by :func:`keep_weight_rows`, gathered
-    by ``inverse``, dotted with the bag gradients gathered by each index's bag.
+    by ``inverse``, dotted with the bag gradients (see :func:`bag_grads`) gathered by each index's
+    bag. ``output_size`` spares CUDA a host sync in ``repeat_interleave``.
     """
     assert part.weight_rows is not None and part.offsets is not None, "no rows kept for weights"
     n = part.inverse.numel()
     bags = torch.arange(part.offsets.numel() - 1, device=part.offsets.device)
     bag_of_index = torch.repeat_interleave(bags, part.offsets.diff(), output_size=n)
-    grad_bags = bag_grads(part, grad_out)
     return (part.weight_rows[part.inverse] * grad_bags[bag_of_index]).sum(1)
 
 
@@ -177,31 +175,33 @@ class LookupFunction(torch.autograd.Function):
             part.rows = None
         ctx.parts = parts
         ctx.mode = mode
-        ctx.batch_size = batch_size
         ctx.weights_meta = None if weights is None else (weights.numel(), weights.dtype)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
-        # The weights' gradient first: it reads the kept rows, never the table the step updates.
         grad_w = None
         if ctx.weights_meta is not None:
-            numel, dtype = ctx.weights_meta
-            grad_w = grad_out.new_zeros(numel, dtype=torch.float32)
-            for part in ctx.parts:
-                assert part.positions is not None, "weighted part without positions"
-                grad_w[part.positions] = weight_grads(part, grad_out)
+            grad_w = grad_out.new_zeros(ctx.weights_meta[0], dtype=torch.float32)
+        for part in ctx.parts:
+            if grad_w is None and part.apply_grads is None:
+                continue  # nothing to learn from this table's part
+            grad_bags = bag_grads(part, grad_out) if ctx.mode is not None else None
+            if grad_w is not None:
+                # Before the step below: it reads the kept rows, never the rows the step updates.
+                assert part.positions is not None and grad_bags is not None, "unweighted part"
+                grad_w[part.positions] = weight_grads(part, grad_bags)
                 part.weight_rows = None
-            grad_w = grad_w.to(dtype)
-        for part in [p for p in ctx.parts if p.apply_grads is not None]:
+            if part.apply_grads is None:
+                continue
             fused = part.apply_bag_grads
-            if ctx.mode is not None and fused is not None:
-                if fused(part, bag_grads(part, grad_out), ctx.mode):
-                    continue
-            if ctx.mode is None:
+            if grad_bags is not None and fused is not None and fused(part, grad_bags, ctx.mode):
+                continue
+            if grad_bags is None:
                 grads = sequence_grads(part, grad_out)
             else:
-                grads = pooled_grads(part, ctx.mode, grad_out, ctx.batch_size)
+                grads = pooled_grads(part, ctx.mode, grad_bags)
             part.apply_grads(grads)
         ctx.parts = None
+        grad_w = None if grad_w is None else grad_w.to(ctx.weights_meta[1])
         return None, grad_w, None, None, None, None, None
