@@ -4,7 +4,8 @@ Training lookups make keys resident in the cache in one table call (hits keep th
 are read from the next tier, or initialized when no tier has them. Keys the cache evicts to make
 room are written to the next tier with their rows and scores (spill), so only the last tier ever
 drops a key. A key the cache cannot place (its bucket is taken by this batch) lives in the next tier
-for this step and is updated there. ``flush()`` writes every cached row back.
+for this step and is updated there. ``flush()`` writes every cached row back, pinned rows included.
+``prefetch`` pins keys in the cache until the forward that consumes them (see the class docstring).
 
 The next tier is addressed only through the :class:`~dynamicemb_core.types.Storage` ABC, so any
 third-party storage works here.
@@ -12,7 +13,8 @@ third-party storage works here.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -24,6 +26,7 @@ from dynamicemb_core.plugins.storage_checks import (
     check_table_id,
 )
 from dynamicemb_core.storage.device import DeviceStorage
+from dynamicemb_core.storage.pins import PinCounts
 from dynamicemb_core.storage.tier import (
     HOME_BACKING,
     HOME_NONE,
@@ -33,13 +36,49 @@ from dynamicemb_core.storage.tier import (
     TierRows,
     normalize_device,
 )
-from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
+from dynamicemb_core.table.hashing import buckets_of_tensor
+from dynamicemb_core.table.results import InsertResult
+from dynamicemb_core.types import (
+    DynamicEmbError,
+    DynamicEmbWarning,
+    MemoryType,
+    Storage,
+    StorageTableSpec,
+)
 
 __all__ = ["CachedStorage"]
 
 
 class CachedStorage(LookupTier):
     """A cache of ``cache_capacities[t]`` rows per table on ``device`` over ``backing``.
+
+    **Prefetch pinning.** A pipelined trainer prefetches batches i+1, i+2 while batch i runs
+    (TorchRec's prefetch pipeline); a key a prefetch brought in must still be cached when its
+    forward runs. Each table keeps per-key pin counts (:class:`PinCounts`): ``prefetch`` adds one
+    to each of its keys, the training lookup (``acquire``, the forward) takes one off each of its
+    keys. Every call that places keys in the cache passes the pinned keys along with its own: the
+    hash table never evicts a key present in the call (table_design.md, rules 2 and 4), so pinned
+    keys are never eviction candidates, whatever the score policy or score function. The touch this
+    gives them is undone: their score words are read before the call and written back after it
+    (``insert`` with ``scores``), so a pinned key keeps its true score for when it is released.
+    Cost: a placing call carries the pinned keys too (a few batches' unique keys).
+
+    A prefetch is checked before anything is written: per cache bucket, the pinned keys plus the
+    prefetch's new keys must fit in ``bucket_capacity`` slots. When they do not, the default
+    **degrades explicitly**: the keys that fit are pinned (in input order per bucket), the others
+    are left to the forward, which reads them from the next tier like any cache miss; a
+    ``DynamicEmbWarning`` names the table and the shortfall, and :meth:`prefetch_skipped` counts
+    them. With ``strict_prefetch=True`` the prefetch raises ``DynamicEmbError`` instead, before
+    writing. A forward's own keys that find no room beside pinned keys are served by the next tier
+    for that step (as before), never by evicting a pinned key.
+
+    Each training forward should consume a prefetched batch, as in TorchRec's pipeline: a forward
+    of keys that were not prefetched for it releases a pin a later batch holds on them (no value
+    changes, only that key's guarantee ends early). :meth:`release_pins` drops all pins (e.g. when
+    prefetched batches are abandoned). ``insert``/``erase`` through the Storage ABC unpin their
+    keys and ``load`` unpins everything. The optimizer update (``update``) looks each key up in
+    the cache again, so a prefetch between a forward and its backward that evicted (spilled) some
+    of the batch's keys cannot make the update write another key's row.
 
     Args:
         tables: the logical tables, in table-id order (same rows as in ``backing``).
@@ -48,6 +87,7 @@ class CachedStorage(LookupTier):
         cache_capacities: slots of the cache per table (0: no cache, every key goes to ``backing``).
         table_options: per table options for the cache's bucket layout and score strategy.
         backing_ids: table ids in ``backing`` (default: the same ids).
+        strict_prefetch: raise instead of degrading when a prefetch's keys cannot all be pinned.
     """
 
     def __init__(
@@ -59,8 +99,10 @@ class CachedStorage(LookupTier):
         *,
         table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
         backing_ids: Optional[Sequence[int]] = None,
+        strict_prefetch: bool = False,
     ) -> None:
         super().__init__(tables, normalize_device(device))
+        self.strict_prefetch = bool(strict_prefetch)
         n = len(self.tables)
         self.backing = backing
         self.backing_ids = list(backing_ids) if backing_ids is not None else list(range(n))
@@ -84,6 +126,8 @@ class CachedStorage(LookupTier):
                 f"{self.cache_capacities}"
             )
         self._spilled = [0] * n
+        self._pins: List[PinCounts] = [PinCounts(self.device) for _ in range(n)]
+        self._prefetch_skipped = [0] * n
 
     # ---- helpers -----------------------------------------------------------------------------
     def _backing_find(
@@ -138,9 +182,17 @@ class CachedStorage(LookupTier):
     def acquire(
         self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
     ) -> TierRows:
+        """Make the forward's unique keys resident, then release one pin of each (see class)."""
         if self.cache is None:
             return self._acquire_in_backing(table_id, keys, init)
-        res = self.cache.table.find_or_insert(keys, table_id)
+        placed = self._place(table_id, keys, init)
+        self._pins[table_id].release(keys)
+        return placed
+
+    def _place(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
+        """Place unique keys in the cache (pinned keys protected); misses read or initialized."""
+        assert self.cache is not None
+        res = self._find_or_insert_protected(table_id, keys)
         slots, is_new = res.slots, res.is_new
         rows = self.cache.read_rows(table_id, slots)
         found = ~is_new
@@ -175,6 +227,28 @@ class CachedStorage(LookupTier):
         self._spill(table_id, res)
         return TierRows(homes=homes, found=found, rows=rows)
 
+    def _find_or_insert_protected(self, table_id: int, keys: torch.Tensor) -> InsertResult:
+        """``find_or_insert`` of unique ``keys`` with every pinned key in the call, scores kept.
+
+        Keys present in a call are never evicted by it, so adding the pinned keys that are not
+        already among ``keys`` takes them out of the eviction candidates; their score words are
+        restored afterwards so the extra touch leaves no trace. Only the first ``n`` results (the
+        caller's keys) are returned, with everything the call evicted.
+        """
+        assert self.cache is not None
+        table, pins = self.cache.table, self._pins[table_id]
+        others = pins.keys[~torch.isin(pins.keys, keys)] if len(pins) else pins.keys
+        if others.numel() == 0:
+            return table.find_or_insert(keys, table_id)
+        held = table.find(others, table_id)
+        if not bool(held.found.all()):  # left the cache another way: nothing to protect
+            pins.drop(others[~held.found])
+        others, saved = others[held.found], held.scores[held.found]
+        res = table.find_or_insert(torch.cat([keys, others]), table_id)
+        table.insert(others, table_id, scores=saved)
+        n = keys.numel()
+        return InsertResult(res.slots[:n], res.is_new[:n], res.evicted)
+
     def _acquire_in_backing(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
         found, rows, _ = self._backing_find(table_id, keys)
         fresh = (~found).nonzero().squeeze(1)
@@ -197,6 +271,11 @@ class CachedStorage(LookupTier):
         apply: RowUpdate,
     ) -> None:
         if self.cache is not None:
+            # Homes as of now, not as of the forward: a prefetch in between may have spilled some
+            # keys to the next tier, or cached keys the forward read from there.
+            now = self.cache.table.find(keys, table_id).slots
+            stored = homes != HOME_NONE
+            homes = torch.where(stored & (now < 0), HOME_BACKING, torch.where(stored, now, homes))
             self.cache.update(
                 table_id, keys, torch.where(homes >= 0, homes, HOME_NONE), grads, apply
             )
@@ -213,7 +292,80 @@ class CachedStorage(LookupTier):
         self._backing_insert(table_id, bkeys[ok], rows, scores[ok])
 
     def prefetch(self, table_id: int, keys: torch.Tensor, init: RowInit) -> None:
-        self.acquire(table_id, keys, init)
+        """Cache ``keys`` and pin each until the forward that consumes it (see the class).
+
+        Raises:
+            DynamicEmbError: with ``strict_prefetch``, when some cache bucket cannot hold its
+                pinned keys and this prefetch's keys; nothing is written then.
+        """
+        if self.cache is None:
+            self._acquire_in_backing(table_id, keys, init)
+            return
+        keys = self._pinnable(table_id, torch.unique(keys))
+        if keys.numel() == 0:
+            return
+        placed = self._place(table_id, keys, init)
+        self._pins[table_id].add(keys[placed.homes >= 0])
+
+    def _pinnable(self, table_id: int, keys: torch.Tensor) -> torch.Tensor:
+        """The keys of a prefetch that fit beside the pinned keys in their cache buckets.
+
+        Raises (``strict_prefetch``) or warns and drops the rest; see the class docstring.
+        """
+        assert self.cache is not None
+        pins = self._pins[table_id]
+        fresh_idx = (~pins.is_pinned(keys)).nonzero().squeeze(1)
+        if fresh_idx.numel() == 0:
+            return keys
+        width = self.cache.table.bucket_capacity(table_id)
+        num_buckets = self.cache.table.capacity(table_id) // width
+        buckets = buckets_of_tensor(keys[fresh_idx], num_buckets)
+        pinned = torch.bincount(buckets_of_tensor(pins.keys, num_buckets), minlength=num_buckets)
+        fits = _rank_in_group(buckets) < (width - pinned)[buckets]
+        if bool(fits.all()):
+            return keys
+        wanted = pinned + torch.bincount(buckets, minlength=num_buckets)
+        worst = int(torch.argmax(wanted))
+        short = int((~fits).sum())
+        name = self.tables[table_id].name
+        message = (
+            f"table {name!r}: prefetch of {keys.numel()} keys needs {int(wanted[worst])} pinned "
+            f"rows in cache bucket {worst}, which has {width} slots ({int(pinned[worst])} pinned "
+            f"by earlier prefetches; cache capacity {self.cache.table.capacity(table_id)}); "
+            f"{short} keys cannot be pinned. Run the forwards of earlier prefetched batches "
+            "first, prefetch fewer batches ahead, or raise the cache size (local_hbm_for_values)"
+        )
+        if self.strict_prefetch:
+            raise DynamicEmbError(message)
+        warnings.warn(
+            message + "; those keys are not prefetched (the forward reads them as misses)",
+            DynamicEmbWarning,
+            stacklevel=4,
+        )
+        self._prefetch_skipped[table_id] += short
+        keep = torch.ones_like(keys, dtype=torch.bool)
+        keep[fresh_idx[~fits]] = False
+        return keys[keep]
+
+    def pin_counts(self, table_id: int, keys: torch.Tensor) -> torch.Tensor:
+        """(n,) int64: outstanding prefetches holding each key (0: not pinned)."""
+        check_table_id(self.tables, table_id)
+        return self._pins[table_id].count(keys.to(self.device))
+
+    def pinned(self, table_id: int) -> int:
+        """Number of keys of the table pinned in the cache now."""
+        check_table_id(self.tables, table_id)
+        return len(self._pins[table_id])
+
+    def release_pins(self, table_id: Optional[int] = None) -> None:
+        """Drop every pin of one table (or all): the keys stay cached but may be evicted."""
+        for t in range(len(self.tables)) if table_id is None else [table_id]:
+            check_table_id(self.tables, t)
+            self._pins[t].clear()
+
+    def prefetch_skipped(self, table_id: int) -> int:
+        """Prefetched keys left unpinned so far because their cache bucket was full of pins."""
+        return self._prefetch_skipped[table_id]
 
     def flush(self) -> None:
         """Write every cached row back to the next tier, then flush it."""
@@ -268,6 +420,7 @@ class CachedStorage(LookupTier):
         keys = keys.to(self.device)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
+            self._pins[table_id].drop(keys)
         self._backing_insert(table_id, keys, rows, scores)
 
     def erase(self, table_id: int, keys: torch.Tensor) -> None:
@@ -275,6 +428,7 @@ class CachedStorage(LookupTier):
         keys = keys.to(self.device)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
+            self._pins[table_id].drop(keys)
         self.backing.erase(self.backing_ids[table_id], keys.to(self.backing.device))
 
     def size(self, table_id: int) -> int:
@@ -299,6 +453,7 @@ class CachedStorage(LookupTier):
         """Load the next tier; the cache starts empty and fills on lookups."""
         if self.cache is not None:
             self.cache.table.clear()
+            self.release_pins()
         self.backing.load(path)
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
@@ -307,3 +462,13 @@ class CachedStorage(LookupTier):
 
     def close(self) -> None:
         self.backing.close()
+
+
+def _rank_in_group(groups: torch.Tensor) -> torch.Tensor:
+    """(n,) int64: how many earlier entries (in input order) have the same group value."""
+    order = torch.argsort(groups, stable=True)
+    ordered = groups[order]
+    first = torch.searchsorted(ordered, ordered)  # leftmost position of each value
+    rank = torch.empty_like(groups)
+    rank[order] = torch.arange(groups.numel(), device=groups.device) - first
+    return rank
