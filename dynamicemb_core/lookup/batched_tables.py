@@ -271,7 +271,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         view = tier.embedding_rows(0, dim)
         if self._admission[t] is None:
             res = tier.acquire(0, keys, init, with_rows=view is None)
-            failed = int((res.homes == HOME_NONE).sum())
+            failed = res.count_unplaced()
             self._safe_check(t, failed)
             view = tier.embedding_rows(0, dim) if res.rows is None else None
             if view is not None and failed == 0:
@@ -300,7 +300,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if rejected.numel():
             init_args = strategy.get_initializer_args() or opts.initializer_args
             emb[rejected] = initialize_embeddings(init_args, keys[rejected], dim)
-        self._safe_check(t, int((res.homes == HOME_NONE).sum()))
+        self._safe_check(t, res.count_unplaced())
         return emb, inverse, homes
 
     def _grad_applier(

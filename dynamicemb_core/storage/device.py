@@ -207,7 +207,7 @@ class DeviceStorage(LookupTier):
         slots, is_new = res.slots, res.is_new
         missing = is_new | (slots < 0)
         idx = missing.nonzero().squeeze(1)
-        unplaced = bool((slots < 0).any())
+        unplaced = int((slots < 0).sum())
         rows = self.read_rows(table_id, slots) if (with_rows or unplaced) else None
         if idx.numel():
             fresh = init(keys[idx])
@@ -215,7 +215,8 @@ class DeviceStorage(LookupTier):
                 rows[idx] = fresh
             self.write_rows(table_id, slots[idx], fresh)
         found = ~missing
-        return TierRows(homes=torch.where(slots >= 0, slots, HOME_NONE), found=found, rows=rows)
+        homes = torch.where(slots >= 0, slots, HOME_NONE)
+        return TierRows(homes=homes, found=found, rows=rows, unplaced=unplaced)
 
     def update(
         self,

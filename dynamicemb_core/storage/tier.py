@@ -41,11 +41,20 @@ class TierRows:
         found: (n,) bool, the key was already stored somewhere (False: new or missing).
         rows: (n, row_width) full rows on the device; rows of keys neither found nor initialized are
             unspecified (the caller fills them).
+        unplaced: how many homes are HOME_NONE, when the tier already counted them (each count is
+            a device-to-host sync on CUDA, so it is read once); None: not counted.
     """
 
     homes: torch.Tensor
     found: torch.Tensor
     rows: Optional[torch.Tensor]
+    unplaced: Optional[int] = None
+
+    def count_unplaced(self) -> int:
+        """Keys that got no home (HOME_NONE): the tier's count, or counted now."""
+        if self.unplaced is None:
+            self.unplaced = int((self.homes == HOME_NONE).sum())
+        return self.unplaced
 
     def full_rows(self) -> torch.Tensor:
         """``rows``, which lookups always fill (only ``acquire(with_rows=False)`` may leave None)."""

@@ -89,6 +89,8 @@ class ScoredHashTable:
         self._reversed = torch.tensor([s.timestamp_first for s in specs], device=dev)
         self._compound = torch.tensor([s.policy == COMPOUND_POLICY for s in specs], device=dev)
         self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
+        # host-side copy: tables without NO_EVICTION never retry, and need not read slots back
+        self._any_no_eviction = any(s.no_eviction for s in specs)
         self._score_fns = torch.tensor(
             [self._score_fn_address(s) for s in specs], dtype=i64, device=dev
         )
@@ -350,6 +352,8 @@ class ScoredHashTable:
         is_new: Optional[Tensor],
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """NO_EVICTION keys that found their bucket full: double the table, remap, retry them."""
+        if not self._any_no_eviction:
+            return slots, is_new
         for _ in range(_MAX_RETRIES):
             failed = (slots < 0) & self._no_eviction[tids]
             if not bool(failed.any()):
