@@ -1,0 +1,259 @@
+"""Prefetched keys stay pinned in the device cache until the forward that consumes them.
+
+The cache is LFU, which is adversarial here: a key a prefetch just brought in has the lowest count,
+so without pins the next prefetch evicts it first (a control run checks that it does). Training
+through the pinned cache is compared with the same training on an uncached device table, and pin
+counts with a Python model (outstanding prefetched batches holding each key).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import List
+
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+from dynamicemb_core.config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+from dynamicemb_core.storage import CachedStorage, DeviceStorage
+from dynamicemb_core.table.hashing import buckets_of_tensor
+from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
+
+DIM = 4
+ROW_BYTES = (DIM + 1) * 4  # EXACT_ROWWISE_ADAGRAD: embedding + one accumulator, float32
+CACHE_ROWS = 64
+UNIVERSE = 400
+no_prefetch_warnings = pytest.mark.filterwarnings("error::dynamicemb_core.types.DynamicEmbWarning")
+
+
+def _module(device, cached: bool, bucket: int = CACHE_ROWS) -> BatchedDynamicEmbeddingTables:
+    extra = dict(caching=True, local_hbm_for_values=CACHE_ROWS * ROW_BYTES) if cached else {}
+    opts = DynamicEmbTableOptions(
+        dim=DIM,
+        max_capacity=1024,
+        bucket_capacity=bucket,
+        score_strategy=DynamicEmbScoreStrategy.LFU,
+        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+        **extra,
+    )
+    return BatchedDynamicEmbeddingTables(
+        [opts],
+        ["t"],
+        [0],
+        DynamicEmbPoolingMode.SUM,
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        device,
+        learning_rate=0.1,
+        eps=1e-6,
+    )
+
+
+def _pair(device):
+    """(cached module, its CachedStorage, uncached reference module)."""
+    tiered, plain = _module(device, cached=True), _module(device, cached=False)
+    storage = tiered.tables[0]
+    assert isinstance(storage, CachedStorage) and storage.capacity(0) == CACHE_ROWS
+    assert type(plain.tables[0]) is DeviceStorage
+    return tiered, storage, plain
+
+
+def _batches(device, n: int, size: int = 20) -> List[torch.Tensor]:
+    """``n`` batches of ``size`` distinct keys each; batches overlap (keys repeat across them)."""
+    g = torch.Generator().manual_seed(7)
+    return [torch.randperm(UNIVERSE, generator=g)[:size].to(device) for _ in range(n)]
+
+
+def _offsets(keys: torch.Tensor) -> torch.Tensor:
+    return torch.arange(0, keys.numel() + 1, 4, device=keys.device)
+
+
+def _step(module, keys, seed: int) -> torch.Tensor:
+    out = module(keys, _offsets(keys))
+    coeff = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+    (out * coeff.to(out.device)).sum().backward()
+    return out.detach()
+
+
+def _in_cache(storage: CachedStorage, keys: torch.Tensor) -> torch.Tensor:
+    return storage.cache.table.find(keys, 0).found
+
+
+def _assert_same_rows(tiered, plain, device) -> None:
+    tiered.flush()
+    probe = torch.arange(UNIVERSE, device=device)
+    found_w, rows_w, _ = plain.tables[0].find(0, probe)
+    found_g, rows_g, _ = tiered.tables[0].find(0, probe)
+    assert torch.equal(found_w, found_g)
+    torch.testing.assert_close(rows_g[found_g], rows_w[found_w], rtol=1e-6, atol=1e-6)
+
+
+def _pipeline(device, tiered, storage, plain, batches, check_pins: bool) -> int:
+    """Prefetch two batches ahead of each forward; returns prefetched keys missing at forward."""
+    outstanding: List[torch.Tensor] = []
+    missing = 0
+
+    def prefetch(keys):
+        tiered.prefetch(keys, _offsets(keys))
+        outstanding.append(keys)
+
+    prefetch(batches[0])
+    prefetch(batches[1])
+    for i, keys in enumerate(batches):
+        if i + 2 < len(batches):
+            prefetch(batches[i + 2])
+        for held in outstanding:
+            missing += int((~_in_cache(storage, held)).sum())
+        if check_pins:
+            _assert_pin_counts(storage, outstanding, device)
+        torch.testing.assert_close(_step(tiered, keys, i), _step(plain, keys, i))
+        assert torch.equal(outstanding.pop(0), keys)
+        if check_pins:
+            _assert_pin_counts(storage, outstanding, device)
+    return missing
+
+
+def _assert_pin_counts(storage: CachedStorage, outstanding, device) -> None:
+    model = Counter(k for keys in outstanding for k in keys.tolist())
+    probe = torch.arange(UNIVERSE, device=device)
+    want = torch.tensor([model[k] for k in range(UNIVERSE)], device=device)
+    assert torch.equal(storage.pin_counts(0, probe), want)
+    assert storage.pinned(0) == len(model)
+
+
+@no_prefetch_warnings
+def test_prefetched_keys_survive_until_their_forward_and_train_like_a_device_table(device):
+    tiered, storage, plain = _pair(device)
+    batches = _batches(device, 10)
+    assert _pipeline(device, tiered, storage, plain, batches, check_pins=True) == 0
+    assert storage.pinned(0) == 0  # every prefetch was consumed: counts back to zero
+    assert storage.spills(0) > 0  # the cache was under pressure: keys did leave it
+    assert storage.prefetch_skipped(0) == 0
+    _assert_same_rows(tiered, plain, device)
+
+
+def test_without_pins_the_same_pipeline_evicts_prefetched_keys(device):
+    """Control: prefetch as a plain acquire (no pins) loses prefetched keys before their forward,
+    so the test above would notice if pinning did nothing."""
+    tiered, storage, plain = _pair(device)
+    storage.prefetch = lambda t, keys, init: storage._place(t, keys, init)  # type: ignore
+    batches = _batches(device, 10)
+    assert _pipeline(device, tiered, storage, plain, batches, check_pins=False) > 0
+    _assert_same_rows(tiered, plain, device)  # values stay right (evictions spill), only misses
+
+
+@no_prefetch_warnings
+def test_key_prefetched_twice_stays_pinned_until_both_forwards(device):
+    tiered, storage, plain = _pair(device)
+    shared = torch.tensor([500], device=device)
+    a = torch.cat([torch.arange(0, 11, device=device), shared])
+    b = torch.cat([torch.arange(100, 111, device=device), shared])
+    c = torch.arange(200, 200 + CACHE_ROWS - b.numel(), device=device)  # fills the cache exactly
+    for keys in (a, b):
+        tiered.prefetch(keys, _offsets(keys))
+    assert storage.pin_counts(0, shared).tolist() == [2]
+    only_b = b[:-1]
+    b_scores = storage.cache.table.find(only_b, 0).scores  # LFU counts
+    _step(plain, a, 0)
+    _step(tiered, a, 0)
+    assert storage.pin_counts(0, shared).tolist() == [1]
+    assert int(storage.pin_counts(0, a).sum()) == 1
+    tiered.prefetch(c, _offsets(c))  # every slot not pinned by b is needed: a's keys must go
+    assert not bool(_in_cache(storage, a[:-1]).any())
+    assert bool(_in_cache(storage, b).all()) and bool(_in_cache(storage, c).all())
+    # riding along in forward(a) and prefetch(c) left b's pinned keys' scores as they were
+    assert torch.equal(storage.cache.table.find(only_b, 0).scores, b_scores)
+    for i, keys in enumerate((b, c), start=1):
+        torch.testing.assert_close(_step(tiered, keys, i), _step(plain, keys, i))
+    assert storage.pin_counts(0, shared).tolist() == [0] and storage.pinned(0) == 0
+    _assert_same_rows(tiered, plain, device)
+
+
+def test_backward_after_a_prefetch_that_evicted_the_batch_updates_the_right_rows(device):
+    """forward(a), prefetch(b) spills some of a's keys, then backward(a): the update must follow
+    the keys (to the host table), not the slots the forward saw (now b's)."""
+    tiered, storage, plain = _pair(device)
+    a = torch.arange(0, 40, device=device)
+    b = torch.arange(100, 140, device=device)
+    out = tiered(a, _offsets(a))
+    want = _step(plain, a, 0)
+    torch.testing.assert_close(out.detach(), want)
+    tiered.prefetch(b, _offsets(b))
+    assert storage.spills(0) > 0 and not bool(_in_cache(storage, a).all())
+    coeff = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
+    (out * coeff.to(device)).sum().backward()
+    torch.testing.assert_close(_step(tiered, b, 1), _step(plain, b, 1))
+    _assert_same_rows(tiered, plain, device)
+
+
+def _cache_over_host(device, strict: bool, bucket: int) -> CachedStorage:
+    spec = StorageTableSpec(name="t", dim=DIM, row_width=DIM + 1, capacity=1024)
+    opts = DynamicEmbTableOptions(dim=DIM, max_capacity=1024, bucket_capacity=bucket)
+    host = DeviceStorage([spec], "cpu", table_options=[opts])
+    return CachedStorage(
+        [spec], device, host, [CACHE_ROWS], table_options=[opts], strict_prefetch=strict
+    )
+
+
+def _init(keys: torch.Tensor) -> torch.Tensor:
+    return keys.to(torch.float32).unsqueeze(1).expand(-1, DIM + 1).clone()
+
+
+def _keys_in_bucket(device, bucket: int, num_buckets: int, count: int) -> torch.Tensor:
+    candidates = torch.arange(10_000, device=device)
+    return candidates[buckets_of_tensor(candidates, num_buckets) == bucket][:count]
+
+
+def _snapshot(storage: CachedStorage):
+    res = storage.cache.table.export(0)
+    order = torch.argsort(res.keys)
+    rows = storage.cache.read_rows(0, res.slots)
+    return res.keys[order], rows[order], res.scores[order], storage.pinned(0)
+
+
+def test_strict_prefetch_over_a_bucket_raises_before_writing(device):
+    storage = _cache_over_host(device, strict=True, bucket=16)  # 4 cache buckets of 16
+    keys = _keys_in_bucket(device, 2, 4, 17)
+    storage.prefetch(0, keys[:10], _init)
+    other = _keys_in_bucket(device, 1, 4, 5)
+    storage.prefetch(0, other, _init)  # another bucket: fits
+    before = _snapshot(storage)
+    with pytest.raises(DynamicEmbError, match=r"table 't'.*bucket 2, which has 16 slots"):
+        storage.prefetch(0, keys[7:], _init)  # 10 pinned + 7 new in bucket 2
+    after = _snapshot(storage)
+    for x, y in zip(before[:3], after[:3]):
+        assert torch.equal(x, y)
+    assert before[3] == after[3] == 15
+    assert storage.backing.size(0) == 0  # nothing spilled or written through
+    storage.prefetch(0, keys[7:16], _init)  # exactly full: 16 pinned in bucket 2
+    assert bool(_in_cache(storage, keys[:16]).all())
+    assert storage.pin_counts(0, keys[7:10]).tolist() == [2, 2, 2]
+
+
+def test_prefetch_over_the_cache_pins_what_fits_and_warns(device):
+    storage = _cache_over_host(device, strict=False, bucket=CACHE_ROWS)  # one bucket
+    first = torch.arange(0, 50, device=device)
+    storage.prefetch(0, first, _init)
+    with pytest.warns(DynamicEmbWarning, match=r"3 keys cannot be pinned"):
+        storage.prefetch(0, torch.arange(40, 67, device=device), _init)  # 14 new fit, 3 do not
+    assert storage.pinned(0) == CACHE_ROWS and storage.prefetch_skipped(0) == 3
+    assert storage.pin_counts(0, torch.arange(40, 50, device=device)).tolist() == [2] * 10
+    assert storage.pin_counts(0, torch.arange(64, 67, device=device)).tolist() == [0] * 3
+    # a forward of keys that found no room is still served (from the host table), never by
+    # evicting a pinned key
+    late = torch.arange(300, 310, device=device)
+    got = storage.acquire(0, late, _init)
+    assert torch.equal(got.rows, _init(late))
+    assert bool(_in_cache(storage, first).all())
+    storage.flush()  # writes every cached row back, pinned ones included
+    found, rows, _ = storage.backing.find(0, torch.arange(0, 64))
+    assert bool(found.all()) and torch.equal(rows, _init(torch.arange(0, 64)))
+    storage.release_pins()
+    assert storage.pinned(0) == 0
