@@ -58,6 +58,8 @@ class PinCounts:
 
     def release(self, keys: torch.Tensor) -> None:
         """One pin less on each pinned key among ``keys`` (distinct); zeros are dropped."""
+        if len(self) == 0:
+            return
         pos, hit = self._positions(keys)
         if not bool(hit.any()):
             return
