@@ -306,12 +306,25 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def _grad_applier(
         self, t: int, keys: torch.Tensor, homes: torch.Tensor
     ) -> Callable[[torch.Tensor], None]:
+        """The backward's update of table ``t``: the forward's homes while they are current.
+
+        A placing call between the forward and its backward (a pipelined prefetch, another
+        forward) may have grown the table or evicted some of these keys, moving or reusing their
+        slots; then the keys are looked up again, and keys no longer stored get no update.
+        """
         tier = self.tables[t]
+        epoch = tier.placement_epoch(0)
 
         def apply(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor) -> None:
             apply_update(self._kind, self.optimizer_args, self._step, values, slots, grads)
 
-        return lambda grads: tier.update(0, keys, homes, grads, apply)
+        def apply_grads(grads: torch.Tensor) -> None:
+            current = homes
+            if tier.placement_epoch(0) != epoch:
+                current = tier.lookup(0, keys, touch=False).homes
+            tier.update(0, keys, current, grads, apply)
+
+        return apply_grads
 
     def _bag_grad_applier(
         self, t: int, homes: torch.Tensor
@@ -324,9 +337,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         tier = self.tables[t]
         if self._kind is not OptimizerKind.SGD or not isinstance(tier, DeviceStorage):
             return None
+        epoch = tier.placement_epoch(0)
 
         def apply(part: TableLookup, grad_bags: torch.Tensor, mode: int) -> bool:
-            blocks = tier.row_blocks(0)  # read now: the table may have grown since the forward
+            if tier.placement_epoch(0) != epoch:
+                return False  # homes may be stale: the two-step path looks the keys up again
+            blocks = tier.row_blocks(0)
             if len(blocks) != 1 or part.offsets is None:
                 return False
             lookup_ops.sgd_reduce_update(

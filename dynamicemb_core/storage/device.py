@@ -218,6 +218,9 @@ class DeviceStorage(LookupTier):
         homes = torch.where(slots >= 0, slots, HOME_NONE)
         return TierRows(homes=homes, found=found, rows=rows, unplaced=unplaced)
 
+    def placement_epoch(self, table_id: int) -> Optional[int]:
+        return self.table.placement_epoch
+
     def update(
         self,
         table_id: int,

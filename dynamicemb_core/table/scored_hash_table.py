@@ -98,6 +98,7 @@ class ScoredHashTable:
         self._custom_scores = [0] * len(specs)
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
         self._growth_listeners: List[GrowthListener] = []
+        self._placement_epoch = 0
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -186,6 +187,14 @@ class ScoredHashTable:
         for listener in self._growth_listeners:
             listener(t, done.old_slots, done.new_slots)
         return done.old_slots, done.new_slots
+
+    @property
+    def placement_epoch(self) -> int:
+        """Counts the calls that may have moved or removed a key (inserting calls, which can evict
+        and grow, erase, insert_at, clear): a slot read at epoch e is still its key's slot while
+        the epoch is e. A reader that keeps slots across calls (a forward's slots kept for its
+        backward) compares epochs instead of looking the keys up again."""
+        return self._placement_epoch
 
     def add_growth_listener(self, listener: GrowthListener) -> None:
         """Call ``listener(t, old_slots, new_slots)`` each time table ``t`` doubles.
@@ -306,6 +315,7 @@ class ScoredHashTable:
         evicting: bool,
         table_ids: TableIds = None,
     ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
+        self._placement_epoch += 1
         if not evicting:
             slots = table_ops.insert(keys, tids, self._state, self._score_fns, cur, words)
             return slots, None, self._no_evictions(self._num_columns(table_ids))
@@ -421,6 +431,7 @@ class ScoredHashTable:
     def erase(self, keys: Tensor, table_ids: TableIds = None) -> Tensor:
         """Remove keys. -> erased (n,) bool"""
         _, keys, tids = self._keys_and_ids(keys, table_ids)
+        self._placement_epoch += 1
         return table_ops.erase(keys, tids, self._state)
 
     def export(self, table_id: int, threshold: Optional[int] = None) -> ExportResult:
@@ -478,6 +489,7 @@ class ScoredHashTable:
                     where, int(keys[bad]), int(slots[bad]), self.capacity(t), self._caps[t]
                 )
             )
+        self._placement_epoch += 1
         table_ops.insert_at(keys, tids, slots, self._state, words, False)
         if rows is not None and spec.row_width:
             table_ops.scatter_rows(self._values[t], slots, rows)
@@ -519,6 +531,7 @@ class ScoredHashTable:
 
     def clear(self, table_id: Optional[int] = None) -> None:
         """Empty one table (or all); value rows and RETAIN_KEY buffers are kept."""
+        self._placement_epoch += 1
         for t in range(self.num_tables) if table_id is None else [self._table_id(table_id)]:
             self._state.digests[self._offsets[t] : self._offsets[t + 1]].zero_()
             self._state.sizes[t] = 0

@@ -1,0 +1,93 @@
+"""A backward after a placing call: the forward's slots may be stale, the update must not be.
+
+In a pipelined loop a prefetch (or the next forward) runs between a forward and its backward. That
+call can grow the table (every key moves to a new slot) or evict some of the forward's keys (their
+slots go to other keys). The backward must update each key where it lives now and drop the updates
+of keys that are gone, never write into another key's row. Oracle: the same steps on a twin table
+large enough that nothing grows or is evicted.
+"""
+
+from __future__ import annotations
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+from dynamicemb_core.config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+)
+from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+
+DIM = 4
+
+
+def _module(device, **capacity) -> BatchedDynamicEmbeddingTables:
+    opts = DynamicEmbTableOptions(
+        dim=DIM,
+        bucket_capacity=128,
+        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+        **capacity,
+    )
+    return BatchedDynamicEmbeddingTables(
+        [opts],
+        ["t"],
+        [0],
+        DynamicEmbPoolingMode.SUM,
+        EmbOptimType.EXACT_SGD,
+        device,
+        learning_rate=0.1,
+    )
+
+
+def _bags(keys: torch.Tensor, per_bag: int, device) -> tuple:
+    offsets = torch.arange(0, keys.numel() + 1, per_bag, dtype=torch.int64)
+    return keys.to(device), offsets.to(device)
+
+
+def _rows(m: BatchedDynamicEmbeddingTables, keys: torch.Tensor, device):
+    found, rows, _ = m.tables[0].find(0, keys.to(device))
+    return found.cpu(), rows[:, :DIM].cpu()
+
+
+def _forward_prefetch_backward(m, a, b, device) -> None:
+    out = m(*_bags(a, 10, device))
+    m.prefetch(*_bags(b, 10, device))  # between the forward and its backward
+    coeff = torch.arange(out.numel(), dtype=torch.float32).reshape(out.shape) / 7
+    (out * coeff.to(device)).sum().backward()
+
+
+def test_backward_after_a_prefetch_that_grew_the_table(device):
+    a = torch.arange(1000, 1060)  # 60 keys
+    b = torch.arange(5000, 5200)  # 200 new keys: 128 slots double twice
+    grown = _module(device, init_capacity=128, max_capacity=4096)
+    twin = _module(device, init_capacity=4096, max_capacity=4096)
+    for m in (grown, twin):
+        _forward_prefetch_backward(m, a, b, device)
+    assert grown.tables[0].capacity(0) > 128, "the prefetch was meant to grow the table"
+    keys = torch.cat([a, b])
+    found, rows = _rows(grown, keys, device)
+    twin_found, twin_rows = _rows(twin, keys, device)
+    # a full bucket may still evict a few keys of a grown table; every stored row must be right
+    assert bool(twin_found.all()) and int(found.sum()) > 0.9 * keys.numel()
+    torch.testing.assert_close(rows[found], twin_rows[found])
+
+
+def test_backward_after_a_prefetch_that_evicted_some_keys(device):
+    a = torch.arange(1000, 1060)  # 60 keys
+    b = torch.arange(5000, 5100)  # 100 new keys in a 128-slot table: 32 of a's keys are evicted
+    full = _module(device, init_capacity=128, max_capacity=128)
+    twin = _module(device, init_capacity=4096, max_capacity=4096)
+    for m in (full, twin):
+        _forward_prefetch_backward(m, a, b, device)
+    found_a, rows_a = _rows(full, a, device)
+    assert 0 < int(found_a.sum()) < a.numel(), "the prefetch was meant to evict some of a's keys"
+    _, twin_a = _rows(twin, a, device)
+    # a's surviving keys got exactly their update
+    torch.testing.assert_close(rows_a[found_a], twin_a[found_a])
+    # b's rows (some in slots a's keys had) hold their initial values: no gradient of a leaked in
+    found_b, rows_b = _rows(full, b, device)
+    _, twin_b = _rows(twin, b, device)
+    assert bool(found_b.all())
+    torch.testing.assert_close(rows_b, twin_b)
