@@ -137,7 +137,11 @@ def test_device_clock_is_the_kernels_clock_and_traces(device: torch.device) -> N
     middle = stamp(1002)
     compiled = traced(s.sizes)
     last = stamp(1004)
-    assert eager.shape == () and eager.dtype == torch.int64 and eager.device == normalize_device(device)
+    assert (
+        eager.shape == ()
+        and eager.dtype == torch.int64
+        and eager.device == normalize_device(device)
+    )
     assert 0 < first <= int(eager) <= middle <= int(compiled) <= last
 
 
