@@ -123,10 +123,12 @@ class Wrapper(nn.Module):
 
 
 def make_collection(
-    pooled: bool, configs: List[BaseEmbeddingConfig], device: torch.device
+    pooled: bool, configs: List[BaseEmbeddingConfig], device: torch.device, weighted: bool = False
 ) -> nn.Module:
-    cls = EmbeddingBagCollection if pooled else EmbeddingCollection
-    return cls(tables=configs, device=device)
+    """An EBC (``weighted``: it takes per-id weights, SUM pooling) or an EC."""
+    if pooled:
+        return EmbeddingBagCollection(tables=configs, device=device, is_weighted=weighted)
+    return EmbeddingCollection(tables=configs, device=device)
 
 
 def shard_model(
@@ -136,9 +138,10 @@ def shard_model(
     fused_params: Dict[str, Any],
     world: int,
     device: torch.device = CPU,
+    weighted: bool = False,
 ) -> DistributedModelParallel:
     """Plan with our planner and wrap in DMP, as a user would (collection built on meta)."""
-    model = Wrapper(make_collection(pooled, configs, torch.device("meta")))
+    model = Wrapper(make_collection(pooled, configs, torch.device("meta"), weighted))
     sharder_cls = (
         DynamicEmbeddingBagCollectionSharder if pooled else DynamicEmbeddingCollectionSharder
     )
@@ -172,29 +175,47 @@ def kernel_device(kernel: BatchedDynamicEmbeddingKernel) -> torch.device:
 
 
 def global_batch(
-    step: int, features: List[str], num_embeddings: Dict[str, int], batch: int, max_len: int = 3
+    step: int,
+    features: List[str],
+    num_embeddings: Dict[str, int],
+    batch: int,
+    max_len: int = 3,
+    weighted: bool = False,
 ) -> KeyedJaggedTensor:
-    """The step's whole batch (all ranks' samples), the same on every process."""
+    """The step's whole batch (all ranks' samples), the same on every process; ``weighted``: with
+    a weight in [0.5, 1.5) per id."""
     g = torch.Generator().manual_seed(1000 + step)
     lengths = torch.randint(1, max_len + 1, (len(features), batch), generator=g)
-    values = [
-        torch.randint(0, num_embeddings[f], (int(lengths[i].sum()),), generator=g)
-        for i, f in enumerate(features)
-    ]
-    return KeyedJaggedTensor(keys=features, values=torch.cat(values), lengths=lengths.view(-1))
+    values = torch.cat(
+        [
+            torch.randint(0, num_embeddings[f], (int(lengths[i].sum()),), generator=g)
+            for i, f in enumerate(features)
+        ]
+    )
+    weights = torch.rand(values.shape, generator=g) + 0.5 if weighted else None
+    return KeyedJaggedTensor(
+        keys=features, values=values, lengths=lengths.view(-1), weights=weights
+    )
 
 
 def rank_slice(kjt: KeyedJaggedTensor, rank: int, world: int) -> KeyedJaggedTensor:
     """Samples ``[rank * B/world, (rank+1) * B/world)`` of every feature."""
     b = kjt.stride() // world
-    lengths, values = [], []
+    lengths, values, weights = [], [], []
     for key in kjt.keys():
         jt = kjt[key]
         offs = jt.offsets()
         lo, hi = int(offs[rank * b]), int(offs[(rank + 1) * b])
         lengths.append(jt.lengths()[rank * b : (rank + 1) * b])
         values.append(jt.values()[lo:hi])
-    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(values), lengths=torch.cat(lengths))
+        if jt.weights_or_none() is not None:
+            weights.append(jt.weights()[lo:hi])
+    return KeyedJaggedTensor(
+        keys=kjt.keys(),
+        values=torch.cat(values),
+        lengths=torch.cat(lengths),
+        weights=torch.cat(weights) if weights else None,
+    )
 
 
 @dataclass
@@ -333,10 +354,12 @@ def train_against_twin(
     steps: int,
     batch_per_rank: int = 4,
     device: torch.device = CPU,
+    weighted: bool = False,
 ) -> DistributedModelParallel:
     """Train the sharded model and its unsharded twin side by side and compare at every step.
 
     The sharded model lives on ``device``; the twin and the reference optimizer stay on the CPU.
+    ``weighted``: both are weighted EBCs fed a weight per id (the ids' per-sample weights).
 
     Outputs must match at every step (they depend on every table's updated rows, native ones too);
     at the end each dynamic table's rows (embedding and optimizer state) must equal the twin's, and
@@ -347,10 +370,16 @@ def train_against_twin(
     from dynamicemb_core.shard.ownership import owner_rank
 
     model = shard_model(
-        pooled, configs, constraints, {"optimizer": EmbOptimType(optimizer), **hyper}, world, device
+        pooled,
+        configs,
+        constraints,
+        {"optimizer": EmbOptimType(optimizer), **hyper},
+        world,
+        device,
+        weighted,
     )
     torch.manual_seed(0)
-    twin = make_collection(pooled, configs, torch.device("cpu"))
+    twin = make_collection(pooled, configs, torch.device("cpu"), weighted)
     mirror_dynamic_rows(model, twin, pooled, rank, world)
     mirror_native_rows(model, twin)
     refs = {
@@ -366,6 +395,7 @@ def train_against_twin(
             sorted(table_of),
             {f: c.num_embeddings for f, c in table_of.items()},
             batch_per_rank * world,
+            weighted=weighted,
         )
         out = _flatten(model(rank_slice(kjt, rank, world).to(device)), pooled)
         full = _flatten(twin(kjt) if not pooled else twin(kjt).values(), pooled)

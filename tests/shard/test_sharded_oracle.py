@@ -83,6 +83,24 @@ def test_sharded_matches_unsharded_twin_every_dist_type_and_optimizer(pooled: bo
     run_workers(_all_cases, pooled, list(itertools.product(DIST_TYPES, OPTIMIZERS)))
 
 
+def _weighted_cases(rank: int, world: int) -> None:
+    configs = [c for c in _configs(True) if c.pooling is PoolingType.SUM]
+    for dist_type, optimizer in itertools.product(DIST_TYPES, ["exact_sgd", "adam"]):
+        constraints = dynamic_constraints(configs, dist_type)
+        try:
+            train_against_twin(
+                rank, world, True, configs, constraints, optimizer, HYPER, STEPS, weighted=True
+            )
+        except Exception as err:
+            raise AssertionError(f"dist_type={dist_type} optimizer={optimizer}: {err}") from err
+
+
+def test_weighted_features_match_a_weighted_twin() -> None:
+    """TorchRec weighted features (is_weighted EBC): the ids' weights travel through the input dist
+    to the dynamic tables' SUM pooling and their backward, as in the unsharded weighted twin."""
+    run_workers(_weighted_cases)
+
+
 def _any_int64_keys(rank: int, world: int) -> None:
     """Ids anywhere in int64 (negative, past num_embeddings) train and are stored only by their owner."""
     from dist_harness import dynamic_kernels, shard_model
