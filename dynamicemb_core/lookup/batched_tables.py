@@ -446,8 +446,15 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     # ---- cache control ------------------------------------------------------------------------
-    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor) -> None:
-        """Bring the batch's keys into the device tier ahead of its forward (training tables)."""
+    def prefetch(
+        self, indices: torch.Tensor, offsets: torch.Tensor, forward_stream: Any = None, **_: Any
+    ) -> None:
+        """Bring the batch's keys into the device tier ahead of its forward (training tables).
+
+        The signature is TBE's, so TorchRec's lookups can call it as they call FBGEMM's
+        (``forward_stream`` and TorchRec's other keywords are accepted and not needed: the
+        prefetch runs on the current stream).
+        """
         B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
         segments = split_by_table(indices, offsets, None, self._features_of_table, B, False)
         for seg in segments:

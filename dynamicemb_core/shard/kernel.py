@@ -140,6 +140,20 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
             features.weights_or_none(),
         )
 
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Cache the features' keys ahead of their forward (tables with a device cache only)."""
+        if self._needs_prefetch:
+            self._emb_module.prefetch(
+                features.values().to(torch.int64), features.offsets().to(torch.int64)
+            )
+
+    @property
+    def _needs_prefetch(self) -> bool:
+        """Some table keeps a device cache over a next tier (caching or external storage)."""
+        return any(
+            o.caching or o.external_storage is not None for o in self._emb_module.table_options
+        )
+
     # Dynamic weights are not module state: see the module docstring.
     def state_dict(
         self,

@@ -28,6 +28,7 @@ from torchrec.distributed.embedding_types import (
 )
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynamicemb_core.planner.parameter_sharding import is_dynamic_sharding
@@ -108,6 +109,27 @@ class _DynamicKernelFactory:
             if kernel is not None
             else super()._create_embedding_kernel(config, *args, **kwargs)  # type: ignore[misc]
         )
+
+    def prefetch(
+        self, sparse_features: KeyedJaggedTensor, forward_stream: Any = None, **kwargs: Any
+    ) -> None:
+        """TorchRec's prefetch-pipeline hook: our kernels cache their keys, TorchRec's own groups
+        prefetch as TorchRec decides.
+
+        TorchRec's pooled lookup skips groups of the customized kernel; its sequence lookup, once
+        one of its native groups caches (``_need_prefetch``), calls every group's
+        ``emb_module.prefetch`` itself, ours included (with TBE's signature, which ours takes), so
+        then ours are left to it: each batch is prefetched once, as its pins are released once.
+        """
+        torchrec_calls_ours = isinstance(self, GroupedEmbeddingsLookup) and bool(
+            getattr(self, "_need_prefetch", False)
+        )
+        if not torchrec_calls_ours:
+            groups = sparse_features.split(self._feature_splits)  # type: ignore[attr-defined]
+            for op, features in zip(self._emb_modules, groups):  # type: ignore[attr-defined]
+                if isinstance(op, BatchedDynamicEmbeddingKernel):
+                    op.prefetch(features)
+        super().prefetch(sparse_features, forward_stream, **kwargs)  # type: ignore[misc]
 
 
 class DynamicEmbeddingsLookup(_DynamicKernelFactory, GroupedEmbeddingsLookup):
