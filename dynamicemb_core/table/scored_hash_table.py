@@ -91,9 +91,9 @@ class ScoredHashTable:
         self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
         # host-side copy: tables without NO_EVICTION never retry, and need not read slots back
         self._any_no_eviction = any(s.no_eviction for s in specs)
-        self._score_fns = torch.tensor(
-            [self._score_fn_address(s) for s in specs], dtype=i64, device=dev
-        )
+        # on the host on every device: the CUDA kernels read these handles on the host, and a
+        # CPU tensor spares each inserting call a device-to-host copy
+        self._score_fns = torch.tensor([self._score_fn_address(s) for s in specs], dtype=i64)
         self._steps = [0] * len(specs)
         self._custom_scores = [0] * len(specs)
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
