@@ -51,14 +51,22 @@ __global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int
 
 // ---- data checks of a bag batch, on the device, one sync: offsets start at 0, end at n and never
 // decrease; inverse lies in [0, u). Run before any output is written (the CPU kernels check the
-// same while reading). report: [flags, first bad inverse position, first decreasing b, off[0], off[b]].
-constexpr int64_t kBadEnds = 1, kBadOrder = 2, kBadInverse = 4;
+// same while reading). With ``slots`` (the fused update's), also slots < capacity, in the same pass.
+// report: [flags, first bad inverse position, first decreasing b, off[0], off[b], first bad slot].
+constexpr int64_t kBadEnds = 1, kBadOrder = 2, kBadInverse = 4, kBadSlot = 8;
 
 __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_t n,
                                      const int64_t* __restrict__ offsets, int64_t num_bags, int64_t u,
+                                     const int64_t* __restrict__ slots, int64_t capacity,
                                      unsigned long long* __restrict__ report) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n || i < num_bags; i += stride) {
+  const int64_t num_slots = slots ? u : 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n || i < num_bags || i < num_slots; i += stride) {
+    if (i < num_slots && slots[i] >= capacity) {
+      atomicOr(&report[0], (unsigned long long)kBadSlot);
+      atomicMin(&report[5], (unsigned long long)i);
+    }
     if (i < n && (inverse[i] < 0 || inverse[i] >= u)) {
       atomicOr(&report[0], (unsigned long long)kBadInverse);
       atomicMin(&report[1], (unsigned long long)i);
@@ -75,17 +83,21 @@ __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_
   }
 }
 
-void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u, const char* op) {
+// ``slots``: the (u,) slots of a fused update into ``capacity`` rows, checked in the same pass.
+void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u, const char* op,
+                        const at::Tensor* slots = nullptr, int64_t capacity = 0) {
   const int64_t n = inv.numel(), num_bags = off.numel() - 1;
-  auto report = at::empty({5}, off.options());
+  auto report = at::empty({6}, off.options());
   report.select(0, 0).fill_(0);
   report.select(0, 1).fill_(n);
   report.select(0, 2).fill_(num_bags);
+  report.select(0, 5).fill_(u);
   const int threads = 256;
-  const int64_t work = std::max<int64_t>(std::max<int64_t>(n, num_bags), 1);
+  const int64_t work = std::max<int64_t>(std::max<int64_t>(n, num_bags), std::max<int64_t>(u, 1));
   const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, 1024));
   validate_bags_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
       inv.data_ptr<int64_t>(), n, off.data_ptr<int64_t>(), num_bags, u,
+      slots ? slots->data_ptr<int64_t>() : nullptr, capacity,
       reinterpret_cast<unsigned long long*>(report.data_ptr<int64_t>()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto r = report.cpu();
@@ -101,6 +113,10 @@ void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u,
   if (p[0] & kBadInverse) {
     DEMB_CHECK_INDEX(false, op, ": inverse[", p[1], "]=", inv.select(0, p[1]).item<int64_t>(),
                       " out of range [0, ", u, ")");
+  }
+  if (p[0] & kBadSlot) {
+    DEMB_CHECK_INDEX(false, op, ": slot ", slots->select(0, p[5]).item<int64_t>(),
+                      " out of range [0, ", capacity, ")");
   }
 }
 
@@ -193,9 +209,11 @@ __global__ void key_sums_kernel(const float* __restrict__ partial, const int64_t
   }
 }
 
+// ``slots`` / ``capacity``: a fused update's, range-checked with the bags (see validate_bags_cuda).
 at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
                                const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                               int64_t mode, int64_t num_unique, const char* op) {
+                               int64_t mode, int64_t num_unique, const char* op,
+                               const at::Tensor* slots = nullptr, int64_t capacity = 0) {
   check_bags(inverse, offsets, weights, mode, op);
   DEMB_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
                     ": grad_bags must be (b, D) with b = offsets.numel()-1 = ", offsets.numel() - 1,
@@ -207,7 +225,7 @@ at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& in
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
-  validate_bags_cuda(inv, off, num_unique, op);
+  validate_bags_cuda(inv, off, num_unique, op, slots, capacity);
   const int64_t n = inv.numel(), num_bags = off.numel() - 1, D = g.size(1);
   auto out = at::empty({num_unique, D}, g.options());  // every row is written
   if (n == 0 || num_unique == 0 || D == 0) return out.zero_();
@@ -300,8 +318,11 @@ __global__ void update_kernel(float* __restrict__ values, const int64_t* __restr
   }
 }
 
+// ``slot_range``: also check slots < capacity (one device-to-host read; the fused SGD op checks its
+// slots in its bag validation pass instead).
 int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
-                          int64_t state_per_dim, int64_t state_fixed, const char* op) {
+                          int64_t state_per_dim, int64_t state_fixed, const char* op,
+                          bool slot_range = true) {
   DEMB_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat, op,
                    ": values and grads must be float32, got ", values.scalar_type(), " and ",
                    grads.scalar_type());
@@ -317,7 +338,7 @@ int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, con
   const int64_t need = D + state_per_dim * D + state_fixed;
   DEMB_CHECK_VALUE(values.size(1) >= need, op, ": row_width ", values.size(1),
                     " is too small for dim ", D, " and its optimizer state (needs ", need, ")");
-  if (slots.numel() > 0) {
+  if (slot_range && slots.numel() > 0) {
     const int64_t hi = slots.max().item<int64_t>();
     DEMB_CHECK_INDEX(hi < values.size(0), op, ": slot ", hi, " out of range [0, ", values.size(0), ")");
   }
@@ -350,10 +371,20 @@ void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tens
 void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
                             const at::Tensor& inverse, const at::Tensor& offsets,
                             const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
-  DEMB_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ", slots.sizes());
-  const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, slots.numel(),
-                                         "sgd_reduce_update");
-  sgd_update_cuda(values, slots, grads, lr);
+  const char* op = "sgd_reduce_update";
+  DEMB_CHECK_VALUE(slots.dim() == 1, op, ": slots must be (u,), got ", slots.sizes());
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
+                  slots.scalar_type());
+  DEMB_CHECK_VALUE(values.dim() == 2, op, ": values must be (capacity, row_width), got ",
+                   values.sizes());
+  check_on_device(slots, values.device(), "slots", op);
+  const auto s = slots.contiguous();
+  const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, s.numel(), op,
+                                         &s, values.size(0));
+  check_update_cuda(values, s, grads, 0, 0, op, /*slot_range=*/false);
+  UpdateParams p{};
+  p.lr = float(lr);
+  launch_update<Opt::kSgd>(values, s, grads, p);
 }
 
 void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
