@@ -13,7 +13,12 @@ from typing import List, Optional, Tuple
 import torch
 from torch import nn
 
-from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynamicemb_core.config import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+)
 
 NUM_IDS = 40  # ids per table of the peer; the dynamic table sees the same ids as keys
 
@@ -39,6 +44,28 @@ def options(dim: int, **kw) -> DynamicEmbTableOptions:
     """Options of a table large enough that nothing is evicted."""
     kw.setdefault("max_capacity", 1024)
     return DynamicEmbTableOptions(dim=dim, bucket_capacity=128, **kw)
+
+
+def debug_options(dim: int, **kw) -> DynamicEmbTableOptions:
+    """Options whose new rows are DEBUG-initialized (from the key), so twin modules start equal."""
+    return DynamicEmbTableOptions(
+        dim=dim,
+        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+        **kw,
+    )
+
+
+def one_table_module(
+    opts: DynamicEmbTableOptions,
+    device,
+    optimizer,
+    pooling: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
+    **hyper,
+):
+    """A batched module over one table ``t`` read by one feature."""
+    from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+
+    return BatchedDynamicEmbeddingTables([opts], ["t"], [0], pooling, optimizer, device, **hyper)
 
 
 def mirror_weights(module, weights: List[torch.Tensor]) -> None:

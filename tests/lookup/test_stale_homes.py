@@ -12,33 +12,15 @@ from __future__ import annotations
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-from dynamicemb_core.config import (
-    DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode,
-    DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
-)
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+from tests.lookup import oracle
 
 DIM = 4
 
 
 def _module(device, **capacity) -> BatchedDynamicEmbeddingTables:
-    opts = DynamicEmbTableOptions(
-        dim=DIM,
-        bucket_capacity=128,
-        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-        **capacity,
-    )
-    return BatchedDynamicEmbeddingTables(
-        [opts],
-        ["t"],
-        [0],
-        DynamicEmbPoolingMode.SUM,
-        EmbOptimType.EXACT_SGD,
-        device,
-        learning_rate=0.1,
-    )
+    opts = oracle.debug_options(DIM, bucket_capacity=128, **capacity)
+    return oracle.one_table_module(opts, device, EmbOptimType.EXACT_SGD, learning_rate=0.1)
 
 
 def _bags(keys: torch.Tensor, per_bag: int, device) -> tuple:

@@ -16,9 +16,6 @@ import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from dynamicemb_core.config import (
-    DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode,
-    DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
@@ -26,6 +23,7 @@ from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.storage import CachedStorage, DeviceStorage
 from dynamicemb_core.table.hashing import buckets_of_tensor
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
+from tests.lookup import oracle
 
 DIM = 4
 ROW_BYTES = (DIM + 1) * 4  # EXACT_ROWWISE_ADAGRAD: embedding + one accumulator, float32
@@ -36,23 +34,15 @@ no_prefetch_warnings = pytest.mark.filterwarnings("error::dynamicemb_core.types.
 
 def _module(device, cached: bool, bucket: int = CACHE_ROWS) -> BatchedDynamicEmbeddingTables:
     extra = dict(caching=True, local_hbm_for_values=CACHE_ROWS * ROW_BYTES) if cached else {}
-    opts = DynamicEmbTableOptions(
-        dim=DIM,
+    opts = oracle.debug_options(
+        DIM,
         max_capacity=1024,
         bucket_capacity=bucket,
         score_strategy=DynamicEmbScoreStrategy.LFU,
-        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
         **extra,
     )
-    return BatchedDynamicEmbeddingTables(
-        [opts],
-        ["t"],
-        [0],
-        DynamicEmbPoolingMode.SUM,
-        EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        device,
-        learning_rate=0.1,
-        eps=1e-6,
+    return oracle.one_table_module(
+        opts, device, EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.1, eps=1e-6
     )
 
 
