@@ -9,9 +9,10 @@ applies the fused optimizer in place to the stored rows; there is no dense weigh
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -447,27 +448,51 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     # ---- cache control ------------------------------------------------------------------------
     def prefetch(
-        self, indices: torch.Tensor, offsets: torch.Tensor, forward_stream: Any = None, **_: Any
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        forward_stream: Optional["torch.cuda.Stream"] = None,
+        **_: Any,
     ) -> None:
         """Bring the batch's keys into the device tier ahead of its forward (training tables).
 
-        The signature is TBE's, so TorchRec's lookups can call it as they call FBGEMM's
-        (``forward_stream`` and TorchRec's other keywords are accepted and not needed: the
-        prefetch runs on the current stream).
+        The signature is TBE's, so TorchRec's lookups can call it as they call FBGEMM's (its
+        other keywords are accepted and unused). With a ``forward_stream`` (TorchRec's prefetch
+        pipeline runs this on a side stream), the prefetch is ordered after the work already on
+        that stream and that stream's later work after the prefetch: the hash table and its rows
+        are shared state, so the GPU runs the calls in the order the host made them.
         """
         B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
         segments = split_by_table(indices, offsets, None, self._features_of_table, B, False)
-        for seg in segments:
-            t = seg.table
-            if seg.indices.numel() == 0 or not (self.training and self.table_options[t].training):
-                continue
-            keys = lookup_ops.unique(seg.indices)[0]
-            if self._admission[t] is not None:
-                # Only keys already stored somewhere: admission decides about new ones in forward.
-                keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
-            self.tables[t].prefetch(0, keys, functools.partial(self._new_rows, t))
+        with _ordered_with(forward_stream, self.device):
+            for seg in segments:
+                t = seg.table
+                if seg.indices.numel() == 0 or not (
+                    self.training and self.table_options[t].training
+                ):
+                    continue
+                keys = lookup_ops.unique(seg.indices)[0]
+                if self._admission[t] is not None:
+                    # Only keys already stored somewhere: admission decides about new ones later.
+                    keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
+                self.tables[t].prefetch(0, keys, functools.partial(self._new_rows, t))
 
     def flush(self) -> None:
         """Write cached rows back to their next tier and flush external storages."""
         for tier in self.tables:
             tier.flush()
+
+
+@contextlib.contextmanager
+def _ordered_with(stream: Optional["torch.cuda.Stream"], device: torch.device) -> Iterator[None]:
+    """Run the body on the current stream, after ``stream``'s queued work and before its next."""
+    if stream is None or device.type != "cuda":
+        yield
+        return
+    current = torch.cuda.current_stream(device)
+    if current == stream:
+        yield
+        return
+    current.wait_stream(stream)
+    yield
+    stream.wait_stream(current)

@@ -140,11 +140,13 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
             features.weights_or_none(),
         )
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def prefetch(self, features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
         """Cache the features' keys ahead of their forward (tables with a device cache only)."""
         if self._needs_prefetch:
             self._emb_module.prefetch(
-                features.values().to(torch.int64), features.offsets().to(torch.int64)
+                features.values().to(torch.int64),
+                features.offsets().to(torch.int64),
+                forward_stream=forward_stream,
             )
 
     @property

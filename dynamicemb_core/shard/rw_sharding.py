@@ -128,7 +128,7 @@ class _DynamicKernelFactory:
             groups = sparse_features.split(self._feature_splits)  # type: ignore[attr-defined]
             for op, features in zip(self._emb_modules, groups):  # type: ignore[attr-defined]
                 if isinstance(op, BatchedDynamicEmbeddingKernel):
-                    op.prefetch(features)
+                    op.prefetch(features, forward_stream)
         super().prefetch(sparse_features, forward_stream, **kwargs)  # type: ignore[misc]
 
 

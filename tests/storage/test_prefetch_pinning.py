@@ -247,3 +247,27 @@ def test_prefetch_over_the_cache_pins_what_fits_and_warns(device):
     assert bool(found.all()) and torch.equal(rows, _init(torch.arange(0, 64)))
     storage.release_pins()
     assert storage.pinned(0) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@no_prefetch_warnings
+def test_prefetch_on_a_side_stream_is_ordered_with_the_forward_stream():
+    """TorchRec's prefetch pipeline prefetches on its own stream and passes the forward stream:
+    the result equals the same pipeline on one stream (and the uncached twin)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    tiered, storage, plain = _pair(device)
+    side, forward_stream = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+    batches = _batches(device, 10)
+
+    def prefetch(keys):
+        with torch.cuda.stream(side):
+            tiered.prefetch(keys, _offsets(keys), forward_stream=forward_stream)
+
+    prefetch(batches[0])
+    for i, keys in enumerate(batches):
+        if i + 1 < len(batches):
+            prefetch(batches[i + 1])
+        torch.testing.assert_close(_step(tiered, keys, i), _step(plain, keys, i))
+    assert storage.pinned(0) == 0
+    _assert_same_rows(tiered, plain, device)
