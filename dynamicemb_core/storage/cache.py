@@ -76,9 +76,9 @@ class CachedStorage(LookupTier):
     of keys that were not prefetched for it releases a pin a later batch holds on them (no value
     changes, only that key's guarantee ends early). :meth:`release_pins` drops all pins (e.g. when
     prefetched batches are abandoned). ``insert``/``erase`` through the Storage ABC unpin their
-    keys and ``load`` unpins everything. The optimizer update (``update``) looks each key up in
-    the cache again, so a prefetch between a forward and its backward that evicted (spilled) some
-    of the batch's keys cannot make the update write another key's row.
+    keys and ``load`` unpins everything. A prefetch between a forward and its backward that
+    evicted (spilled) some of the batch's keys moves the cache's ``placement_epoch``, so the batched
+    module looks the keys up again before ``update``, which never writes another key's row.
 
     Args:
         tables: the logical tables, in table-id order (same rows as in ``backing``).
@@ -271,11 +271,9 @@ class CachedStorage(LookupTier):
         apply: RowUpdate,
     ) -> None:
         if self.cache is not None:
-            # Homes as of now, not as of the forward: a prefetch in between may have spilled some
-            # keys to the next tier, or cached keys the forward read from there.
-            now = self.cache.table.find(keys, table_id).slots
-            stored = homes != HOME_NONE
-            homes = torch.where(stored & (now < 0), HOME_BACKING, torch.where(stored, now, homes))
+            # ``homes`` are current: the caller looked the keys up again if the cache's placement
+            # epoch moved since it got them (a prefetch in between may have spilled some keys to
+            # the next tier, or cached keys the forward read from there).
             self.cache.update(
                 table_id, keys, torch.where(homes >= 0, homes, HOME_NONE), grads, apply
             )
@@ -290,6 +288,10 @@ class CachedStorage(LookupTier):
         rows = rows[ok].contiguous()
         apply(rows, torch.arange(ok.numel(), device=self.device), grads[backed][ok].contiguous())
         self._backing_insert(table_id, bkeys[ok], rows, scores[ok])
+
+    def placement_epoch(self, table_id: int) -> Optional[int]:
+        # Cache slots go stale only through cache calls; next-tier homes are looked up by key.
+        return self.cache.placement_epoch(table_id) if self.cache is not None else None
 
     def prefetch(self, table_id: int, keys: torch.Tensor, init: RowInit) -> None:
         """Cache ``keys`` and pin each until the forward that consumes it (see the class).

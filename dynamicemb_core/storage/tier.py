@@ -101,9 +101,10 @@ class LookupTier(Storage, metaclass=abc.ABCMeta):
 
     def placement_epoch(self, table_id: int) -> Optional[int]:
         """A number that changes whenever homes handed out earlier may have gone stale (keys
-        moved by growth, evicted, erased), or None when this tier re-resolves homes itself in
-        :meth:`update`. The batched module keeps a forward's homes for its backward and looks the
-        keys up again only when this changed in between (a prefetch or another forward ran)."""
+        moved by growth, evicted, erased), or None when this tier's homes never go stale (it
+        finds keys by key in :meth:`update`). The batched module keeps a forward's homes for its
+        backward and looks the keys up again only when this changed in between (a prefetch or
+        another forward ran)."""
         return None
 
     def prefetch(self, table_id: int, keys: torch.Tensor, init: RowInit) -> None:
