@@ -13,6 +13,8 @@ Run:
     PYTHONPATH=. python benchmarks/bench_training.py --threads 1   # CPU defaults, one thread
     PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000
     PYTHONPATH=. python benchmarks/bench_training.py --small    # seconds: a smoke run (nox -s bench)
+    PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
+        --batch 4096 --optimizers sgd --warmup 3 --profile   # where a step's time goes
 """
 
 from __future__ import annotations
@@ -78,6 +80,30 @@ def time_pair(
                 torch.cuda.synchronize()
             times[k].append((time.perf_counter() - t0) * 1e3)
     return [statistics.median(t) for t in times]
+
+
+def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device) -> str:
+    """Where two steps' time goes: torch.profiler's tables by self CPU time and by CUDA time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(warmup):
+        step(i)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for i in range(2):
+            step(warmup + i)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    averages = prof.key_averages()
+    tables = [averages.table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)]
+    if device.type == "cuda":
+        tables.append(
+            averages.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60)
+        )
+    return "\n".join(tables)
 
 
 def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:
@@ -194,6 +220,11 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument(
         "--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)"
     )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of timing: torch.profiler tables of two of our steps (CPU and CUDA time)",
+    )
     add_small_flag(p)
     args = apply_small(p, p.parse_args(argv), SMALL)
     if args.threads:
@@ -212,6 +243,9 @@ def main(argv: List[str] | None = None) -> None:
     for name in args.optimizers.split(","):
         opt = EmbOptimType.EXACT_SGD if name == "sgd" else EmbOptimType.ADAM
         ours = ours_step(args, opt, batches, device)
+        if args.profile:
+            print(f"== {name.upper()}\n{profile_steps(ours, args.warmup, device)}")
+            continue
         if args.no_peer:
             (t_ours,) = time_pair([ours], args.warmup, args.repeats, device)
             rows.append((f"{name.upper()} training step", t_ours, "not run", float("nan")))
@@ -225,6 +259,8 @@ def main(argv: List[str] | None = None) -> None:
         t_ours, t_peer = time_pair([ours, peer], args.warmup, args.repeats, device)
         rows.append((f"{name.upper()} training step", t_ours, peer_name, t_peer))
         del ours, peer
+    if args.profile:
+        return
     print(header(args, device))
     print("| case | ours (ms) | peer | peer (ms) | speedup = peer / ours |")
     print("|---|---:|---|---:|---:|")
