@@ -22,7 +22,7 @@ import struct
 import sys
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -269,16 +269,22 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
     return header, meta, end
 
 
+def _read_header(path: str, f: BinaryIO) -> Tuple[ShardHeader, Dict[str, Any], int]:
+    """Read the open shard ``f``'s header (whatever its length) and check it with
+    :func:`_parse_header`; the file is left positioned after the header."""
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(0)
+    head = f.read(_PREFIX.size)
+    if len(head) == _PREFIX.size and head[:8] == MAGIC:
+        head += f.read(_PREFIX.unpack(head)[2])
+    return _parse_header(path, head, size)
+
+
 def read_shard_header(path: str) -> ShardHeader:
     """Read and check a shard's header (magic, version, header checksum, file length) without its payload."""
     with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(0)
-        head = f.read(_PREFIX.size)
-        if len(head) == _PREFIX.size and head[:8] == MAGIC:
-            head += f.read(_PREFIX.unpack(head)[2])
-    return _parse_header(path, head, size)[0]
+        return _read_header(path, f)[0]
 
 
 def check_header(
@@ -360,13 +366,7 @@ def verify_shard(path: str, chunk_bytes: int = 1 << 24) -> ShardHeader:
         CheckpointCorruptError: as :func:`read_shard`.
     """
     with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(0)
-        head = f.read(_PREFIX.size)
-        if len(head) == _PREFIX.size and head[:8] == MAGIC:
-            head += f.read(_PREFIX.unpack(head)[2])
-        header, meta, start = _parse_header(path, head, size)
+        header, meta, start = _read_header(path, f)
         for sec in sorted(meta["sections"], key=lambda s: int(s["offset"])):
             f.seek(start + int(sec["offset"]))
             remaining, crc = int(sec["nbytes"]), 0

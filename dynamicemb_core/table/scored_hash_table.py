@@ -89,8 +89,6 @@ class ScoredHashTable:
         self._reversed = torch.tensor([s.timestamp_first for s in specs], device=dev)
         self._compound = torch.tensor([s.policy == COMPOUND_POLICY for s in specs], device=dev)
         self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
-        # host-side copy: tables without NO_EVICTION never retry, and need not read slots back
-        self._any_no_eviction = any(s.no_eviction for s in specs)
         # on the host on every device: the CUDA kernels read these handles on the host, and a
         # CPU tensor spares each inserting call a device-to-host copy
         self._score_fns = torch.tensor([self._score_fn_address(s) for s in specs], dtype=i64)
@@ -362,8 +360,8 @@ class ScoredHashTable:
         is_new: Optional[Tensor],
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """NO_EVICTION keys that found their bucket full: double the table, remap, retry them."""
-        if not self._any_no_eviction:
-            return slots, is_new
+        if not any(spec.no_eviction for spec in self.specs):
+            return slots, is_new  # decided on the host: no slots read back
         for _ in range(_MAX_RETRIES):
             failed = (slots < 0) & self._no_eviction[tids]
             if not bool(failed.any()):
