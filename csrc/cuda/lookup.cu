@@ -52,8 +52,20 @@ __global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int
 // ---- data checks of a bag batch, on the device, one sync: offsets start at 0, end at n and never
 // decrease; inverse lies in [0, u). Run before any output is written (the CPU kernels check the
 // same while reading). With ``slots`` (the fused update's), also slots < capacity, in the same pass.
-// report: [flags, first bad inverse position, first decreasing b, off[0], off[b], first bad slot].
+// report: [flags, first bad inverse position, first decreasing b, off[0], off[b], first bad slot]
+// (the three "first" words encoded, see record_first).
 constexpr int64_t kBadEnds = 1, kBadOrder = 2, kBadInverse = 4, kBadSlot = 8;
+// A "first bad index" word holds the maximum of kMinKey - i, so a zeroed report (one memset) starts
+// every word empty; first_index() decodes it.
+constexpr unsigned long long kMinKey = 0x7fffffffffffffffULL;
+
+__device__ inline void record_first(unsigned long long* word, int64_t i) {
+  atomicMax(word, kMinKey - static_cast<unsigned long long>(i));
+}
+
+inline int64_t first_index(int64_t word) {
+  return static_cast<int64_t>(kMinKey - static_cast<unsigned long long>(word));
+}
 
 __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_t n,
                                      const int64_t* __restrict__ offsets, int64_t num_bags, int64_t u,
@@ -65,15 +77,15 @@ __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_
        i < n || i < num_bags || i < num_slots; i += stride) {
     if (i < num_slots && slots[i] >= capacity) {
       atomicOr(&report[0], (unsigned long long)kBadSlot);
-      atomicMin(&report[5], (unsigned long long)i);
+      record_first(&report[5], i);
     }
     if (i < n && (inverse[i] < 0 || inverse[i] >= u)) {
       atomicOr(&report[0], (unsigned long long)kBadInverse);
-      atomicMin(&report[1], (unsigned long long)i);
+      record_first(&report[1], i);
     }
     if (i < num_bags && offsets[i] > offsets[i + 1]) {
       atomicOr(&report[0], (unsigned long long)kBadOrder);
-      atomicMin(&report[2], (unsigned long long)i);
+      record_first(&report[2], i);
     }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -87,11 +99,7 @@ __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_
 void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u, const char* op,
                         const at::Tensor* slots = nullptr, int64_t capacity = 0) {
   const int64_t n = inv.numel(), num_bags = off.numel() - 1;
-  auto report = at::empty({6}, off.options());
-  report.select(0, 0).fill_(0);
-  report.select(0, 1).fill_(n);
-  report.select(0, 2).fill_(num_bags);
-  report.select(0, 5).fill_(u);
+  auto report = at::zeros({6}, off.options());
   const int threads = 256;
   const int64_t work = std::max<int64_t>(std::max<int64_t>(n, num_bags), std::max<int64_t>(u, 1));
   const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, 1024));
@@ -105,17 +113,19 @@ void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u,
   DEMB_CHECK_VALUE(!(p[0] & kBadEnds), op, ": offsets must start at 0 and end at n=", n, ", got [",
                     p[3], ", ...,", p[4], "]");
   if (p[0] & kBadOrder) {
-    const auto pair = off.narrow(0, p[2], 2).cpu();
-    DEMB_CHECK_VALUE(false, op, ": offsets must be non-decreasing; offsets[", p[2], "]=",
-                      pair.data_ptr<int64_t>()[0], " > offsets[", p[2] + 1, "]=",
+    const int64_t b = first_index(p[2]);
+    const auto pair = off.narrow(0, b, 2).cpu();
+    DEMB_CHECK_VALUE(false, op, ": offsets must be non-decreasing; offsets[", b, "]=",
+                      pair.data_ptr<int64_t>()[0], " > offsets[", b + 1, "]=",
                       pair.data_ptr<int64_t>()[1]);
   }
   if (p[0] & kBadInverse) {
-    DEMB_CHECK_INDEX(false, op, ": inverse[", p[1], "]=", inv.select(0, p[1]).item<int64_t>(),
+    const int64_t i = first_index(p[1]);
+    DEMB_CHECK_INDEX(false, op, ": inverse[", i, "]=", inv.select(0, i).item<int64_t>(),
                       " out of range [0, ", u, ")");
   }
   if (p[0] & kBadSlot) {
-    DEMB_CHECK_INDEX(false, op, ": slot ", slots->select(0, p[5]).item<int64_t>(),
+    DEMB_CHECK_INDEX(false, op, ": slot ", slots->select(0, first_index(p[5])).item<int64_t>(),
                       " out of range [0, ", capacity, ")");
   }
 }
