@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -84,7 +84,9 @@ class Storage(abc.ABC):
     anything, and a backend that cannot reach its data raises rather than returning zeros.
     """
 
-    def __init__(self, tables: Sequence[StorageTableSpec], device: torch.device) -> None:
+    def __init__(
+        self, tables: Sequence[StorageTableSpec], device: Union[torch.device, str]
+    ) -> None:
         self.tables = list(tables)
         self.device = normalize_device(device)
 

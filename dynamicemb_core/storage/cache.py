@@ -34,7 +34,6 @@ from dynamicemb_core.storage.tier import (
     RowInit,
     RowUpdate,
     TierRows,
-    normalize_device,
 )
 from dynamicemb_core.table.hashing import buckets_of_tensor
 from dynamicemb_core.table.results import InsertResult
@@ -101,7 +100,7 @@ class CachedStorage(LookupTier):
         backing_ids: Optional[Sequence[int]] = None,
         strict_prefetch: bool = False,
     ) -> None:
-        super().__init__(tables, normalize_device(device))
+        super().__init__(tables, device)  # Storage names the device
         self.strict_prefetch = bool(strict_prefetch)
         n = len(self.tables)
         self.backing = backing

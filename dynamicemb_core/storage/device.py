@@ -31,7 +31,6 @@ from dynamicemb_core.storage.tier import (
     RowInit,
     RowUpdate,
     TierRows,
-    normalize_device,
 )
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
@@ -149,7 +148,7 @@ class DeviceStorage(LookupTier):
         capacities: Optional[Sequence[Optional[int]]] = None,
     ) -> None:
         check_table_specs(type(self).__name__, tables)
-        super().__init__(tables, normalize_device(device))
+        super().__init__(tables, device)  # Storage names the device
         from dynamicemb_core.table import ScoredHashTable
 
         n = len(self.tables)

@@ -17,10 +17,9 @@ from typing import Callable, Optional
 
 import torch
 
-from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.types import Storage
 
-__all__ = ["HOME_BACKING", "HOME_NONE", "LookupTier", "RowUpdate", "TierRows", "normalize_device"]
+__all__ = ["HOME_BACKING", "HOME_NONE", "LookupTier", "RowUpdate", "TierRows"]
 
 
 HOME_NONE = -1
