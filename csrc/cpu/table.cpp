@@ -25,6 +25,7 @@
 #include "dynamicemb/hashing.h"
 #include "dynamicemb/score_policy.h"
 #include "dynamicemb/check.h"
+#include "dynamicemb/table_checks.h"
 
 namespace dynamicemb {
 namespace {
@@ -47,16 +48,6 @@ int64_t clock_ns() {
 // Validation: everything a caller can get wrong, checked before any write.
 // ------------------------------------------------------------------------------------------------
 
-void check_cpu_tensor(const Tensor& t, const char* op, const char* name, at::ScalarType dtype,
-                      int64_t dim) {
-  DEMB_CHECK_VALUE(t.device().is_cpu(), "dynamicemb.", op, ": ", name,
-                    " must be on cpu like the other arguments, got ", t.device());
-  DEMB_CHECK_TYPE(t.scalar_type() == dtype, "dynamicemb.", op, ": ", name, " must be ", dtype,
-                   ", got ", t.scalar_type());
-  DEMB_CHECK_VALUE(t.dim() == dim, "dynamicemb.", op, ": ", name, " must be ", dim,
-                    "-D, got shape ", t.sizes());
-}
-
 /** The table state, checked once per call and viewed through raw pointers. */
 struct State {
   int64_t* keys;
@@ -76,26 +67,10 @@ struct State {
 State check_state(const char* op, const Tensor& table_keys, const Tensor& digests,
                   const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
                   const Tensor& policies, const Tensor& sizes) {
-  check_cpu_tensor(table_keys, op, "table_keys", at::kLong, 1);
-  check_cpu_tensor(digests, op, "digests", at::kByte, 1);
-  check_cpu_tensor(scores, op, "scores", at::kLong, 2);
-  check_cpu_tensor(slot_offsets, op, "slot_offsets", at::kLong, 1);
-  check_cpu_tensor(bucket_caps, op, "bucket_caps", at::kLong, 1);
-  check_cpu_tensor(policies, op, "policies", at::kLong, 1);
-  check_cpu_tensor(sizes, op, "sizes", at::kLong, 1);
+  check_state_args(op, table_keys, digests, scores, slot_offsets, bucket_caps, policies, sizes,
+                   at::Device(at::kCPU));
   const int64_t total = table_keys.size(0);
   const int64_t T = bucket_caps.size(0);
-  DEMB_CHECK_VALUE(digests.size(0) == total && scores.size(0) == total && scores.size(1) == 2,
-                    "dynamicemb.", op, ": digests must be (", total, ",) and scores (", total,
-                    ", 2) like table_keys, got ", digests.sizes(), " and ", scores.sizes());
-  DEMB_CHECK_VALUE(slot_offsets.size(0) == T + 1 && policies.size(0) == T && sizes.size(0) == T,
-                    "dynamicemb.", op, ": slot_offsets must be (T+1,) and policies, sizes (T,) for T=",
-                    T, " tables, got ", slot_offsets.sizes(), ", ", policies.sizes(), ", ",
-                    sizes.sizes());
-  for (const Tensor* t : {&table_keys, &digests, &scores, &slot_offsets, &bucket_caps, &policies,
-                          &sizes}) {
-    DEMB_CHECK_VALUE(t->is_contiguous(), "dynamicemb.", op, ": table state must be contiguous");
-  }
   State s;
   s.keys = table_keys.data_ptr<int64_t>();
   s.digests = digests.data_ptr<uint8_t>();
@@ -123,28 +98,12 @@ State check_state(const char* op, const Tensor& table_keys, const Tensor& digest
 }
 
 void check_keys(const char* op, const Tensor& keys, const Tensor& table_ids, int64_t T) {
-  check_cpu_tensor(keys, op, "keys", at::kLong, 1);
-  check_cpu_tensor(table_ids, op, "table_ids", at::kLong, 1);
-  DEMB_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
-                    ": keys and table_ids must have the same length, got ", keys.size(0), " and ",
-                    table_ids.size(0));
-  const int64_t* tid = table_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < table_ids.numel(); ++i) {
-    DEMB_CHECK_INDEX(tid[i] >= 0 && tid[i] < T, "dynamicemb.", op, ": table_ids[", i, "] = ",
-                      tid[i], " is not a table id in [0, ", T, ")");
+  check_keys_args(op, keys, table_ids, at::Device(at::kCPU));
+  const Tensor tc = table_ids.contiguous();
+  const int64_t* tid = tc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < tc.numel(); ++i) {
+    if (tid[i] < 0 || tid[i] >= T) raise_bad_table_id(op, i, tid[i], T);
   }
-}
-
-void check_per_table(const char* op, const Tensor& t, const char* name, int64_t T) {
-  check_cpu_tensor(t, op, name, at::kLong, 1);
-  DEMB_CHECK_VALUE(t.size(0) == T, "dynamicemb.", op, ": ", name, " must be (", T,
-                    ",), one per table, got ", t.sizes());
-}
-
-void check_input_scores(const char* op, const Tensor& s, int64_t n) {
-  check_cpu_tensor(s, op, "input_scores", at::kLong, 2);
-  DEMB_CHECK_VALUE(s.size(0) == n && s.size(1) == 2, "dynamicemb.", op,
-                    ": input_scores must be (n, 2) = (", n, ", 2), got ", s.sizes());
 }
 
 /** Per-table time of this call: cur_scores[t], or the clock for time policies when it is < 0. */
@@ -458,14 +417,14 @@ InsertArgs check_insert(const char* op, const Tensor& keys, const Tensor& table_
                            sizes)};
   const int64_t T = a.state.num_tables;
   check_keys(op, keys, table_ids, T);
-  check_per_table(op, score_fns, "score_fns", T);
-  check_per_table(op, cur_scores, "cur_scores", T);
+  check_per_table_arg(op, score_fns, "score_fns", T, at::Device(at::kCPU));
+  check_per_table_arg(op, cur_scores, "cur_scores", T, at::Device(at::kCPU));
   a.keys = keys.contiguous();
   a.table_ids = table_ids.contiguous();
   a.score_fns = score_fns.contiguous().data_ptr<int64_t>();
   a.input_scores = nullptr;
   if (input_scores.has_value()) {
-    check_input_scores(op, *input_scores, keys.size(0));
+    check_input_scores_arg(op, *input_scores, keys.size(0), at::Device(at::kCPU));
     a.input_scores_c = input_scores->contiguous();
     a.input_scores = a.input_scores_c.data_ptr<int64_t>();
   }
@@ -486,7 +445,7 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
   State s = check_state("find", table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                         sizes);
   check_keys("find", keys, table_ids, s.num_tables);
-  check_per_table("find", cur_scores, "cur_scores", s.num_tables);
+  check_per_table_arg("find", cur_scores, "cur_scores", s.num_tables, at::Device(at::kCPU));
   const std::vector<int64_t> now = resolve_now_all(s, cur_scores.contiguous());
   const Tensor kc = keys.contiguous(), tc = table_ids.contiguous();
   const int64_t n = kc.numel();
@@ -638,7 +597,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> export_if_cpu(
     const Tensor& sizes, const Tensor& thresholds, int64_t column) {
   State s = check_state("export_if", table_keys, digests, scores, slot_offsets, bucket_caps,
                         policies, sizes);
-  check_per_table("export_if", thresholds, "thresholds", s.num_tables);
+  check_per_table_arg("export_if", thresholds, "thresholds", s.num_tables, at::Device(at::kCPU));
   DEMB_CHECK_VALUE(column == 0 || column == 1,
                     "dynamicemb.export_if: column must be 0 or 1, got ", column);
   const Tensor thc = thresholds.contiguous();
@@ -699,10 +658,10 @@ Tensor insert_at_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& 
   State s = check_state("insert_at", table_keys, digests, scores, slot_offsets, bucket_caps,
                         policies, sizes);
   check_keys("insert_at", keys, table_ids, s.num_tables);
-  check_cpu_tensor(slots, "insert_at", "slots", at::kLong, 1);
+  check_table_arg(slots, "insert_at", "slots", at::kLong, 1, at::Device(at::kCPU));
   DEMB_CHECK_VALUE(slots.size(0) == keys.size(0), "dynamicemb.insert_at: slots must have ",
                     keys.size(0), " entries like keys, got ", slots.size(0));
-  check_input_scores("insert_at", input_scores, keys.size(0));
+  check_input_scores_arg("insert_at", input_scores, keys.size(0), at::Device(at::kCPU));
   const Tensor kc = keys.contiguous(), tc = table_ids.contiguous(), sc = slots.contiguous(),
                isc = input_scores.contiguous();
   const int64_t n = kc.numel();
@@ -740,17 +699,13 @@ Tensor insert_at_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& 
 
 void check_rows_slots(const char* op, const Tensor& values, const Tensor& slots) {
   DEMB_CHECK_VALUE(values.device().is_cpu(), "dynamicemb.", op,
-                    ": values must be on cpu like slots, got ", values.device());
-  DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,
-                    ": values must be a contiguous (capacity, width) tensor, got shape ",
-                    values.sizes());
-  check_cpu_tensor(slots, op, "slots", at::kLong, 1);
+                   ": values must be on cpu like slots, got ", values.device());
+  check_rows_args(op, values, slots);
   const Tensor sc = slots.contiguous();
   const int64_t* sl = sc.data_ptr<int64_t>();
   const int64_t cap = values.size(0);
   for (int64_t i = 0; i < sc.numel(); ++i) {
-    DEMB_CHECK_INDEX(sl[i] >= -1 && sl[i] < cap, "dynamicemb.", op, ": slots[", i, "] = ", sl[i],
-                      " is outside [-1, ", cap, ") for values of ", cap, " rows");
+    if (sl[i] < -1 || sl[i] >= cap) raise_bad_slot(op, i, sl[i], cap);
   }
 }
 
@@ -777,13 +732,7 @@ Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots) {
 
 void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& rows) {
   check_rows_slots("scatter_rows", values, slots);
-  DEMB_CHECK_TYPE(rows.scalar_type() == values.scalar_type(),
-                   "dynamicemb.scatter_rows: rows must have the dtype of values (",
-                   values.scalar_type(), "), got ", rows.scalar_type());
-  DEMB_CHECK_VALUE(rows.device().is_cpu() && rows.dim() == 2 && rows.size(0) == slots.size(0) &&
-                        rows.size(1) == values.size(1),
-                    "dynamicemb.scatter_rows: rows must be (", slots.size(0), ", ", values.size(1),
-                    ") on cpu, got ", rows.sizes(), " on ", rows.device());
+  check_scatter_rows_arg(values, slots, rows);
   const Tensor sc = slots.contiguous(), rc = rows.contiguous();
   const int64_t n = sc.numel();
   const int64_t cap = values.size(0);

@@ -9,10 +9,11 @@
 //   table_export.cuh  export_if: two-pass stream compaction in slot order
 //   table_rows.cuh    gather_rows / scatter_rows: dtype-free vector copies
 //   score_fn_launch.cuh  the compound score_function, compiled by numba-cuda, run before eviction
-// Everything runs on the caller's current stream. Checks that need the data (table id range,
-// slot range) would force a device synchronisation per call; the kernels instead treat such keys
-// as missing / not placed and never touch memory outside the table. The Python class validates
-// its inputs before calling (docs/table_design.md, "The Python class").
+// Everything runs on the caller's current stream. The argument checks are csrc/include/dynamicemb/
+// table_checks.h, shared with the CPU kernels; the data checks (table id range, slot range) run
+// here as one small kernel plus an 8-byte readback, before any write, so that bad input raises the
+// CPU kernels' error instead of being skipped silently. That readback is the one device
+// synchronisation such an op adds.
 #include <torch/library.h>
 
 #include <tuple>
@@ -47,65 +48,27 @@ StateView check_state(const char* op, const Tensor& table_keys, const Tensor& di
                       const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
                       const Tensor& policies, const Tensor& sizes) {
   const at::Device dev = table_keys.device();
-  DEMB_CHECK_VALUE(dev.is_cuda(), "dynamicemb.", op, " (CUDA): table_keys must be on a CUDA device");
-  check_state_tensor(table_keys, "table_keys", at::kLong, dev);
-  check_state_tensor(digests, "digests", at::kByte, dev);
-  check_state_tensor(scores, "scores", at::kLong, dev);
-  check_state_tensor(slot_offsets, "slot_offsets", at::kLong, dev);
-  check_state_tensor(bucket_caps, "bucket_caps", at::kLong, dev);
-  check_state_tensor(policies, "policies", at::kLong, dev);
-  check_state_tensor(sizes, "sizes", at::kLong, dev);
+  DEMB_CHECK_VALUE(dev.is_cuda(), "dynamicemb.", op, ": table_keys must be on a CUDA device, got ",
+                   dev);
+  check_state_args(op, table_keys, digests, scores, slot_offsets, bucket_caps, policies, sizes,
+                   dev);
   const int64_t total = table_keys.size(0);
   const int64_t T = bucket_caps.numel();
-  DEMB_CHECK_VALUE(table_keys.dim() == 1 && digests.dim() == 1 && digests.size(0) == total &&
-                        scores.dim() == 2 && scores.size(0) == total && scores.size(1) == 2,
-                    "dynamicemb.", op, " (CUDA): table_keys and digests must be (", total,
-                    ",) and scores (", total, ", 2), got ", table_keys.sizes(), ", ",
-                    digests.sizes(), ", ", scores.sizes());
-  DEMB_CHECK_VALUE(slot_offsets.numel() == T + 1 && policies.numel() == T && sizes.numel() == T,
-                    "dynamicemb.", op, " (CUDA): slot_offsets must be (T+1,) and policies, sizes (T,)"
-                    " for T=", T, " tables, got ", slot_offsets.sizes(), ", ", policies.sizes(),
-                    ", ", sizes.sizes());
   return StateView{table_keys.data_ptr<int64_t>(), digests.data_ptr<uint8_t>(),
                    scores.data_ptr<int64_t>(), slot_offsets.data_ptr<int64_t>(),
                    bucket_caps.data_ptr<int64_t>(), policies.data_ptr<int64_t>(),
                    sizes.data_ptr<int64_t>(), T, total};
 }
 
-/** keys / table_ids: (n,) int64 on the table's device, contiguous copies returned. */
-std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys, const Tensor& table_ids,
-                                     const at::Device& dev) {
-  for (auto [x, name] : {std::pair<const Tensor*, const char*>{&keys, "keys"},
-                         {&table_ids, "table_ids"}}) {
-    DEMB_CHECK_TYPE(x->scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
-                     " must be int64, got ", x->scalar_type());
-    DEMB_CHECK_VALUE(x->device() == dev && x->dim() == 1, "dynamicemb.", op, " (CUDA): ", name,
-                      " must be 1-D on ", dev, " like the table, got shape ", x->sizes(), " on ",
-                      x->device());
-  }
-  DEMB_CHECK_VALUE(keys.size(0) == table_ids.size(0), "dynamicemb.", op,
-                    " (CUDA): keys and table_ids must have the same length, got ", keys.size(0),
-                    " and ", table_ids.size(0));
-  return {keys.contiguous(), table_ids.contiguous()};
-}
-
-Tensor check_per_table(const char* op, const Tensor& x, const char* name, int64_t T,
-                       const at::Device& dev) {
-  DEMB_CHECK_TYPE(x.scalar_type() == at::kLong, "dynamicemb.", op, " (CUDA): ", name,
-                   " must be int64, got ", x.scalar_type());
-  DEMB_CHECK_VALUE(x.device() == dev && x.dim() == 1 && x.size(0) == T, "dynamicemb.", op,
-                    " (CUDA): ", name, " must be (", T, ",) on ", dev, ", one per table, got ",
-                    x.sizes(), " on ", x.device());
-  return x.contiguous();
-}
-
-Tensor check_input_scores(const char* op, const Tensor& s, int64_t n, const at::Device& dev) {
-  DEMB_CHECK_TYPE(s.scalar_type() == at::kLong, "dynamicemb.", op,
-                   " (CUDA): input_scores must be int64, got ", s.scalar_type());
-  DEMB_CHECK_VALUE(s.device() == dev && s.dim() == 2 && s.size(0) == n && s.size(1) == 2,
-                    "dynamicemb.", op, " (CUDA): input_scores must be (", n, ", 2) on ", dev,
-                    ", got ", s.sizes(), " on ", s.device());
-  return s.contiguous();
+/** keys / table_ids: (n,) int64 on the table's device, every id in [0, T); contiguous copies. */
+std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys_in,
+                                     const Tensor& table_ids_in, const at::Device& dev,
+                                     int64_t T) {
+  check_keys_args(op, keys_in, table_ids_in, dev);
+  Tensor table_ids = table_ids_in.contiguous();
+  const int64_t i = first_outside(table_ids, 0, T, c10::cuda::getCurrentCUDAStream());
+  if (i >= 0) raise_bad_table_id(op, i, table_ids[i].item<int64_t>(), T);
+  return {keys_in.contiguous(), table_ids};
 }
 
 /** Params of the upsert engine with everything but mode-specific fields filled in. */
@@ -145,15 +108,17 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                                   policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev);
-  const Tensor cur_scores = check_per_table(op, cur_scores_in, "cur_scores", s.num_tables, dev);
+  auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev, s.num_tables);
+  check_per_table_arg(op, cur_scores_in, "cur_scores", s.num_tables, dev);
+  const Tensor cur_scores = cur_scores_in.contiguous();
   DEMB_CHECK_TYPE(score_fns.scalar_type() == at::kLong && score_fns.dim() == 1 &&
                        score_fns.size(0) == s.num_tables,
                    "dynamicemb.", op, " (CUDA): score_fns must be (", s.num_tables,
                    ",) int64 kernel handles, got ", score_fns.sizes(), " ", score_fns.scalar_type());
   Tensor input_scores;
   if (input_scores_in.has_value()) {
-    input_scores = check_input_scores(op, *input_scores_in, keys.size(0), dev);
+    check_input_scores_arg(op, *input_scores_in, keys.size(0), dev);
+    input_scores = input_scores_in->contiguous();
   }
   const int64_t n = keys.numel();
   const auto opts = keys.options();
@@ -208,8 +173,9 @@ std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor
                                   policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("find", keys_in, table_ids_in, dev);
-  const Tensor cur_scores = check_per_table("find", cur_scores_in, "cur_scores", s.num_tables, dev);
+  auto [keys, table_ids] = check_keys("find", keys_in, table_ids_in, dev, s.num_tables);
+  check_per_table_arg("find", cur_scores_in, "cur_scores", s.num_tables, dev);
+  const Tensor cur_scores = cur_scores_in.contiguous();
   const int64_t n = keys.numel();
   const auto opts = keys.options();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -276,7 +242,7 @@ Tensor erase_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tenso
                                   policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("erase", keys_in, table_ids_in, dev);
+  auto [keys, table_ids] = check_keys("erase", keys_in, table_ids_in, dev, s.num_tables);
   const int64_t n = keys.numel();
   Tensor protect_bits;
   UpsertParams p = upsert_params(UpsertMode::kErase, keys, table_ids, s, protect_bits);
@@ -296,10 +262,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> export_if_cuda(
                                   bucket_caps, policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  const Tensor thresholds =
-      check_per_table("export_if", thresholds_in, "thresholds", s.num_tables, dev);
+  check_per_table_arg("export_if", thresholds_in, "thresholds", s.num_tables, dev);
+  const Tensor thresholds = thresholds_in.contiguous();
   DEMB_CHECK_VALUE(column == 0 || column == 1,
-                    "dynamicemb.export_if (CUDA): column must be 0 or 1, got ", column);
+                    "dynamicemb.export_if: column must be 0 or 1, got ", column);
   ExportParams p{};
   p.table_keys = s.table_keys;
   p.digests = s.digests;
@@ -322,15 +288,13 @@ Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const T
                                   bucket_caps, policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("insert_at", keys_in, table_ids_in, dev);
-  DEMB_CHECK_TYPE(slots_in.scalar_type() == at::kLong, "dynamicemb.insert_at (CUDA): slots must "
-                   "be int64, got ", slots_in.scalar_type());
-  DEMB_CHECK_VALUE(slots_in.device() == dev && slots_in.dim() == 1 &&
-                        slots_in.size(0) == keys.size(0),
-                    "dynamicemb.insert_at (CUDA): slots must be (", keys.size(0), ",) on ", dev,
-                    " like keys, got ", slots_in.sizes(), " on ", slots_in.device());
+  auto [keys, table_ids] = check_keys("insert_at", keys_in, table_ids_in, dev, s.num_tables);
+  check_table_arg(slots_in, "insert_at", "slots", at::kLong, 1, dev);
+  DEMB_CHECK_VALUE(slots_in.size(0) == keys.size(0), "dynamicemb.insert_at: slots must have ",
+                   keys.size(0), " entries like keys, got ", slots_in.size(0));
   const Tensor slots = slots_in.contiguous();
-  const Tensor input_scores = check_input_scores("insert_at", input_scores_in, keys.size(0), dev);
+  check_input_scores_arg("insert_at", input_scores_in, keys.size(0), dev);
+  const Tensor input_scores = input_scores_in.contiguous();
   const int64_t n = keys.numel();
   Tensor protect_bits;
   UpsertParams p = upsert_params(UpsertMode::kInsertAt, keys, table_ids, s, protect_bits);
@@ -345,40 +309,32 @@ Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const T
   return placed;
 }
 
-void check_rows(const char* op, const Tensor& values, const Tensor& slots) {
-  DEMB_CHECK_VALUE(values.is_cuda() && values.dim() == 2 && values.is_contiguous(), "dynamicemb.",
-                    op, " (CUDA): values must be a contiguous (capacity, width) CUDA tensor, got ",
-                    values.sizes(), " on ", values.device());
-  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, "dynamicemb.", op,
-                   " (CUDA): slots must be int64, got ", slots.scalar_type());
-  DEMB_CHECK_VALUE(slots.device() == values.device() && slots.dim() == 1, "dynamicemb.", op,
-                    " (CUDA): slots must be 1-D on ", values.device(), ", got ", slots.sizes(),
-                    " on ", slots.device());
+/** values and slots of gather_rows / scatter_rows; every slot in [-1, capacity). */
+Tensor check_rows(const char* op, const Tensor& values, const Tensor& slots_in) {
+  DEMB_CHECK_VALUE(values.is_cuda(), "dynamicemb.", op,
+                   ": values must be on a CUDA device like slots, got ", values.device());
+  check_rows_args(op, values, slots_in);
+  Tensor slots = slots_in.contiguous();
+  const int64_t cap = values.size(0);
+  const int64_t i = first_outside(slots, -1, cap, c10::cuda::getCurrentCUDAStream());
+  if (i >= 0) raise_bad_slot(op, i, slots[i].item<int64_t>(), cap);
+  return slots;
 }
 
 Tensor gather_rows_cuda(const Tensor& values, const Tensor& slots_in) {
-  check_rows("gather_rows", values, slots_in);
   const c10::cuda::CUDAGuard guard(values.device());
-  const Tensor slots = slots_in.contiguous();
+  const Tensor slots = check_rows("gather_rows", values, slots_in);
   Tensor out = at::empty({slots.numel(), values.size(1)}, values.options());
   select_gather_rows(values, slots, out, c10::cuda::getCurrentCUDAStream());
   return out;
 }
 
 void scatter_rows_cuda(const Tensor& values, const Tensor& slots_in, const Tensor& rows_in) {
-  check_rows("scatter_rows", values, slots_in);
-  DEMB_CHECK_TYPE(rows_in.scalar_type() == values.scalar_type(),
-                   "dynamicemb.scatter_rows (CUDA): rows must have the dtype of values (",
-                   values.scalar_type(), "), got ", rows_in.scalar_type());
-  DEMB_CHECK_VALUE(rows_in.device() == values.device() && rows_in.dim() == 2 &&
-                        rows_in.size(0) == slots_in.size(0) && rows_in.size(1) == values.size(1),
-                    "dynamicemb.scatter_rows (CUDA): rows must be (", slots_in.size(0), ", ",
-                    values.size(1), ") on ", values.device(), ", got ", rows_in.sizes(), " on ",
-                    rows_in.device());
   const c10::cuda::CUDAGuard guard(values.device());
+  check_scatter_rows_arg(values, slots_in, rows_in);
+  const Tensor slots = check_rows("scatter_rows", values, slots_in);
   Tensor v = values;  // the schema declares the mutation (a!)
-  select_scatter_rows(v, slots_in.contiguous(), rows_in.contiguous(),
-                      c10::cuda::getCurrentCUDAStream());
+  select_scatter_rows(v, slots, rows_in.contiguous(), c10::cuda::getCurrentCUDAStream());
 }
 
 /** One thread writes the clock the table kernels read (global_timer_ns, %globaltimer). */

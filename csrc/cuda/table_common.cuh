@@ -15,12 +15,14 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "dynamicemb/bucket_layout.h"
 #include "dynamicemb/hashing.h"
 #include "dynamicemb/score_policy.h"
 #include "dynamicemb/check.h"
+#include "dynamicemb/table_checks.h"
 
 namespace dynamicemb {
 namespace cuda_table {
@@ -191,15 +193,32 @@ __device__ __forceinline__ bool is_protected(const uint32_t* bits, int64_t g) {
   return (__ldcg(bits + (g >> 5)) >> (g & 31)) & 1u;
 }
 
-/** @brief Checks shared by every table op: dtype, device and contiguity of one state tensor. */
-inline void check_state_tensor(const at::Tensor& x, const char* name, at::ScalarType dtype,
-                               const at::Device& device) {
-  DEMB_CHECK_TYPE(x.scalar_type() == dtype, "dynamicemb table (CUDA): ", name, " must be ",
-                   dtype, ", got ", x.scalar_type());
-  DEMB_CHECK_VALUE(x.device() == device, "dynamicemb table (CUDA): ", name, " must be on ",
-                    device, " like the table, got ", x.device());
-  DEMB_CHECK_VALUE(x.is_contiguous(), "dynamicemb table (CUDA): ", name,
-                    " must be contiguous (call .contiguous() first)");
+/** @brief Writes into *first the smallest i with x[i] outside [lo, hi) (*first starts at n). */
+__global__ void first_outside_kernel(const int64_t* __restrict__ x, int64_t n, int64_t lo,
+                                     int64_t hi, unsigned long long* __restrict__ first) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    if (x[i] < lo || x[i] >= hi) atomicMin(first, static_cast<unsigned long long>(i));
+  }
+}
+
+/**
+ * @brief Index of the first x[i] outside [lo, hi), or -1: the data check of table_checks.h run
+ *        where the data lives. One kernel and one 8-byte readback (a device synchronisation), paid
+ *        so that a bad id raises before anything is written, as on CPU.
+ */
+inline int64_t first_outside(const at::Tensor& x, int64_t lo, int64_t hi, cudaStream_t stream) {
+  const int64_t n = x.numel();
+  if (n == 0) return -1;
+  at::Tensor first = at::full({1}, n, x.options().dtype(at::kLong));
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
+  first_outside_kernel<<<blocks, 256, 0, stream>>>(
+      x.data_ptr<int64_t>(), n, lo, hi,
+      reinterpret_cast<unsigned long long*>(first.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int64_t f = first.item<int64_t>();
+  return f < n ? f : -1;
 }
 
 }  // namespace cuda_table
