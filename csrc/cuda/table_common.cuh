@@ -193,32 +193,40 @@ __device__ __forceinline__ bool is_protected(const uint32_t* bits, int64_t g) {
   return (__ldcg(bits + (g >> 5)) >> (g & 31)) & 1u;
 }
 
-/** @brief Writes into *first the smallest i with x[i] outside [lo, hi) (*first starts at n). */
+/**
+ * @brief Records the smallest i with x[i] outside [lo, hi) as the maximum of ~i in *word, so that
+ *        a zeroed word (one memset) means "none".
+ */
 __global__ void first_outside_kernel(const int64_t* __restrict__ x, int64_t n, int64_t lo,
-                                     int64_t hi, unsigned long long* __restrict__ first) {
+                                     int64_t hi, unsigned long long* __restrict__ word) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    if (x[i] < lo || x[i] >= hi) atomicMin(first, static_cast<unsigned long long>(i));
+    if (x[i] < lo || x[i] >= hi) atomicMax(word, ~static_cast<unsigned long long>(i));
   }
 }
 
 /**
  * @brief Index of the first x[i] outside [lo, hi), or -1: the data check of table_checks.h run
- *        where the data lives. One kernel and one 8-byte readback (a device synchronisation), paid
- *        so that a bad id raises before anything is written, as on CPU.
+ *        where the data lives. A memset, one kernel and an 8-byte copy into pinned memory: the one
+ *        device synchronisation it costs is paid so that a bad id raises before anything is
+ *        written, as on CPU.
  */
 inline int64_t first_outside(const at::Tensor& x, int64_t lo, int64_t hi, cudaStream_t stream) {
   const int64_t n = x.numel();
   if (n == 0) return -1;
-  at::Tensor first = at::full({1}, n, x.options().dtype(at::kLong));
+  at::Tensor word = at::empty({1}, x.options().dtype(at::kLong));
+  at::Tensor host = at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  auto* w = reinterpret_cast<unsigned long long*>(word.data_ptr<int64_t>());
+  C10_CUDA_CHECK(cudaMemsetAsync(w, 0, sizeof(*w), stream));
   const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
-  first_outside_kernel<<<blocks, 256, 0, stream>>>(
-      x.data_ptr<int64_t>(), n, lo, hi,
-      reinterpret_cast<unsigned long long*>(first.data_ptr<int64_t>()));
+  first_outside_kernel<<<blocks, 256, 0, stream>>>(x.data_ptr<int64_t>(), n, lo, hi, w);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const int64_t f = first.item<int64_t>();
-  return f < n ? f : -1;
+  C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr<int64_t>(), w, sizeof(*w), cudaMemcpyDeviceToHost,
+                                 stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto found = static_cast<unsigned long long>(*host.data_ptr<int64_t>());
+  return found == 0 ? -1 : static_cast<int64_t>(~found);
 }
 
 }  // namespace cuda_table
