@@ -25,6 +25,10 @@ simple model (key in, digest line, key compare, score words, outputs, value rows
 a share of the ~4.3 TB/s the device copies at, and the ratio to HKV's figure for the same API.
 ``export_if`` exports keys, slots and scores (no values) of the whole table; its throughput counts
 exported keys (HKV's export_batch_if counts the keys it dumps, with values).
+
+The ops run with ``check=False`` unless ``--checked``: ScoredHashTable validates its input and then
+calls them so, and HKV checks nothing either; ``--checked`` shows what the ops' own data checks
+(one small kernel and a device synchronisation per checked op) cost.
 """
 
 from __future__ import annotations
@@ -201,29 +205,32 @@ def make_filled(slots: int, lf: float, gen: torch.Generator, keys: int) -> Fille
     )
 
 
-def cases_for(f: Filled, values: torch.Tensor, new_rows: torch.Tensor, exported: List[int]):
-    """name -> (timed call, untimed set-up before each repeat)."""
+def cases_for(
+    f: Filled, values: torch.Tensor, new_rows: torch.Tensor, exported: List[int], check: bool
+):
+    """name -> (timed call, untimed set-up before each repeat); ``check``: the ops' data checks."""
     st, k, t, fns, clock = f.state, f.mixed, f.tids, f.fns, f.clock
+    c = {"check": check}
     threshold = torch.zeros(1, dtype=torch.int64, device=values.device)  # every clock time passes
 
     def ins() -> None:
-        ops.scatter_rows(values, ops.insert(k, t, st, fns, clock), new_rows)
+        ops.scatter_rows(values, ops.insert(k, t, st, fns, clock, **c), new_rows, **c)
 
     def foi() -> None:
-        ops.gather_rows(values, ops.find_or_insert(k, t, st, fns, clock)[0])
+        ops.gather_rows(values, ops.find_or_insert(k, t, st, fns, clock, **c)[0], **c)
 
     def iae() -> None:
-        out = ops.insert_and_evict(k, t, st, fns, clock)
-        ops.gather_rows(values, out[3])
-        ops.scatter_rows(values, out[0], new_rows)
+        out = ops.insert_and_evict(k, t, st, fns, clock, **c)
+        ops.gather_rows(values, out[3], **c)
+        ops.scatter_rows(values, out[0], new_rows, **c)
 
     def exp() -> None:
         exported[0] = ops.export_if(st, threshold, 0)[0].numel()
 
     return {
-        "find": (lambda: ops.find(f.present, t, st, clock, False), None),
+        "find": (lambda: ops.find(f.present, t, st, clock, False, **c), None),
         "find+gather": (
-            lambda: ops.gather_rows(values, ops.find(f.present, t, st, clock, False)[0]),
+            lambda: ops.gather_rows(values, ops.find(f.present, t, st, clock, False, **c)[0], **c),
             None,
         ),
         "insert": (ins, f.restore),
@@ -246,7 +253,7 @@ def bench_dim(
     model = probe_bytes(dim)
     lf = min(args.load_factors, key=lambda x: abs(x - f.load_factor))
     rows = []
-    for name, (fn, before) in cases_for(f, values, new_rows, exported).items():
+    for name, (fn, before) in cases_for(f, values, new_rows, exported, args.checked).items():
         ms = time_ms(fn, args.repeats, before)
         n = exported[0] if name == "export_if" else keys
         bkv = n / (ms * 1e-3) / GIB
@@ -291,7 +298,7 @@ def profile(args: argparse.Namespace) -> str:
     values = torch.empty(args.slots, dim, device="cuda")
     out = []
     for name, (fn, before) in cases_for(
-        f, values, torch.ones(args.keys, dim, device="cuda"), [0]
+        f, values, torch.ones(args.keys, dim, device="cuda"), [0], args.checked
     ).items():
         for _ in range(2):
             if before is not None:
@@ -340,7 +347,8 @@ def render(args: argparse.Namespace, rows: List[List[str]]) -> str:
         f"Command: `python benchmarks/bench_table_cuda.py {' '.join(sys.argv[1:])}`".rstrip(),
         f"Table: {args.slots:,} slots, buckets of {BUCKET}, TIMESTAMP (device clock); "
         f"{args.keys:,} keys per op ({int(HIT_RATE * 100)}% present for inserting ops); "
-        f"median of {args.repeats}.",
+        f"median of {args.repeats}; ops called with check={args.checked} "
+        f"({'the ops check ids and slots: one device sync each' if args.checked else 'as ScoredHashTable calls them, having validated its input'}).",
         "",
         "| λ | dim | op | ours (B-KV/s) | ours (ms) | index_select (B-rows/s) | "
         "speedup vs index_select | modelled TB/s (% of 4.3) | HKV (B-KV/s) | ours / HKV |",
@@ -359,6 +367,12 @@ def main() -> None:
         "--keys", type=int, default=KEYS_PER_OP, help="keys per measured call (HKV's: 1048576)"
     )
     p.add_argument("--profile", action="store_true", help="print a per-kernel breakdown instead")
+    p.add_argument(
+        "--checked",
+        action="store_true",
+        help="call the ops with check=True (their data checks, one device sync each) instead of "
+        "check=False, the way ScoredHashTable calls them",
+    )
     add_small_flag(p)
     args = apply_small(p, p.parse_args(), SMALL)
     if not torch.cuda.is_available():

@@ -20,6 +20,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import subprocess
@@ -182,10 +183,14 @@ def header(args, device: torch.device) -> str:
     import fbgemm_gpu
     import torchrec
 
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = os.environ.get("DEMB_COMMIT", "")  # set it where the tree is a copy without .git
+    if not commit:
+        try:
+            commit = subprocess.check_output(
+                ["git", "rev-parse", "--short", "HEAD"], text=True
+            ).strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
     return (
         f"Machine: {platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} threads; "

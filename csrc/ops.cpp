@@ -11,33 +11,38 @@ TORCH_LIBRARY(dynamicemb, m) {
   // ---------------------------------------------------------------------------------------------
   // Scored hash table (docs/table_design.md). "State" = table_keys, digests, scores, slot_offsets,
   // bucket_caps, policies, sizes.
+  //
+  // ``check`` (ops taking keys, table ids, slots, inverse or offsets): true runs the data checks
+  // (ids in range, offsets ordered) before anything is written. On CUDA they cost one device
+  // synchronisation, so callers that built their input themselves (the ScoredHashTable class,
+  // the batched module) pass false; the CPU kernels check always, as it costs them no sync.
   // ---------------------------------------------------------------------------------------------
 
   // Look keys up; with update_score, touch the found ones. -> (slots, found, scores (n,2) internal order)
   m.def(
       "find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, Tensor(a!) scores, "
       "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor cur_scores, "
-      "bool update_score) -> (Tensor, Tensor, Tensor)");
+      "bool update_score, bool check=True) -> (Tensor, Tensor, Tensor)");
   // Insert-or-assign keys (evicting from full buckets); input_scores (n,2) replace the policy's words.
   m.def(
       "insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
-      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores) -> Tensor");
+      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True) -> Tensor");
   // Find keys, inserting the missing ones. -> (slots, is_new)
   m.def(
       "find_or_insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
-      "Tensor(d!) sizes, Tensor cur_scores) -> (Tensor, Tensor)");
+      "Tensor(d!) sizes, Tensor cur_scores, bool check=True) -> (Tensor, Tensor)");
   // Insert and report what was evicted. -> (slots, is_new, ev_keys, ev_slots, ev_scores, ev_table_ids)
   m.def(
       "insert_and_evict(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
-      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores) "
+      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Remove keys, freeing their slots. -> erased (n,) bool
   m.def(
       "erase(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor(a!) digests, Tensor scores, "
-      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor(b!) sizes) -> Tensor");
+      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor(b!) sizes, bool check=True) -> Tensor");
   // Every occupied slot with scores[:, column] >= thresholds[t], by global slot.
   // -> (keys, slots, scores (m,2), table_ids)
   m.def(
@@ -50,9 +55,9 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
       "Tensor policies, Tensor(d!) sizes, Tensor input_scores, bool dry_run) -> Tensor");
   // Rows of a (capacity, width) value tensor at local slots; slot -1 gives zeros. -> (n, width)
-  m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
+  m.def("gather_rows(Tensor values, Tensor slots, bool check=True) -> Tensor");
   // Write rows into a (capacity, width) value tensor at local slots; slot -1 skipped, last write wins.
-  m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
+  m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows, bool check=True) -> ()");
   // The nanosecond clock the table kernels read on like's device when cur_scores[t] < 0 (CPU:
   // steady_clock, CUDA: %globaltimer). -> 0-d int64 on like's device
   m.def("device_clock(Tensor like) -> Tensor");
@@ -63,18 +68,18 @@ TORCH_LIBRARY(dynamicemb, m) {
   // Deduplicate keys: (n,) int64 -> (unique keys (u,), inverse (n,), counts (u,)); order unspecified.
   m.def("unique(Tensor keys) -> (Tensor, Tensor, Tensor)");
   // Pool bags of unique rows: (u, D) rows, (n,) inverse, (b+1,) offsets -> (b, D); mode 0 SUM, 1 MEAN.
-  m.def("pooled_gather(Tensor embeddings, Tensor inverse, Tensor offsets, Tensor? weights, int mode) -> Tensor");
+  m.def("pooled_gather(Tensor embeddings, Tensor inverse, Tensor offsets, Tensor? weights, int mode, bool check=True) -> Tensor");
   // Adjoint of pooled_gather: (b, D) bag gradients -> (num_unique, D) gradient per unique key.
-  m.def("reduce_grads(Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int mode, int num_unique) -> Tensor");
+  m.def("reduce_grads(Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int mode, int num_unique, bool check=True) -> Tensor");
   // EXACT_SGD on value rows at slots (-1 skipped), in place.
-  m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr) -> ()");
+  m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, bool check=True) -> ()");
   // reduce_grads then sgd_update in one op, without the (u, D) gradient tensor: slots (u,) are the
   // unique keys' slots (-1 skipped); bit-identical to the two ops (the training backward's SGD path).
-  m.def("sgd_reduce_update(Tensor(a!) values, Tensor slots, Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int pool_mode, float lr) -> ()");
+  m.def("sgd_reduce_update(Tensor(a!) values, Tensor slots, Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int pool_mode, float lr, bool check=True) -> ()");
   // EXACT_ADAGRAD on rows [w | m(D)] at slots, in place.
-  m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps) -> ()");
+  m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, bool check=True) -> ()");
   // EXACT_ROWWISE_ADAGRAD on rows [w | m(1)] at slots, in place; weight_decay_mode 0 NONE, 1 L2, 2 DECOUPLE.
-  m.def("rowwise_adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float weight_decay, int weight_decay_mode) -> ()");
+  m.def("rowwise_adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float weight_decay, int weight_decay_mode, bool check=True) -> ()");
   // FBGEMM ADAM on rows [w | m(D) | v(D)] at slots, in place; step >= 1 is the global step.
-  m.def("adam_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float beta1, float beta2, float weight_decay, int step) -> ()");
+  m.def("adam_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float beta1, float beta2, float weight_decay, int step, bool check=True) -> ()");
 }

@@ -53,7 +53,7 @@ std::vector<int64_t> bag_of_indices(const int64_t* off, int64_t num_bags, int64_
 
 at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inverse,
                              const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                             int64_t mode) {
+                             int64_t mode, bool /*check: the CPU kernels always check*/) {
   check_bags(inverse, offsets, weights, mode, "pooled_gather");
   DEMB_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
                     embeddings.sizes());
@@ -165,7 +165,7 @@ void reduce_per_key(const at::Tensor& grad_bags, const at::Tensor& inverse,
 
 at::Tensor reduce_grads_cpu(const at::Tensor& grad_bags, const at::Tensor& inverse,
                             const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                            int64_t mode, int64_t num_unique) {
+                            int64_t mode, int64_t num_unique, bool /*check: the CPU kernels always check*/) {
   DEMB_CHECK_VALUE(grad_bags.dim() == 2, "reduce_grads: grad_bags must be (b, D), got ",
                     grad_bags.sizes());
   DEMB_CHECK_VALUE(num_unique >= 0, "reduce_grads: num_unique must be >= 0, got ", num_unique);
@@ -227,7 +227,7 @@ void for_each_row(const at::Tensor& values, const at::Tensor& slots, const at::T
 }
 
 void sgd_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
-                    double lr) {
+                    double lr, bool /*check: the CPU kernels always check*/) {
   check_update(values, slots, grads, 0, 0, "sgd_update");
   const float lr_f = float(lr);
   for_each_row(values, slots, grads, "sgd_update", [&](float* __restrict__ w, const float* __restrict__ g, int64_t D) {
@@ -241,7 +241,7 @@ void sgd_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tenso
 // out bit-identical to the two-op path. Keys whose slot is < 0 are skipped (not even summed).
 void sgd_reduce_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
                            const at::Tensor& inverse, const at::Tensor& offsets,
-                           const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
+                           const std::optional<at::Tensor>& weights, int64_t mode, double lr, bool /*check: the CPU kernels always check*/) {
   DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, "sgd_reduce_update: slots must be int64, got ",
                    slots.scalar_type());
   DEMB_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ",
@@ -277,7 +277,7 @@ void sgd_reduce_update_cpu(at::Tensor& values, const at::Tensor& slots, const at
 }
 
 void adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
-                        double lr, double eps) {
+                        double lr, double eps, bool /*check: the CPU kernels always check*/) {
   check_update(values, slots, grads, 1, 0, "adagrad_update");
   const float lr_f = float(lr), eps_f = float(eps);
   for_each_row(values, slots, grads, "adagrad_update", [&](float* __restrict__ w, const float* __restrict__ g, int64_t D) {
@@ -292,7 +292,7 @@ void adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::T
 
 void rowwise_adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots,
                                 const at::Tensor& grads, double lr, double eps,
-                                double weight_decay, int64_t weight_decay_mode) {
+                                double weight_decay, int64_t weight_decay_mode, bool /*check: the CPU kernels always check*/) {
   check_update(values, slots, grads, 0, 1, "rowwise_adagrad_update");
   DEMB_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
                     "rowwise_adagrad_update: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 "
@@ -317,7 +317,7 @@ void rowwise_adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots,
 
 void adam_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                      double lr, double eps, double beta1, double beta2, double weight_decay,
-                     int64_t step) {
+                     int64_t step, bool /*check: the CPU kernels always check*/) {
   check_update(values, slots, grads, 2, 0, "adam_update");
   DEMB_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
   const float lr_f = float(lr), eps_f = float(eps), b1 = float(beta1), b2 = float(beta2);

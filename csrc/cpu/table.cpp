@@ -441,7 +441,7 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
                                             const Tensor& scores, const Tensor& slot_offsets,
                                             const Tensor& bucket_caps, const Tensor& policies,
                                             const Tensor& sizes, const Tensor& cur_scores,
-                                            bool update_score) {
+                                            bool update_score, bool /*check: the CPU kernels always check*/) {
   State s = check_state("find", table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                         sizes);
   check_keys("find", keys, table_ids, s.num_tables);
@@ -498,7 +498,7 @@ Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& tab
                   const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                   const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                   const Tensor& sizes, const Tensor& cur_scores,
-                  const c10::optional<Tensor>& input_scores) {
+                  const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/) {
   InsertArgs a = check_insert("insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                               bucket_caps, policies, score_fns, sizes, cur_scores, input_scores);
   Tensor slots = at::empty({a.keys.numel()}, a.keys.options());
@@ -512,7 +512,7 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
                                               const Tensor& scores, const Tensor& slot_offsets,
                                               const Tensor& bucket_caps, const Tensor& policies,
                                               const Tensor& score_fns, const Tensor& sizes,
-                                              const Tensor& cur_scores) {
+                                              const Tensor& cur_scores, bool /*check: the CPU kernels always check*/) {
   InsertArgs a =
       check_insert("find_or_insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                    bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
@@ -528,7 +528,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
     const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const c10::optional<Tensor>& input_scores) {
+    const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/) {
   InsertArgs a = check_insert("insert_and_evict", keys, table_ids, table_keys, digests, scores,
                               slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
                               input_scores);
@@ -566,7 +566,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
 
 Tensor erase_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys,
                  const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
-                 const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes) {
+                 const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes, bool /*check: the CPU kernels always check*/) {
   State s = check_state("erase", table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                         sizes);
   check_keys("erase", keys, table_ids, s.num_tables);
@@ -709,7 +709,7 @@ void check_rows_slots(const char* op, const Tensor& values, const Tensor& slots)
   }
 }
 
-Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots) {
+Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots, bool /*check: the CPU kernels always check*/) {
   check_rows_slots("gather_rows", values, slots);
   const Tensor sc = slots.contiguous();
   const int64_t n = sc.numel();
@@ -730,7 +730,7 @@ Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots) {
   return out;
 }
 
-void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& rows) {
+void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& rows, bool /*check: the CPU kernels always check*/) {
   check_rows_slots("scatter_rows", values, slots);
   check_scatter_rows_arg(values, slots, rows);
   const Tensor sc = slots.contiguous(), rc = rows.contiguous();

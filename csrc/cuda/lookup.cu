@@ -132,7 +132,7 @@ void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u,
 
 at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& inverse,
                               const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                              int64_t mode) {
+                              int64_t mode, bool check) {
   check_bags(inverse, offsets, weights, mode, "pooled_gather");
   DEMB_CHECK_VALUE(embeddings.dim() == 2, "pooled_gather: embeddings must be (u, D), got ",
                     embeddings.sizes());
@@ -143,7 +143,7 @@ at::Tensor pooled_gather_cuda(const at::Tensor& embeddings, const at::Tensor& in
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
-  validate_bags_cuda(inv, off, emb.size(0), "pooled_gather");
+  if (check) validate_bags_cuda(inv, off, emb.size(0), "pooled_gather");
   const int64_t num_bags = off.numel() - 1, D = emb.size(1);
   auto out = at::zeros({num_bags, D}, emb.options());
   if (num_bags == 0 || D == 0) return out;
@@ -223,7 +223,8 @@ __global__ void key_sums_kernel(const float* __restrict__ partial, const int64_t
 at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
                                const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                                int64_t mode, int64_t num_unique, const char* op,
-                               const at::Tensor* slots = nullptr, int64_t capacity = 0) {
+                               bool check, const at::Tensor* slots = nullptr,
+                               int64_t capacity = 0) {
   check_bags(inverse, offsets, weights, mode, op);
   DEMB_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
                     ": grad_bags must be (b, D) with b = offsets.numel()-1 = ", offsets.numel() - 1,
@@ -235,7 +236,7 @@ at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& in
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
-  validate_bags_cuda(inv, off, num_unique, op, slots, capacity);
+  if (check) validate_bags_cuda(inv, off, num_unique, op, slots, capacity);
   const int64_t n = inv.numel(), num_bags = off.numel() - 1, D = g.size(1);
   auto out = at::empty({num_unique, D}, g.options());  // every row is written
   if (n == 0 || num_unique == 0 || D == 0) return out.zero_();
@@ -271,8 +272,8 @@ at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& in
 
 at::Tensor reduce_grads_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
                              const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                             int64_t mode, int64_t num_unique) {
-  return reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, num_unique, "reduce_grads");
+                             int64_t mode, int64_t num_unique, bool check) {
+  return reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, num_unique, "reduce_grads", check);
 }
 
 // ---- fused optimizer updates: one warp per slot ----
@@ -286,11 +287,11 @@ enum class Opt { kSgd, kAdagrad, kRowwiseAdagrad, kAdam };
 template <Opt kOpt>
 __global__ void update_kernel(float* __restrict__ values, const int64_t* __restrict__ slots,
                               const float* __restrict__ grads, int64_t n, int64_t W, int64_t D,
-                              UpdateParams p) {
+                              int64_t capacity, UpdateParams p) {
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (i >= n) return;
   const int64_t s = slots[i];
-  if (s < 0) return;
+  if (s < 0 || s >= capacity) return;  // -1: no home; >= capacity only when the caller skipped checks
   float* w = values + s * W;
   const float* g = grads + i * D;
   if constexpr (kOpt == Opt::kSgd) {
@@ -328,8 +329,8 @@ __global__ void update_kernel(float* __restrict__ values, const int64_t* __restr
   }
 }
 
-// ``slot_range``: also check slots < capacity (one device-to-host read; the fused SGD op checks its
-// slots in its bag validation pass instead).
+// ``slot_range``: also check slots < capacity (one device-to-host read; false when the caller passed
+// check=False, or for the fused SGD op, which checks its slots in its bag validation pass instead).
 int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                           int64_t state_per_dim, int64_t state_fixed, const char* op,
                           bool slot_range = true) {
@@ -365,12 +366,12 @@ void launch_update(at::Tensor& values, const at::Tensor& slots, const at::Tensor
   if (n == 0) return;
   update_kernel<kOpt><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
       values.data_ptr<float>(), s.data_ptr<int64_t>(), g.data_ptr<float>(), n, values.size(1),
-      g.size(1), p);
+      g.size(1), values.size(0), p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads, double lr) {
-  check_update_cuda(values, slots, grads, 0, 0, "sgd_update");
+void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads, double lr, bool check) {
+  check_update_cuda(values, slots, grads, 0, 0, "sgd_update", check);
   UpdateParams p{};
   p.lr = float(lr);
   launch_update<Opt::kSgd>(values, slots, grads, p);
@@ -380,7 +381,7 @@ void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tens
 // allocator's memory for one launch, which costs little on the GPU (the CPU kernel is the fused one).
 void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
                             const at::Tensor& inverse, const at::Tensor& offsets,
-                            const std::optional<at::Tensor>& weights, int64_t mode, double lr) {
+                            const std::optional<at::Tensor>& weights, int64_t mode, double lr, bool check) {
   const char* op = "sgd_reduce_update";
   DEMB_CHECK_VALUE(slots.dim() == 1, op, ": slots must be (u,), got ", slots.sizes());
   DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
@@ -389,7 +390,7 @@ void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const a
                    values.sizes());
   check_on_device(slots, values.device(), "slots", op);
   const auto s = slots.contiguous();
-  const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, s.numel(), op,
+  const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, s.numel(), op, check,
                                          &s, values.size(0));
   check_update_cuda(values, s, grads, 0, 0, op, /*slot_range=*/false);
   UpdateParams p{};
@@ -398,8 +399,8 @@ void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const a
 }
 
 void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
-                         double lr, double eps) {
-  check_update_cuda(values, slots, grads, 1, 0, "adagrad_update");
+                         double lr, double eps, bool check) {
+  check_update_cuda(values, slots, grads, 1, 0, "adagrad_update", check);
   UpdateParams p{};
   p.lr = float(lr);
   p.eps = float(eps);
@@ -407,8 +408,8 @@ void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::
 }
 
 void rowwise_adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
-                                 double lr, double eps, double weight_decay, int64_t weight_decay_mode) {
-  check_update_cuda(values, slots, grads, 0, 1, "rowwise_adagrad_update");
+                                 double lr, double eps, double weight_decay, int64_t weight_decay_mode, bool check) {
+  check_update_cuda(values, slots, grads, 0, 1, "rowwise_adagrad_update", check);
   DEMB_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2,
                     "rowwise_adagrad_update: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 "
                     "(DECOUPLE), got ", weight_decay_mode);
@@ -421,8 +422,8 @@ void rowwise_adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, co
 }
 
 void adam_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads, double lr,
-                      double eps, double beta1, double beta2, double weight_decay, int64_t step) {
-  check_update_cuda(values, slots, grads, 2, 0, "adam_update");
+                      double eps, double beta1, double beta2, double weight_decay, int64_t step, bool check) {
+  check_update_cuda(values, slots, grads, 2, 0, "adam_update", check);
   DEMB_CHECK_VALUE(step >= 1, "adam_update: step must be >= 1 (bias correction), got ", step);
   UpdateParams p{};
   p.lr = float(lr);

@@ -60,13 +60,16 @@ StateView check_state(const char* op, const Tensor& table_keys, const Tensor& di
                    sizes.data_ptr<int64_t>(), T, total};
 }
 
-/** keys / table_ids: (n,) int64 on the table's device, every id in [0, T); contiguous copies. */
+/**
+ * keys / table_ids: (n,) int64 on the table's device; contiguous copies. With ``check``, every id
+ * must lie in [0, T). Unchecked, a key of an id outside it is treated as missing and never placed.
+ */
 std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys_in,
-                                     const Tensor& table_ids_in, const at::Device& dev,
-                                     int64_t T) {
+                                     const Tensor& table_ids_in, const at::Device& dev, int64_t T,
+                                     bool check) {
   check_keys_args(op, keys_in, table_ids_in, dev);
   Tensor table_ids = table_ids_in.contiguous();
-  const int64_t i = first_outside(table_ids, 0, T, c10::cuda::getCurrentCUDAStream());
+  const int64_t i = check ? first_outside(table_ids, 0, T, c10::cuda::getCurrentCUDAStream()) : -1;
   if (i >= 0) raise_bad_table_id(op, i, table_ids[i].item<int64_t>(), T);
   return {keys_in.contiguous(), table_ids};
 }
@@ -103,12 +106,12 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                         const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                         const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                         const Tensor& sizes, const Tensor& cur_scores_in,
-                        const c10::optional<Tensor>& input_scores_in) {
+                        const c10::optional<Tensor>& input_scores_in, bool check) {
   const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev, s.num_tables);
+  auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev, s.num_tables, check);
   check_per_table_arg(op, cur_scores_in, "cur_scores", s.num_tables, dev);
   const Tensor cur_scores = cur_scores_in.contiguous();
   DEMB_CHECK_TYPE(score_fns.scalar_type() == at::kLong && score_fns.dim() == 1 &&
@@ -168,12 +171,12 @@ std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor
                                              const Tensor& scores, const Tensor& slot_offsets,
                                              const Tensor& bucket_caps, const Tensor& policies,
                                              const Tensor& sizes, const Tensor& cur_scores_in,
-                                             bool update_score) {
+                                             bool update_score, bool check) {
   const StateView s = check_state("find", table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("find", keys_in, table_ids_in, dev, s.num_tables);
+  auto [keys, table_ids] = check_keys("find", keys_in, table_ids_in, dev, s.num_tables, check);
   check_per_table_arg("find", cur_scores_in, "cur_scores", s.num_tables, dev);
   const Tensor cur_scores = cur_scores_in.contiguous();
   const int64_t n = keys.numel();
@@ -201,10 +204,10 @@ Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& ta
                    const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                    const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                    const Tensor& sizes, const Tensor& cur_scores,
-                   const c10::optional<Tensor>& input_scores) {
+                   const c10::optional<Tensor>& input_scores, bool check) {
   return run_insert("insert", UpsertMode::kInsert, keys, table_ids, table_keys, digests, scores,
                     slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
-                    input_scores)
+                    input_scores, check)
       .slots;
 }
 
@@ -213,10 +216,10 @@ std::tuple<Tensor, Tensor> find_or_insert_cuda(const Tensor& keys, const Tensor&
                                                const Tensor& scores, const Tensor& slot_offsets,
                                                const Tensor& bucket_caps, const Tensor& policies,
                                                const Tensor& score_fns, const Tensor& sizes,
-                                               const Tensor& cur_scores) {
+                                               const Tensor& cur_scores, bool check) {
   UpsertResult r = run_insert("find_or_insert", UpsertMode::kFindOrInsert, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
-                              score_fns, sizes, cur_scores, c10::nullopt);
+                              score_fns, sizes, cur_scores, c10::nullopt, check);
   return {r.slots, r.flag};
 }
 
@@ -224,10 +227,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
     const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const c10::optional<Tensor>& input_scores) {
+    const c10::optional<Tensor>& input_scores, bool check) {
   UpsertResult r = run_insert("insert_and_evict", UpsertMode::kInsertAndEvict, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
-                              score_fns, sizes, cur_scores, input_scores);
+                              score_fns, sizes, cur_scores, input_scores, check);
   // Evictions in input order of the keys that caused them (one device sync: m depends on data).
   auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
                                           table_ids.contiguous(),
@@ -237,12 +240,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
 
 Tensor erase_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
                   const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
-                  const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes) {
+                  const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes, bool check) {
   const StateView s = check_state("erase", table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("erase", keys_in, table_ids_in, dev, s.num_tables);
+  auto [keys, table_ids] = check_keys("erase", keys_in, table_ids_in, dev, s.num_tables, check);
   const int64_t n = keys.numel();
   Tensor protect_bits;
   UpsertParams p = upsert_params(UpsertMode::kErase, keys, table_ids, s, protect_bits);
@@ -288,7 +291,7 @@ Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const T
                                   bucket_caps, policies, sizes);
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("insert_at", keys_in, table_ids_in, dev, s.num_tables);
+  auto [keys, table_ids] = check_keys("insert_at", keys_in, table_ids_in, dev, s.num_tables, true);
   check_table_arg(slots_in, "insert_at", "slots", at::kLong, 1, dev);
   DEMB_CHECK_VALUE(slots_in.size(0) == keys.size(0), "dynamicemb.insert_at: slots must have ",
                    keys.size(0), " entries like keys, got ", slots_in.size(0));
@@ -309,30 +312,33 @@ Tensor insert_at_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const T
   return placed;
 }
 
-/** values and slots of gather_rows / scatter_rows; every slot in [-1, capacity). */
-Tensor check_rows(const char* op, const Tensor& values, const Tensor& slots_in) {
+/**
+ * values and slots of gather_rows / scatter_rows; with ``check``, every slot in [-1, capacity).
+ * Unchecked, a slot outside it reads as zeros and is not written (the kernels' bound).
+ */
+Tensor check_rows(const char* op, const Tensor& values, const Tensor& slots_in, bool check) {
   DEMB_CHECK_VALUE(values.is_cuda(), "dynamicemb.", op,
                    ": values must be on a CUDA device like slots, got ", values.device());
   check_rows_args(op, values, slots_in);
   Tensor slots = slots_in.contiguous();
   const int64_t cap = values.size(0);
-  const int64_t i = first_outside(slots, -1, cap, c10::cuda::getCurrentCUDAStream());
+  const int64_t i = check ? first_outside(slots, -1, cap, c10::cuda::getCurrentCUDAStream()) : -1;
   if (i >= 0) raise_bad_slot(op, i, slots[i].item<int64_t>(), cap);
   return slots;
 }
 
-Tensor gather_rows_cuda(const Tensor& values, const Tensor& slots_in) {
+Tensor gather_rows_cuda(const Tensor& values, const Tensor& slots_in, bool check) {
   const c10::cuda::CUDAGuard guard(values.device());
-  const Tensor slots = check_rows("gather_rows", values, slots_in);
+  const Tensor slots = check_rows("gather_rows", values, slots_in, check);
   Tensor out = at::empty({slots.numel(), values.size(1)}, values.options());
   select_gather_rows(values, slots, out, c10::cuda::getCurrentCUDAStream());
   return out;
 }
 
-void scatter_rows_cuda(const Tensor& values, const Tensor& slots_in, const Tensor& rows_in) {
+void scatter_rows_cuda(const Tensor& values, const Tensor& slots_in, const Tensor& rows_in, bool check) {
   const c10::cuda::CUDAGuard guard(values.device());
   check_scatter_rows_arg(values, slots_in, rows_in);
-  const Tensor slots = check_rows("scatter_rows", values, slots_in);
+  const Tensor slots = check_rows("scatter_rows", values, slots_in, check);
   Tensor v = values;  // the schema declares the mutation (a!)
   select_scatter_rows(v, slots, rows_in.contiguous(), c10::cuda::getCurrentCUDAStream());
 }

@@ -67,7 +67,9 @@ class TableLookup:
 def pooled_forward(part: TableLookup, mode: int, out: torch.Tensor, batch_size: int) -> None:
     """Pool one table's bags and write each feature's block of columns of ``out`` (B, total_D)."""
     assert part.rows is not None and part.offsets is not None, "pooled part without rows/offsets"
-    pooled = lookup_ops.pooled_gather(part.rows, part.row_index, part.offsets, part.weights, mode)
+    pooled = lookup_ops.pooled_gather(
+        part.rows, part.row_index, part.offsets, part.weights, mode, check=False
+    )
     dim = part.rows.size(1)
     for j, col in enumerate(part.columns):
         out[:, col : col + dim] = pooled[j * batch_size : (j + 1) * batch_size]
@@ -94,6 +96,7 @@ def pooled_grads(part: TableLookup, mode: int, grad_bags: torch.Tensor) -> torch
         part.weights,
         mode,
         part.num_unique,
+        check=False,
     )
 
 
@@ -129,7 +132,7 @@ def sequence_grads(part: TableLookup, grad_out: torch.Tensor) -> torch.Tensor:
     bags = torch.arange(n + 1, dtype=torch.int64, device=part.inverse.device)
     grad_rows = grad_out[part.positions].float().contiguous()
     return lookup_ops.reduce_grads(
-        grad_rows, part.inverse, bags, None, lookup_ops.POOL_SUM, part.num_unique
+        grad_rows, part.inverse, bags, None, lookup_ops.POOL_SUM, part.num_unique, check=False
     )
 
 

@@ -355,6 +355,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 part.weights,
                 mode,
                 float(self.optimizer_args.learning_rate),
+                check=False,  # homes from the table, inverse from unique, offsets validated
             )
             return True
 

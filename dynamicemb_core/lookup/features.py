@@ -74,11 +74,19 @@ def validate_inputs(
             f"BatchedDynamicEmbeddingTables: offsets must have F*B+1 elements with F={num_features} "
             f"features, got {offsets.numel()}"
         )
-    ends = offsets[[0, -1]].tolist()
-    if ends[0] != 0 or ends[1] != indices.numel():
+    # One readback for the whole batch: the lookup ops then run unchecked (no sync per table).
+    decreasing = offsets[1:] < offsets[:-1]
+    first, last, num_decreasing = torch.stack([offsets[0], offsets[-1], decreasing.sum()]).tolist()
+    if first != 0 or last != indices.numel():
         raise ValueError(
             "BatchedDynamicEmbeddingTables: offsets must start at 0 and end at len(indices)="
-            f"{indices.numel()}, got first={ends[0]}, last={ends[1]}"
+            f"{indices.numel()}, got first={first}, last={last}"
+        )
+    if num_decreasing:
+        b = int(decreasing.nonzero()[0])
+        raise ValueError(
+            f"BatchedDynamicEmbeddingTables: offsets must be non-decreasing, got offsets[{b}]="
+            f"{int(offsets[b])} > offsets[{b + 1}]={int(offsets[b + 1])}"
         )
     if per_sample_weights is not None:
         if not weights_allowed:

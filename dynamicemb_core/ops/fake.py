@@ -43,6 +43,7 @@ def _find_fake(
     sizes: Tensor,
     cur_scores: Tensor,
     update_score: bool,
+    check: bool = True,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool), keys.new_empty(n, 2)
@@ -62,6 +63,7 @@ def _insert_fake(
     sizes: Tensor,
     cur_scores: Tensor,
     input_scores: Optional[Tensor],
+    check: bool = True,
 ) -> Tensor:
     return keys.new_empty(_check_keys(keys, table_ids))
 
@@ -79,6 +81,7 @@ def _find_or_insert_fake(
     score_fns: Tensor,
     sizes: Tensor,
     cur_scores: Tensor,
+    check: bool = True,
 ) -> Tuple[Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool)
@@ -98,6 +101,7 @@ def _insert_and_evict_fake(
     sizes: Tensor,
     cur_scores: Tensor,
     input_scores: Optional[Tensor],
+    check: bool = True,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     m = torch.library.get_ctx().new_dynamic_size()
@@ -122,6 +126,7 @@ def _erase_fake(
     bucket_caps: Tensor,
     policies: Tensor,
     sizes: Tensor,
+    check: bool = True,
 ) -> Tensor:
     return keys.new_empty(_check_keys(keys, table_ids), dtype=torch.bool)
 
@@ -165,13 +170,13 @@ def _insert_at_fake(
 
 
 @torch.library.register_fake(_NS + "gather_rows")
-def _gather_rows_fake(values: Tensor, slots: Tensor) -> Tensor:
+def _gather_rows_fake(values: Tensor, slots: Tensor, check: bool = True) -> Tensor:
     torch._check(values.dim() == 2, lambda: "values must be 2-D")
     return values.new_empty(slots.shape[0], values.shape[1])
 
 
 @torch.library.register_fake(_NS + "scatter_rows")
-def _scatter_rows_fake(values: Tensor, slots: Tensor, rows: Tensor) -> None:
+def _scatter_rows_fake(values: Tensor, slots: Tensor, rows: Tensor, check: bool = True) -> None:
     torch._check(rows.shape[0] == slots.shape[0], lambda: "rows and slots differ in length")
     return None
 

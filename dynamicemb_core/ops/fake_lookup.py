@@ -22,7 +22,12 @@ def _unique_fake(keys: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
 
 
 def _pooled_gather_fake(
-    embeddings: Tensor, inverse: Tensor, offsets: Tensor, weights: Optional[Tensor], mode: int
+    embeddings: Tensor,
+    inverse: Tensor,
+    offsets: Tensor,
+    weights: Optional[Tensor],
+    mode: int,
+    check: bool = True,
 ) -> Tensor:
     torch._check(embeddings.dim() == 2, lambda: "pooled_gather: embeddings must be (u, D)")
     torch._check(offsets.dim() == 1 and offsets.shape[0] >= 1, lambda: "offsets must be (b+1,)")
@@ -36,6 +41,7 @@ def _reduce_grads_fake(
     weights: Optional[Tensor],
     mode: int,
     num_unique: int,
+    check: bool = True,
 ) -> Tensor:
     torch._check(grad_bags.dim() == 2, lambda: "reduce_grads: grad_bags must be (b, D)")
     return grad_bags.new_empty(num_unique, grad_bags.shape[1], dtype=torch.float32)
@@ -47,7 +53,9 @@ def _check_update(values: Tensor, slots: Tensor, grads: Tensor) -> None:
     torch._check(grads.shape[0] == slots.shape[0], lambda: "grads and slots differ in length")
 
 
-def _sgd_update_fake(values: Tensor, slots: Tensor, grads: Tensor, lr: float) -> None:
+def _sgd_update_fake(
+    values: Tensor, slots: Tensor, grads: Tensor, lr: float, check: bool = True
+) -> None:
     _check_update(values, slots, grads)
 
 
@@ -60,6 +68,7 @@ def _sgd_reduce_update_fake(
     weights: Optional[Tensor],
     pool_mode: int,
     lr: float,
+    check: bool = True,
 ) -> None:
     torch._check(values.dim() == 2, lambda: "values must be (capacity, row_width)")
     torch._check(slots.dim() == 1, lambda: "sgd_reduce_update: slots must be (u,)")
@@ -71,7 +80,7 @@ def _sgd_reduce_update_fake(
 
 
 def _adagrad_update_fake(
-    values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float
+    values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float, check: bool = True
 ) -> None:
     _check_update(values, slots, grads)
 
@@ -84,6 +93,7 @@ def _rowwise_adagrad_update_fake(
     eps: float,
     weight_decay: float,
     weight_decay_mode: int,
+    check: bool = True,
 ) -> None:
     _check_update(values, slots, grads)
 
@@ -98,6 +108,7 @@ def _adam_update_fake(
     beta2: float,
     weight_decay: float,
     step: int,
+    check: bool = True,
 ) -> None:
     _check_update(values, slots, grads)
 

@@ -9,6 +9,13 @@ Each wrapper documents shapes, dtypes and devices and calls the registered op. T
 - ``sgd_reduce_update``: ``reduce_grads`` and ``sgd_update`` fused (the CPU backward's SGD path).
 - ``sgd_update``, ``adagrad_update``, ``rowwise_adagrad_update``, ``adam_update``: fused in-place
   optimizer steps on value rows addressed by slot.
+
+``check`` (keyword-only, all but ``unique``): True, the default, checks the data before writing
+(offsets start at 0, end at n and never decrease; inverse in [0, u); slots below capacity) and
+raises. On CUDA that costs a device synchronisation per call, so the batched module, whose offsets
+are validated once per batch and whose inverse and slots come from its own unique op and table,
+passes False. The input must then be valid: the update kernels still skip out-of-range slots, the
+bag kernels do not bound inverse or offsets. CPU kernels always check (it costs them no sync).
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ def pooled_gather(
     offsets: torch.Tensor,
     weights: Optional[torch.Tensor],
     mode: int,
+    *,
+    check: bool = True,
 ) -> torch.Tensor:
     """Pool bags of rows of ``embeddings``.
 
@@ -75,7 +84,7 @@ def pooled_gather(
     Returns:
         (b, D) float32 on the inputs' device.
     """
-    return _ops().pooled_gather.default(embeddings, inverse, offsets, weights, mode)
+    return _ops().pooled_gather.default(embeddings, inverse, offsets, weights, mode, check)
 
 
 def reduce_grads(
@@ -85,6 +94,8 @@ def reduce_grads(
     weights: Optional[torch.Tensor],
     mode: int,
     num_unique: int,
+    *,
+    check: bool = True,
 ) -> torch.Tensor:
     """Sum the gradient reaching each unique key (the adjoint of :func:`pooled_gather`).
 
@@ -97,12 +108,16 @@ def reduce_grads(
         (u, D) float32: for key k, ``sum over indices i with inverse[i] == k`` of
         ``grad_bags[bag(i)] * weight_i`` (``/ len(bag)`` for MEAN). Deterministic.
     """
-    return _ops().reduce_grads.default(grad_bags, inverse, offsets, weights, mode, num_unique)
+    return _ops().reduce_grads.default(
+        grad_bags, inverse, offsets, weights, mode, num_unique, check
+    )
 
 
-def sgd_update(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+def sgd_update(
+    values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, lr: float, *, check: bool = True
+) -> None:
     """In place: ``values[s, :D] -= lr * g`` for each slot ``s >= 0`` (D = grads.size(1))."""
-    _ops().sgd_update.default(values, slots, grads, lr)
+    _ops().sgd_update.default(values, slots, grads, lr, check)
 
 
 def sgd_reduce_update(
@@ -114,6 +129,8 @@ def sgd_reduce_update(
     weights: Optional[torch.Tensor],
     mode: int,
     lr: float,
+    *,
+    check: bool = True,
 ) -> None:
     """:func:`reduce_grads` then :func:`sgd_update` in one op (the training backward's SGD path).
 
@@ -127,14 +144,22 @@ def sgd_reduce_update(
             ``num_unique = slots.numel()``.
         lr: the learning rate.
     """
-    _ops().sgd_reduce_update.default(values, slots, grad_bags, inverse, offsets, weights, mode, lr)
+    _ops().sgd_reduce_update.default(
+        values, slots, grad_bags, inverse, offsets, weights, mode, lr, check
+    )
 
 
 def adagrad_update(
-    values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, lr: float, eps: float
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    grads: torch.Tensor,
+    lr: float,
+    eps: float,
+    *,
+    check: bool = True,
 ) -> None:
     """In place EXACT_ADAGRAD on rows ``[w (D) | m (D)]`` at ``slots`` (-1 skipped)."""
-    _ops().adagrad_update.default(values, slots, grads, lr, eps)
+    _ops().adagrad_update.default(values, slots, grads, lr, eps, check)
 
 
 def rowwise_adagrad_update(
@@ -145,10 +170,12 @@ def rowwise_adagrad_update(
     eps: float,
     weight_decay: float,
     weight_decay_mode: int,
+    *,
+    check: bool = True,
 ) -> None:
     """In place EXACT_ROWWISE_ADAGRAD on rows ``[w (D) | m (1)]`` at ``slots`` (-1 skipped)."""
     _ops().rowwise_adagrad_update.default(
-        values, slots, grads, lr, eps, weight_decay, weight_decay_mode
+        values, slots, grads, lr, eps, weight_decay, weight_decay_mode, check
     )
 
 
@@ -162,6 +189,10 @@ def adam_update(
     beta2: float,
     weight_decay: float,
     step: int,
+    *,
+    check: bool = True,
 ) -> None:
     """In place FBGEMM ADAM on rows ``[w (D) | m (D) | v (D)]`` at ``slots``; ``step`` >= 1."""
-    _ops().adam_update.default(values, slots, grads, lr, eps, beta1, beta2, weight_decay, step)
+    _ops().adam_update.default(
+        values, slots, grads, lr, eps, beta1, beta2, weight_decay, step, check
+    )

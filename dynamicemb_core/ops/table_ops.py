@@ -3,6 +3,11 @@
 Each wrapper loads the library on first use and calls ``<op>.default``. Shapes: ``n`` keys per call,
 ``T`` logical tables, ``S`` slots in all. Every tensor lives on the table's device; keys, table ids,
 slots and scores are int64. Slots are local to their table; -1 means missing / not placed.
+
+``check`` (keyword-only): True, the default, raises IndexError for a table id outside [0, T) or a
+slot outside [-1, capacity) before anything is written. On CUDA that check costs a device
+synchronisation, so a caller that validated its input already (ScoredHashTable does) passes False;
+the CUDA kernels then treat such ids as missing and such slots as empty. CPU kernels always check.
 """
 
 from __future__ import annotations
@@ -63,10 +68,16 @@ def _with_score_fns(state: TableState, score_fns: Tensor) -> Tuple[Tensor, ...]:
 
 
 def find(
-    keys: Tensor, table_ids: Tensor, state: TableState, cur_scores: Tensor, update_score: bool
+    keys: Tensor,
+    table_ids: Tensor,
+    state: TableState,
+    cur_scores: Tensor,
+    update_score: bool,
+    *,
+    check: bool = True,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Look keys up. Returns ``(slots (n,), found (n,) bool, scores (n, 2) internal order)``."""
-    return _ops().find.default(keys, table_ids, *state, cur_scores, update_score)
+    return _ops().find.default(keys, table_ids, *state, cur_scores, update_score, check)
 
 
 def insert(
@@ -76,19 +87,27 @@ def insert(
     score_fns: Tensor,
     cur_scores: Tensor,
     input_scores: Optional[Tensor] = None,
+    *,
+    check: bool = True,
 ) -> Tensor:
     """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words."""
     return _ops().insert.default(
-        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores
+        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores, check
     )
 
 
 def find_or_insert(
-    keys: Tensor, table_ids: Tensor, state: TableState, score_fns: Tensor, cur_scores: Tensor
+    keys: Tensor,
+    table_ids: Tensor,
+    state: TableState,
+    score_fns: Tensor,
+    cur_scores: Tensor,
+    *,
+    check: bool = True,
 ) -> Tuple[Tensor, Tensor]:
     """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``."""
     return _ops().find_or_insert.default(
-        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores
+        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, check
     )
 
 
@@ -99,6 +118,8 @@ def insert_and_evict(
     score_fns: Tensor,
     cur_scores: Tensor,
     input_scores: Optional[Tensor] = None,
+    *,
+    check: bool = True,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Insert and report evictions.
 
@@ -107,13 +128,13 @@ def insert_and_evict(
         order, ev_table_ids (m,))``; an evicted key's slot now holds the new key that took it.
     """
     return _ops().insert_and_evict.default(
-        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores
+        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores, check
     )
 
 
-def erase(keys: Tensor, table_ids: Tensor, state: TableState) -> Tensor:
+def erase(keys: Tensor, table_ids: Tensor, state: TableState, *, check: bool = True) -> Tensor:
     """Remove keys. Returns ``erased (n,) bool`` (true for every occurrence of a present key)."""
-    return _ops().erase.default(keys, table_ids, *state)
+    return _ops().erase.default(keys, table_ids, *state, check)
 
 
 def export_if(
@@ -139,14 +160,14 @@ def insert_at(
     return _ops().insert_at.default(keys, table_ids, slots, *state, input_scores, dry_run)
 
 
-def gather_rows(values: Tensor, slots: Tensor) -> Tensor:
+def gather_rows(values: Tensor, slots: Tensor, *, check: bool = True) -> Tensor:
     """Rows of a (capacity, width) tensor at ``slots`` (n,); slot -1 gives a zero row. -> (n, width)"""
-    return _ops().gather_rows.default(values, slots)
+    return _ops().gather_rows.default(values, slots, check)
 
 
-def scatter_rows(values: Tensor, slots: Tensor, rows: Tensor) -> None:
+def scatter_rows(values: Tensor, slots: Tensor, rows: Tensor, *, check: bool = True) -> None:
     """Write ``rows`` (n, width) into ``values`` at ``slots``; -1 skipped, last write wins."""
-    _ops().scatter_rows.default(values, slots, rows)
+    _ops().scatter_rows.default(values, slots, rows, check)
 
 
 def device_clock(like: Tensor) -> int:

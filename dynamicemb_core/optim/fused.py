@@ -38,7 +38,9 @@ def apply_update(
         args: its hyper-parameters (learning rate read now, so it can change between steps).
         step: the global step, starting at 1 for the first update (Adam's bias correction).
         values: (capacity, row_width) float tensor, rows ``[embedding | state]``.
-        slots: (n,) int64 unique local slots on ``values``' device; -1 entries are skipped.
+        slots: (n,) int64 unique local slots on ``values``' device; -1 entries are skipped. They
+            come from the table (a tier's homes), so the ops run unchecked (``check=False``: no
+            device synchronisation on CUDA; slots beyond the buffer are skipped, never written).
         grads: (n, dim) float32 gradients reduced per key, same device.
     """
     from dynamicemb_core.ops import lookup_ops
@@ -47,9 +49,9 @@ def apply_update(
         return
     lr = float(args.learning_rate)
     if kind is OptimizerKind.SGD:
-        lookup_ops.sgd_update(values, slots, grads, lr)
+        lookup_ops.sgd_update(values, slots, grads, lr, check=False)
     elif kind is OptimizerKind.ADAGRAD:
-        lookup_ops.adagrad_update(values, slots, grads, lr, float(args.eps))
+        lookup_ops.adagrad_update(values, slots, grads, lr, float(args.eps), check=False)
     elif kind is OptimizerKind.ROWWISE_ADAGRAD:
         lookup_ops.rowwise_adagrad_update(
             values,
@@ -59,6 +61,7 @@ def apply_update(
             float(args.eps),
             float(args.weight_decay),
             int(args.weight_decay_mode),
+            check=False,
         )
     elif kind is OptimizerKind.ADAM:
         lookup_ops.adam_update(
@@ -71,6 +74,7 @@ def apply_update(
             float(args.beta2),
             float(args.weight_decay),
             int(step),
+            check=False,
         )
     else:  # pragma: no cover - OptimizerKind is closed
         raise ValueError(f"no fused update for {kind!r}")

@@ -4,6 +4,9 @@ The class is the contract of docs/table_design.md ("The Python class"): it owns 
 ops work on (:class:`~dynamicemb_core.ops.table_ops.TableState`) and one ``(capacity, row_width)``
 value buffer per table, validates every input before writing, grows tables (expansion.py), keeps the
 per-table step / custom score, applies ``safe_check_mode`` and collects RETAIN_KEY evictions.
+Having validated its table ids itself, it calls the key ops with ``check=False`` (no second, device-
+synchronising check on CUDA); ``read_rows`` / ``write_rows`` take the caller's slots and keep the
+ops' slot check.
 """
 
 from __future__ import annotations
@@ -231,7 +234,7 @@ class ScoredHashTable:
         """Look keys up; with ``update_score`` touch the found ones (score: this call's score)."""
         _, keys, tids = self._keys_and_ids(keys, table_ids)
         slots, found, words = table_ops.find(
-            keys, tids, self._state, self._cur_scores(score), update_score
+            keys, tids, self._state, self._cur_scores(score), update_score, check=False
         )
         scores = score_columns_for_user(words, tids, self._reversed, self._num_columns(table_ids))
         return FindResult(slots, found, scores)
@@ -315,10 +318,12 @@ class ScoredHashTable:
     ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
         self._placement_epoch += 1
         if not evicting:
-            slots = table_ops.insert(keys, tids, self._state, self._score_fns, cur, words)
+            slots = table_ops.insert(
+                keys, tids, self._state, self._score_fns, cur, words, check=False
+            )
             return slots, None, self._no_evictions(self._num_columns(table_ids))
         slots, is_new, ek, es, ew, et = table_ops.insert_and_evict(
-            keys, tids, self._state, self._score_fns, cur, words
+            keys, tids, self._state, self._score_fns, cur, words, check=False
         )
         scores = score_columns_for_user(ew, et, self._reversed, self._num_columns(table_ids))
         return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))
@@ -338,14 +343,14 @@ class ScoredHashTable:
             return None
         if len(widths) == 1 and len({self.specs[t].dtype for t in tables}) == 1:
             if len(tables) == 1:
-                return table_ops.gather_rows(self._values[tables[0]], slots)
+                return table_ops.gather_rows(self._values[tables[0]], slots, check=False)
             out = self._values[tables[0]].new_empty((slots.numel(), widths.pop()))
             for t in tables:
                 mask = tids == t
-                out[mask] = table_ops.gather_rows(self._values[t], slots[mask])
+                out[mask] = table_ops.gather_rows(self._values[t], slots[mask], check=False)
             return out
         return [
-            table_ops.gather_rows(self._values[t], s.reshape(1))[0]
+            table_ops.gather_rows(self._values[t], s.reshape(1), check=False)[0]
             for s, t in zip(slots, tids.tolist())
         ]
 
@@ -400,11 +405,11 @@ class ScoredHashTable:
         if self.specs[involved[0]].row_width == 0:
             return
         if table_ids is None or isinstance(table_ids, int):
-            table_ops.scatter_rows(self._values[involved[0]], slots, rows)
+            table_ops.scatter_rows(self._values[involved[0]], slots, rows, check=False)
             return
         for t in involved:
             mask = tids == t
-            table_ops.scatter_rows(self._values[t], slots[mask], rows[mask])
+            table_ops.scatter_rows(self._values[t], slots[mask], rows[mask], check=False)
 
     def _safe_check(self, involved: List[int], tids: Tensor, slots: Tensor) -> None:
         """Apply each table's safe_check_mode to keys left without a slot."""
@@ -430,7 +435,7 @@ class ScoredHashTable:
         """Remove keys. -> erased (n,) bool"""
         _, keys, tids = self._keys_and_ids(keys, table_ids)
         self._placement_epoch += 1
-        return table_ops.erase(keys, tids, self._state)
+        return table_ops.erase(keys, tids, self._state, check=False)
 
     def export(self, table_id: int, threshold: Optional[int] = None) -> ExportResult:
         """Keys of one table in slot order whose score passes ``threshold`` (None: all).

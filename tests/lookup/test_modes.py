@@ -169,6 +169,16 @@ def test_offsets_that_do_not_match_are_rejected(device):
         m2(keys, torch.tensor([0, 1, 1, 2], device=device))
 
 
+def test_decreasing_offsets_are_rejected_before_any_lookup(device):
+    """The module checks the whole batch's offsets once; its ops then run unchecked."""
+    m = _module(device, [_debug()])
+    keys = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)
+    offsets = torch.tensor([0, 2, 1, 3], dtype=torch.int64, device=device)
+    with pytest.raises(ValueError, match=r"non-decreasing, got offsets\[1\]=2 > offsets\[2\]=1"):
+        m(keys, offsets)
+    assert m.table_stats()[0]["size"] == 0  # nothing was inserted
+
+
 def test_indices_on_wrong_device_are_rejected():
     m = _module("cpu", [_debug()])
     keys, offsets = _seq([1], "cpu")

@@ -196,6 +196,33 @@ def test_bad_op_call_raises_before_writing(device: torch.device, case: str) -> N
     _assert_unchanged(table, before)
 
 
+def test_unchecked_op_call_skips_bad_ids_on_cuda_and_still_raises_on_cpu(
+    device: torch.device,
+) -> None:
+    """``check=False`` drops only the device-synchronising data check: on CUDA a table id outside
+    [0, T) is a missing key that is never placed and a slot outside [-1, capacity) reads as zeros;
+    the CPU kernels check always. Either way the table is unchanged."""
+    table = _table(device)
+    before = _snapshot(table)
+    zeros = torch.zeros(1, dtype=torch.int64, device=device)
+    values = torch.ones(4, 2, device=device)
+    if device.type == "cpu":
+        with pytest.raises(IndexError, match="is not a table id"):
+            table_ops.find_or_insert(
+                zeros, _i64([7], device), table.state, zeros.repeat(2), zeros.repeat(2), check=False
+            )
+        with pytest.raises(IndexError, match="is outside"):
+            table_ops.gather_rows(values, _i64([4], device), check=False)
+    else:
+        slots, is_new = table_ops.find_or_insert(
+            zeros, _i64([7], device), table.state, zeros.repeat(2), zeros.repeat(2), check=False
+        )
+        assert slots.tolist() == [-1] and is_new.tolist() == [False]
+        rows = table_ops.gather_rows(values, _i64([4, 0], device), check=False)
+        assert rows.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    _assert_unchanged(table, before)
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
