@@ -71,10 +71,11 @@ class CachedStorage(LookupTier):
     writing. A forward's own keys that find no room beside pinned keys are served by the next tier
     for that step (as before), never by evicting a pinned key.
 
-    Each training forward should consume a prefetched batch, as in TorchRec's pipeline: a forward
-    of keys that were not prefetched for it releases a pin a later batch holds on them (no value
-    changes, only that key's guarantee ends early). :meth:`release_pins` drops all pins (e.g. when
-    prefetched batches are abandoned). ``insert``/``erase`` through the Storage ABC unpin their
+    A training forward releases the pins of the prefetched batch it consumes: the oldest
+    outstanding prefetch whose pinned keys all appear among the forward's (TorchRec's pipeline
+    consumes them in order). A forward that was not prefetched matches none and releases nothing,
+    so the pins later batches hold on shared keys stay (:class:`~dynamicemb_core.storage.pins.
+    PinCounts`). :meth:`release_pins` drops all pins (e.g. when prefetched batches are abandoned). ``insert``/``erase`` through the Storage ABC unpin their
     keys and ``load`` unpins everything. A prefetch between a forward and its backward that
     evicted (spilled) some of the batch's keys moves the cache's ``placement_epoch``, so the batched
     module looks the keys up again before ``update``, which never writes another key's row.
@@ -185,7 +186,7 @@ class CachedStorage(LookupTier):
         if self.cache is None:
             return self._acquire_in_backing(table_id, keys, init)
         placed = self._place(table_id, keys, init)
-        self._pins[table_id].release(keys)
+        self._pins[table_id].consume(keys)
         return placed
 
     def _place(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
@@ -304,6 +305,7 @@ class CachedStorage(LookupTier):
             return
         keys = self._pinnable(table_id, torch.unique(keys))
         if keys.numel() == 0:
+            self._pins[table_id].add(keys)  # an outstanding batch all the same (see PinCounts)
             return
         placed = self._place(table_id, keys, init)
         self._pins[table_id].add(keys[placed.homes >= 0])

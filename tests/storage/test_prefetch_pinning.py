@@ -166,6 +166,23 @@ def test_key_prefetched_twice_stays_pinned_until_both_forwards(device):
     _assert_same_rows(tiered, plain, device)
 
 
+@no_prefetch_warnings
+def test_a_forward_that_was_not_prefetched_releases_no_pins(device):
+    """Its keys overlap an outstanding prefetch's; the pins stay until that batch's own forward,
+    and training still matches the uncached table."""
+    tiered, storage, plain = _pair(device)
+    b = torch.arange(100, 112, device=device)
+    x = torch.cat([b[:4], torch.arange(300, 308, device=device)])  # shares 4 keys with b
+    tiered.prefetch(b, _offsets(b))
+    assert storage.pin_counts(0, b).tolist() == [1] * b.numel()
+    for i, keys in enumerate((x, b)):
+        if keys is b:
+            assert storage.pin_counts(0, b).tolist() == [1] * b.numel()  # x released nothing
+        torch.testing.assert_close(_step(tiered, keys, i), _step(plain, keys, i))
+    assert storage.pinned(0) == 0  # b's forward consumed b's prefetch
+    _assert_same_rows(tiered, plain, device)
+
+
 def test_backward_after_a_prefetch_that_evicted_the_batch_updates_the_right_rows(device):
     """forward(a), prefetch(b) spills some of a's keys, then backward(a): the update must follow
     the keys (to the host table), not the slots the forward saw (now b's)."""
