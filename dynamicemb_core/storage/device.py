@@ -205,10 +205,11 @@ class DeviceStorage(LookupTier):
         self._count_evictions(table_id, res)
         slots, is_new = res.slots, res.is_new
         missing = is_new | (slots < 0)
-        idx = missing.nonzero().squeeze(1)
-        unplaced = int((slots < 0).sum())
+        # One readback for both counts; the indices of new keys only when there are some.
+        num_missing, unplaced = torch.stack([missing.sum(), (slots < 0).sum()]).tolist()
         rows = self.read_rows(table_id, slots) if (with_rows or unplaced) else None
-        if idx.numel():
+        if num_missing:
+            idx = missing.nonzero().squeeze(1)
             fresh = init(keys[idx])
             if rows is not None:
                 rows[idx] = fresh
