@@ -135,7 +135,7 @@ def split_by_table(
             if with_positions:
                 pos_parts.append(torch.arange(lo, hi, device=indices.device))
             base += hi - lo
-        end = torch.tensor([base], dtype=torch.int64, device=indices.device)
+        end = offsets.new_full((1,), base)  # a fill on the device: no host-to-device copy
         segments.append(
             TableSegment(
                 table=t,

@@ -100,6 +100,8 @@ class ScoredHashTable:
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
         self._growth_listeners: List[GrowthListener] = []
         self._placement_epoch = 0
+        self._cur_scores_host: List[int] = []  # the values of _cur_scores_dev
+        self._cur_scores_dev = torch.empty(0, dtype=torch.int64, device=self.device)
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -164,14 +166,18 @@ class ScoredHashTable:
         """``cur_scores`` (T,): the call's score, or each table's default (-1 = read the clock)."""
         if score is not None:
             return torch.full((self.num_tables,), int(score), dtype=torch.int64, device=self.device)
-        return torch.tensor(
-            [
-                self.get_score(t) if s.policy in (_STEP, _CUSTOMIZED) else -1
-                for t, s in enumerate(self.specs)
-            ],
-            dtype=torch.int64,
-            device=self.device,
-        )
+        values = [
+            self.get_score(t) if s.policy in (_STEP, _CUSTOMIZED) else -1
+            for t, s in enumerate(self.specs)
+        ]
+        # Kept on the device while the values stay the same (always, for time policies): a new
+        # host-to-device copy each call would synchronise with the device on CUDA.
+        if values != self._cur_scores_host:
+            self._cur_scores_host = values
+            self._cur_scores_dev = torch.tensor(values, dtype=torch.int64).to(
+                self.device, non_blocking=True
+            )
+        return self._cur_scores_dev
 
     # -- growth ------------------------------------------------------------------------------------
     def _double(self, t: int) -> Tuple[Tensor, Tensor]:
