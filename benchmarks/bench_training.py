@@ -15,6 +15,8 @@ Run:
     PYTHONPATH=. python benchmarks/bench_training.py --small    # seconds: a smoke run (nox -s bench)
     PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
         --batch 4096 --optimizers sgd --warmup 3 --profile   # where a step's time goes
+    PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
+        --batch 4096 --repeats 12 --split   # forward / backward apart, and where a step syncs
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device
     return "\n".join(tables)
 
 
-def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:
+def ours_module(args, optimizer, device) -> torch.nn.Module:
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 
@@ -125,12 +127,75 @@ def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:
         device,
         learning_rate=0.01,
     )
+    return module
+
+
+def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:
+    module = ours_module(args, optimizer, device)
 
     def step(i: int) -> None:
         idx, off = batches[i % len(batches)]
         module(idx, off).sum().backward()
 
     return step
+
+
+def split_steps(module, batches, warmup: int, repeats: int, device: torch.device) -> str:
+    """Forward and backward wall times (medians), and on CUDA where one step synchronises.
+
+    The sync sites are the host synchronisations torch's sync debug mode reports, grouped by the
+    line of dynamicemb_core that caused them; readbacks inside the C++ ops are not among them.
+    """
+    import collections
+    import traceback
+    import warnings
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for i in range(warmup):
+        idx, off = batches[i % len(batches)]
+        module(idx, off).sum().backward()
+    fwd, bwd = [], []
+    for i in range(repeats):
+        idx, off = batches[i % len(batches)]
+        sync()
+        t0 = time.perf_counter()
+        out = module(idx, off)
+        sync()
+        t1 = time.perf_counter()
+        out.sum().backward()
+        sync()
+        fwd.append(t1 - t0)
+        bwd.append(time.perf_counter() - t1)
+    f, b = statistics.median(fwd) * 1e3, statistics.median(bwd) * 1e3
+    lines = [f"forward {f:.2f} ms, backward {b:.2f} ms, step {f + b:.2f} ms (medians of {repeats})"]
+    if device.type != "cuda":
+        return "\n".join(lines)
+    sites: collections.Counter = collections.Counter()
+
+    def record(*_: object, **__: object) -> None:
+        ours = [fr for fr in traceback.extract_stack()[:-2] if "dynamicemb_core" in fr.filename]
+        where = ours[-1] if ours else None
+        sites[
+            f"{where.filename.split('dynamicemb_core/')[-1]}:{where.lineno}" if where else "?"
+        ] += 1
+
+    shown = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        idx, off = batches[0]
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            module(idx, off).sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            warnings.showwarning = shown
+    lines.append(f"host syncs torch saw in one step: {sum(sites.values())}")
+    lines += [f"  {n:4d}  {site}" for site, n in sites.most_common(12)]
+    return "\n".join(lines)
 
 
 def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:
@@ -230,6 +295,12 @@ def main(argv: List[str] | None = None) -> None:
         action="store_true",
         help="instead of timing: torch.profiler tables of two of our steps (CPU and CUDA time)",
     )
+    p.add_argument(
+        "--split",
+        action="store_true",
+        help="instead of the peer comparison: our forward and backward times apart, and (CUDA) "
+        "where a step synchronises with the host",
+    )
     add_small_flag(p)
     args = apply_small(p, p.parse_args(argv), SMALL)
     if args.threads:
@@ -247,6 +318,11 @@ def main(argv: List[str] | None = None) -> None:
     rows = []
     for name in args.optimizers.split(","):
         opt = EmbOptimType.EXACT_SGD if name == "sgd" else EmbOptimType.ADAM
+        if args.split:
+            module = ours_module(args, opt, device)
+            report = split_steps(module, batches, args.warmup, args.repeats, device)
+            print(f"== {name.upper()}\n{report}")
+            continue
         ours = ours_step(args, opt, batches, device)
         if args.profile:
             print(f"== {name.upper()}\n{profile_steps(ours, args.warmup, device)}")
@@ -264,7 +340,7 @@ def main(argv: List[str] | None = None) -> None:
         t_ours, t_peer = time_pair([ours, peer], args.warmup, args.repeats, device)
         rows.append((f"{name.upper()} training step", t_ours, peer_name, t_peer))
         del ours, peer
-    if args.profile:
+    if args.profile or args.split:
         return
     print(header(args, device))
     print("| case | ours (ms) | peer | peer (ms) | speedup = peer / ours |")
