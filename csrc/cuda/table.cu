@@ -13,7 +13,9 @@
 // table_checks.h, shared with the CPU kernels; the data checks (table id range, slot range) run
 // here as one small kernel plus an 8-byte readback, before any write, so that bad input raises the
 // CPU kernels' error instead of being skipped silently. That readback is the one device
-// synchronisation such an op adds.
+// synchronisation such an op adds; callers that validated their input pass check=False
+// (csrc/ops.cpp), and the kernels then skip an id outside [0, T) and read a slot outside
+// [-1, capacity) as empty, never touching memory outside the table.
 #include <torch/library.h>
 
 #include <tuple>

@@ -3,12 +3,14 @@
  * @brief Input checks that raise torch's typed errors (ValueError, TypeError, IndexError) with no
  *        C++ backtrace attached.
  *
- * Why not TORCH_CHECK: on the GPU machine (torch 2.11.0+cu130, this extension built there by
- * g++ 13.3), every failed TORCH_CHECK raised from this library, in a CPU or a CUDA kernel alike,
- * killed the process with a segfault; a std::runtime_error thrown from the same place was caught.
- * What the two differ in is c10::str, which formats through an inline std::ostringstream, and the
- * captured C++ backtrace. Here the message is built by plain string appends and no backtrace is
- * taken. The Python error type and message are TORCH_CHECK's.
+ * Why not TORCH_CHECK: on the GPU machine (torch 2.11.0+cu130, g++ 13.3), an extension built there
+ * links libstdc++ statically (its .so needs no libstdc++.so.6 and exports __cxa_throw), and the
+ * first std::ostringstream constructed inside it segfaults: the static copy's iostream state is
+ * never initialised. TORCH_CHECK formats its message with c10::str, an inline ostringstream, so
+ * every failed check crashed the process. A probe op there showed it: std::ostringstream alone
+ * crashed, throwing c10::ValueError with a ready string was caught as ValueError. So the messages
+ * here are built by plain string appends, and this library uses no iostreams at all. The Python
+ * error type and message are TORCH_CHECK's.
  */
 #pragma once
 
