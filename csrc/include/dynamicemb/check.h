@@ -5,8 +5,8 @@
  *
  * Why not TORCH_CHECK: on the GPU machine (torch 2.11.0+cu130, g++ 13.3), an extension built there
  * links libstdc++ statically (its .so needs no libstdc++.so.6 and exports __cxa_throw), and the
- * first std::ostringstream constructed inside it segfaults: the static copy's iostream state is
- * never initialised. TORCH_CHECK formats its message with c10::str, an inline ostringstream, so
+ * first std::ostringstream constructed inside it segfaults (most likely the static copy's iostream
+ * and locale state is never initialised). TORCH_CHECK formats its message with c10::str, an inline ostringstream, so
  * every failed check crashed the process. A probe op there showed it: std::ostringstream alone
  * crashed, throwing c10::ValueError with a ready string was caught as ValueError. So the messages
  * here are built by plain string appends, and this library uses no iostreams at all. The Python
