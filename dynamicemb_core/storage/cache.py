@@ -74,9 +74,10 @@ class CachedStorage(LookupTier):
     A training forward releases the pins of the prefetched batch it consumes: the oldest
     outstanding prefetch whose pinned keys all appear among the forward's (TorchRec's pipeline
     consumes them in order). A forward that was not prefetched matches none and releases nothing,
-    so the pins later batches hold on shared keys stay (:class:`~dynamicemb_core.storage.pins.
-    PinCounts`). :meth:`release_pins` drops all pins (e.g. when prefetched batches are abandoned). ``insert``/``erase`` through the Storage ABC unpin their
-    keys and ``load`` unpins everything. A prefetch between a forward and its backward that
+    so the pins later batches hold on shared keys stay (see
+    :class:`~dynamicemb_core.storage.pins.PinCounts`). :meth:`release_pins` drops all pins (e.g.
+    when prefetched batches are abandoned). ``insert``/``erase`` through the Storage ABC unpin
+    their keys and ``load`` unpins everything. A prefetch between a forward and its backward that
     evicted (spilled) some of the batch's keys moves the cache's ``placement_epoch``, so the batched
     module looks the keys up again before ``update``, which never writes another key's row.
 
