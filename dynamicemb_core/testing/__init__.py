@@ -5,6 +5,8 @@
   pytest): :mod:`~dynamicemb_core.testing.storage_suite` (``StorageSuite``,
   ``StoragePersistenceSuite``, ``StorageDumpSuite``) and :mod:`~dynamicemb_core.testing.counter_suite`
   (``CounterSuite``, ``AdmissionStrategySuite``).
+- :func:`~dynamicemb_core.testing.compare.assert_same_stored_rows`: two storages hold the same keys and
+  rows (the oracle of the tier tests).
 
 The suites are imported lazily so that importing this package does not import pytest.
 """

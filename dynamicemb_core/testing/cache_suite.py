@@ -21,6 +21,7 @@ from dynamicemb_core.config import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
+from dynamicemb_core.testing.compare import assert_same_stored_rows
 
 __all__ = ["StorageUnderCacheSuite"]
 
@@ -88,9 +89,5 @@ class StorageUnderCacheSuite:
         )
         tiered.flush()
         keys = torch.arange(NUM_KEYS, device=self.device)
-        found_w, rows_w, _ = plain.tables[0].find(0, keys)
-        found_g, rows_g, _ = stack.backing.find(0, keys)  # after flush, the plugin holds every row
-        assert torch.equal(found_w.cpu(), found_g.cpu())
-        torch.testing.assert_close(
-            rows_g[found_g].cpu(), rows_w[found_w].cpu(), rtol=1e-6, atol=1e-6
-        )
+        # after flush, the plugin holds every row
+        assert_same_stored_rows(plain.tables[0], stack.backing, keys)

@@ -11,9 +11,8 @@ from dynamicemb_core.config import (
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
 )
-from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+from tests.lookup import oracle
 
 
 def test_kv_counter_accumulates_and_erases(device):
@@ -66,21 +65,9 @@ def test_frequency_strategy_admits_at_threshold():
 
 
 def _module(device, **kw):
-    opts = DynamicEmbTableOptions(
-        dim=4,
-        max_capacity=256,
-        bucket_capacity=128,
-        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-        **kw,
-    )
-    return BatchedDynamicEmbeddingTables(
-        [opts],
-        ["t"],
-        [0],
-        DynamicEmbPoolingMode.NONE,
-        EmbOptimType.EXACT_SGD,
-        device,
-        learning_rate=0.1,
+    opts = oracle.debug_options(4, max_capacity=256, bucket_capacity=128, **kw)
+    return oracle.one_table_module(
+        opts, device, EmbOptimType.EXACT_SGD, DynamicEmbPoolingMode.NONE, learning_rate=0.1
     )
 
 

@@ -12,32 +12,20 @@ try:  # fbgemm-gpu >= 1.8
 except ImportError:  # fbgemm-gpu 1.6 (the GPU machine's CUDA build)
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 
-from dynamicemb_core.config import (
-    DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode,
-    DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
-)
-from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+from dynamicemb_core.config import DynamicEmbPoolingMode
+from tests.lookup import oracle
 from tests.optim import row_reference as ref
 
 D, LR, EPS, WD = 4, 0.3, 1e-6, 0.05
 
 
 def _module(device, optimizer, **kw):
-    opts = DynamicEmbTableOptions(
-        dim=D,
-        max_capacity=64,
-        bucket_capacity=64,
-        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-    )
-    return BatchedDynamicEmbeddingTables(
-        [opts],
-        ["t"],
-        [0],
-        DynamicEmbPoolingMode.NONE,
-        optimizer,
+    opts = oracle.debug_options(D, max_capacity=64, bucket_capacity=64)
+    return oracle.one_table_module(
+        opts,
         device,
+        optimizer,
+        DynamicEmbPoolingMode.NONE,
         learning_rate=LR,
         eps=EPS,
         weight_decay=WD,

@@ -16,6 +16,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.storage import DeviceStorage, HybridStorage
+from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
 WIDTH = 5
@@ -104,7 +105,4 @@ def test_hybrid_module_trains_like_a_device_table_while_growing(device):
     assert storage.capacity(0) > 256  # grew under load
     assert storage.capacity(0) == plain.tables[0].capacity(0)
     probe = torch.arange(350, device=device)
-    found_w, rows_w, _ = plain.tables[0].find(0, probe)
-    found_g, rows_g, _ = storage.find(0, probe)
-    assert torch.equal(found_w, found_g)
-    torch.testing.assert_close(rows_g[found_g], rows_w[found_w], rtol=1e-6, atol=1e-6)
+    assert_same_stored_rows(plain.tables[0], storage, probe)

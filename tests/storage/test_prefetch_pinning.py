@@ -22,6 +22,7 @@ from dynamicemb_core.config import (
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.storage import CachedStorage, DeviceStorage
 from dynamicemb_core.table.hashing import buckets_of_tensor
+from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 from tests.lookup import oracle
 
@@ -79,10 +80,7 @@ def _in_cache(storage: CachedStorage, keys: torch.Tensor) -> torch.Tensor:
 def _assert_same_rows(tiered, plain, device) -> None:
     tiered.flush()
     probe = torch.arange(UNIVERSE, device=device)
-    found_w, rows_w, _ = plain.tables[0].find(0, probe)
-    found_g, rows_g, _ = tiered.tables[0].find(0, probe)
-    assert torch.equal(found_w, found_g)
-    torch.testing.assert_close(rows_g[found_g], rows_w[found_w], rtol=1e-6, atol=1e-6)
+    assert_same_stored_rows(plain.tables[0], tiered.tables[0], probe)
 
 
 def _pipeline(device, tiered, storage, plain, batches, check_pins: bool) -> int:

@@ -18,6 +18,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.storage import CachedStorage, HybridStorage
+from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.types import StorageTableSpec
 
@@ -70,10 +71,7 @@ def _train_and_compare(device, tiered, prefetch=False):
         (got * coeff).sum().backward()
     tiered.flush()
     keys = torch.arange(NUM_KEYS, device=device)
-    found_w, rows_w, _ = plain.tables[0].find(0, keys)
-    found_g, rows_g, _ = tiered.tables[0].find(0, keys)
-    assert torch.equal(found_w, found_g)
-    torch.testing.assert_close(rows_g[found_g], rows_w[found_w], rtol=1e-6, atol=1e-6)
+    assert_same_stored_rows(plain.tables[0], tiered.tables[0], keys)
 
 
 def test_hybrid_rows_split_device_and_host_train_like_a_device_table(device):
