@@ -26,6 +26,7 @@ from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.lookup.autograd import LookupFunction, TableLookup
 from dynamicemb_core.lookup.features import split_by_table, validate_inputs
 from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
+from dynamicemb_core.lookup.steps import advance_steps, start_steps
 from dynamicemb_core.lookup.tiers import build_tier
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
@@ -103,6 +104,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 capacity=int(opts.max_capacity or 0),
             )
             self.tables.append(build_tier(opts, spec, self.device))
+            start_steps(self.tables[-1])
             self._admission.append(self._build_admission(opts))
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
         self._dummy = torch.zeros(1, device=self.device, requires_grad=True)
@@ -436,6 +438,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if self.training and any(o.training for o in self.table_options):
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
+            advance_steps(self.tables)  # STEP scores: this forward wrote the old step
         out = LookupFunction.apply(
             self._dummy,
             per_sample_weights if learn_weights else None,

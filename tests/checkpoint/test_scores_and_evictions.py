@@ -15,9 +15,12 @@ from tests.checkpoint.helpers import EVICTING, RETAIN, S, make_model, snapshot, 
 def test_get_score_per_strategy():
     assert get_score(torch.nn.Linear(2, 2)) is None
     step = make_model(score_strategy=S.STEP)
-    step.ebc.tables[0].table.advance_step(0)
-    step.ebc.tables[0].table.advance_step(0)
-    assert get_score(step) == {"ebc": {"t0": 2, "t1": 0}}
+    assert get_score(step) == {"ebc": {"t0": 1, "t1": 1}}  # the seed: the step starts at 1
+    train(step, 2, key_range=50)
+    assert get_score(step) == {"ebc": {"t0": 3, "t1": 3}}  # one per training forward
+    step.eval()
+    step(torch.tensor([1, 2], dtype=torch.int64), torch.tensor([0, 1, 2]))
+    assert get_score(step) == {"ebc": {"t0": 3, "t1": 3}}  # an eval forward does not count
     clock = make_model(score_strategy=S.TIMESTAMP)
     a = get_score(clock)["ebc"]["t0"]
     b = get_score(clock)["ebc"]["t0"]

@@ -1,0 +1,56 @@
+"""The STEP score clock of a table's storage: where it starts and when it moves.
+
+A STEP table scores every key a forward touches with the table's step (the seed's
+``DynamicEmbScoreStrategy.STEP``): the step starts at 1, the first training forward writes 1, and
+each training forward adds one after its lookups, so ``get_score`` always says what the next
+forward will write, older keys score lower (eviction removes them first) and ``incremental_dump``
+with an earlier ``get_score`` result returns the keys touched since.
+
+A table's storage may hold several hash tables that score the same keys (a device cache and the
+host table behind it); they all keep one step, moved together here. The lookup module calls
+:func:`start_steps` once per table when it builds the storage and :func:`advance_steps` once per
+training forward; a checkpoint restores a step with the hash table's ``set_score``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, List, Tuple
+
+from dynamicemb_core.config import DynamicEmbScoreStrategy
+
+__all__ = ["FIRST_STEP", "advance_steps", "start_steps", "step_tables"]
+
+FIRST_STEP = 1
+_STEP = int(DynamicEmbScoreStrategy.STEP)
+
+
+def _hash_tables(storage: Any, table_id: int) -> Iterator[Tuple[Any, int]]:
+    """``(ScoredHashTable, table id)`` of every hash table of ``storage`` holding ``table_id``."""
+    table = getattr(storage, "table", None)
+    if table is not None and hasattr(table, "advance_step"):
+        yield table, table_id
+    cache = getattr(storage, "cache", None)
+    if cache is not None:
+        yield from _hash_tables(cache, table_id)
+    backing = getattr(storage, "backing", None)
+    if backing is not None:
+        ids = getattr(storage, "backing_ids", None)
+        yield from _hash_tables(backing, int(ids[table_id]) if ids is not None else table_id)
+
+
+def step_tables(storage: Any, table_id: int = 0) -> List[Tuple[Any, int]]:
+    """The STEP-scored hash tables of ``storage`` for ``table_id`` (none for other strategies)."""
+    return [(t, i) for t, i in _hash_tables(storage, table_id) if t.specs[i].policy == _STEP]
+
+
+def start_steps(storage: Any, table_id: int = 0) -> None:
+    """Set every STEP hash table of ``storage`` to the first step (a new table's clock)."""
+    for table, t in step_tables(storage, table_id):
+        table.set_score(t, FIRST_STEP)
+
+
+def advance_steps(storages: Iterable[Any], table_id: int = 0) -> None:
+    """Add one to the step of every STEP hash table of each storage (after a training forward)."""
+    for storage in storages:
+        for table, t in step_tables(storage, table_id):
+            table.advance_step(t)
