@@ -36,7 +36,9 @@ def _pooling_of(config: Any, sequence: bool) -> DynamicEmbPoolingMode:
     return DynamicEmbPoolingMode[name]
 
 
-def _options_list(configs: Sequence[Any], table_options: TableOptions) -> List[DynamicEmbTableOptions]:
+def _options_list(
+    configs: Sequence[Any], table_options: TableOptions
+) -> List[DynamicEmbTableOptions]:
     if isinstance(table_options, Mapping):
         missing = [c.name for c in configs if c.name not in table_options]
         if missing:
@@ -181,7 +183,9 @@ class _InferenceCollection(nn.Module):
         missing = [n for n in names if (collection, n) not in grouped]
         if missing:
             have = sorted(f"{c}/{t}" for c, t in grouped)
-            raise ValueError(f"from_dump: {path} has no table {missing} in '{collection}'; it has {have}")
+            raise ValueError(
+                f"from_dump: {path} has no table {missing} in '{collection}'; it has {have}"
+            )
         shards = {n: grouped[(collection, n)][0].world_size for n in names}
         module = cls(
             tables,
@@ -370,7 +374,9 @@ def _features_of(
         names.append(c.name)
         features.extend(c.feature_names)
         fmap.extend([i] * len(c.feature_names))
-        pooling[c.name] = _pooling_of(c, False) if hasattr(c, "pooling") else DynamicEmbPoolingMode.NONE
+        pooling[c.name] = (
+            _pooling_of(c, False) if hasattr(c, "pooling") else DynamicEmbPoolingMode.NONE
+        )
     return names, features, fmap, pooling
 
 
@@ -410,6 +416,8 @@ class InferenceEmbeddingCollection(_InferenceCollection):
         out = {}
         for f, name in enumerate(self.feature_names):
             lo, hi = bounds[f], bounds[f + 1]
-            lengths = offsets[f * batch + 1 : (f + 1) * batch + 1] - offsets[f * batch : (f + 1) * batch]
+            lengths = (
+                offsets[f * batch + 1 : (f + 1) * batch + 1] - offsets[f * batch : (f + 1) * batch]
+            )
             out[name] = JaggedTensor(values=rows[lo:hi], lengths=lengths)
         return out

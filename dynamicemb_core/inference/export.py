@@ -46,9 +46,7 @@ def export_model(model: nn.Module, args: Tuple[Any, ...]) -> torch.export.Export
         model: a module whose forward takes tensors (ids, offsets, dense inputs...).
         args: an example batch; its sizes are not baked in.
     """
-    dims = tuple(
-        {0: torch.export.Dim.AUTO} if isinstance(a, Tensor) else None for a in args
-    )
+    dims = tuple({0: torch.export.Dim.AUTO} if isinstance(a, Tensor) else None for a in args)
     with torch.no_grad():
         return torch.export.export(model.eval(), args, dynamic_shapes=dims)
 

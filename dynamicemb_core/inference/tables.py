@@ -172,8 +172,10 @@ class ServingTables(nn.Module):
             )
         bad = [t for t in table_of_feature if not 0 <= t < len(self.tables)]
         if bad:
-            raise ValueError(f"ServingTables: feature_table_map has table indices {bad} outside "
-                             f"[0, {len(self.tables)})")
+            raise ValueError(
+                f"ServingTables: feature_table_map has table indices {bad} outside "
+                f"[0, {len(self.tables)})"
+            )
         self._table_of_feature = table_of_feature
         self.feature_dims = [self.tables[t].dim for t in table_of_feature]
 
@@ -195,13 +197,13 @@ class ServingTables(nn.Module):
         self.logical_specs = [
             StorageTableSpec(
                 name=s.name,
-                dim=self.tables[owner[l]].dim,
-                row_width=self.tables[owner[l]].dim,
+                dim=self.tables[owner[lid]].dim,
+                row_width=self.tables[owner[lid]].dim,
                 dtype=torch.float32,
                 num_scores=s.num_scores,
-                capacity=self.hash_table.capacity(l),
+                capacity=self.hash_table.capacity(lid),
             )
-            for l, s in enumerate(specs)
+            for lid, s in enumerate(specs)
         ]
         self._owner_table = owner
 
@@ -224,9 +226,9 @@ class ServingTables(nn.Module):
             rows = 0
             for i in members:
                 for lg in range(self.tables[i].num_shards):
-                    l = self._first_logical[i] + lg
-                    row_base[l] = rows
-                    rows += self.hash_table.capacity(l)
+                    lid = self._first_logical[i] + lg
+                    row_base[lid] = rows
+                    rows += self.hash_table.capacity(lid)
             values = torch.zeros(rows + len(members) + 1, dim, device=self.device)
             keyed = []
             for j, i in enumerate(members):
@@ -246,8 +248,9 @@ class ServingTables(nn.Module):
         self.register_buffer("first_logical", torch.tensor(self._first_logical, **i64), False)
         self.register_buffer("row_base", torch.tensor(row_base, **i64), False)
         self.register_buffer("default_row", torch.tensor(default_row, **i64), False)
-        self.register_buffer("group_of_logical", torch.tensor(
-            [group_of_table[o] for o in owner], **i64), False)
+        self.register_buffer(
+            "group_of_logical", torch.tensor([group_of_table[o] for o in owner], **i64), False
+        )
         self.register_buffer("cur_scores", torch.full((len(specs),), -1, **i64), False)
         self._sync_state()
         self.storage = _ShardStorage(self)
@@ -312,7 +315,11 @@ class ServingTables(nn.Module):
         """The logical table (table and owning shard) of every index."""
         first = self.first_logical[table_of_index]
         rules = sorted(
-            {(t.dist_type, t.num_shards, t.num_embeddings) for t in self.tables if t.num_shards > 1},
+            {
+                (t.dist_type, t.num_shards, t.num_embeddings)
+                for t in self.tables
+                if t.num_shards > 1
+            },
             key=str,
         )
         if not rules:
@@ -354,9 +361,7 @@ class ServingTables(nn.Module):
         bags = offsets.shape[0] - 1
         batch = bags // num_features
         lengths = offsets[1:] - offsets[:-1]
-        feature_of_bag = torch.arange(num_features, device=indices.device).repeat_interleave(
-            batch
-        )
+        feature_of_bag = torch.arange(num_features, device=indices.device).repeat_interleave(batch)
         feature_of_index = feature_of_bag.repeat_interleave(lengths, output_size=n)
         table_of_index = self.table_of_feature[feature_of_index]
         logical = self._logical_ids(indices, table_of_index)
@@ -367,7 +372,7 @@ class ServingTables(nn.Module):
         row = torch.where(found, self.row_base[logical] + slots, self.default_row[logical])
         weights = None if per_sample_weights is None else per_sample_weights.float()
         outputs = []
-        for g, (dim, pooling) in enumerate(self._group_keys):
+        for g, (_, pooling) in enumerate(self._group_keys):
             row_g = row
             if len(self._group_keys) > 1:
                 row_g = torch.where(self.group_of_logical[logical] == g, row, self._zero_row[g])

@@ -100,9 +100,7 @@ class DuckConfig:
 def configs(dims: Sequence[int] = DIMS) -> List[DuckConfig]:
     """One config per table, its features named as ``from_model`` names them (``table.position``)."""
     return [
-        DuckConfig(
-            name, d, [f"{name}.{f}" for f, t in enumerate(FEATURE_TABLE_MAP) if t == i]
-        )
+        DuckConfig(name, d, [f"{name}.{f}" for f, t in enumerate(FEATURE_TABLE_MAP) if t == i])
         for i, (name, d) in enumerate(zip(NAMES, dims))
     ]
 
@@ -120,7 +118,10 @@ def reorder(
     for f in order:
         lo, hi = int(offsets[f * batch_size]), int(offsets[(f + 1) * batch_size])
         parts.append(indices[lo:hi])
-        lengths.append(offsets[f * batch_size + 1 : (f + 1) * batch_size + 1] - offsets[f * batch_size : (f + 1) * batch_size])
+        lengths.append(
+            offsets[f * batch_size + 1 : (f + 1) * batch_size + 1]
+            - offsets[f * batch_size : (f + 1) * batch_size]
+        )
     lengths_t = torch.cat(lengths)
     new_offsets = torch.cat([offsets.new_zeros(1), torch.cumsum(lengths_t, 0)])
     return torch.cat(parts), new_offsets
@@ -190,7 +191,8 @@ def options_by_name(module: nn.Module, **overrides) -> Dict[str, DynamicEmbTable
     import dataclasses
 
     return {
-        n: dataclasses.replace(o, **overrides) for n, o in zip(module.table_names, module.table_options)
+        n: dataclasses.replace(o, **overrides)
+        for n, o in zip(module.table_names, module.table_options)
     }
 
 
@@ -203,5 +205,3 @@ def in_config_order(out: torch.Tensor, dims: Sequence[int], batch_size: int) -> 
     return torch.cat(
         [out[:, starts[f] : starts[f] + dims[FEATURE_TABLE_MAP[f]]] for f in feature_order()], 1
     )
-
-

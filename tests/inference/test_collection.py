@@ -95,9 +95,7 @@ def test_from_dump_of_any_world_size(tmp_path, world_size: int, dist_type: str) 
     served = InferenceEmbeddingBagCollection.from_dump(
         path, H.configs(), H.options_by_name(trained)
     )
-    assert served.embeddings.table_sizes() == {
-        s["name"]: s["size"] for s in trained.table_stats()
-    }
+    assert served.embeddings.table_sizes() == {s["name"]: s["size"] for s in trained.table_stats()}
     assert all(t.num_shards == world_size for t in served.embeddings.tables)
     batch_size = 12
     indices, offsets, weights = H.batch(400, batch_size, 600)
@@ -119,4 +117,6 @@ def test_from_dump_refuses_a_table_of_another_dim(tmp_path) -> None:
     missing = H.configs() + [H.DuckConfig("clicks", 8, ["clicks"])]
     opts["clicks"] = H.options(8)
     with pytest.raises(ValueError, match="has no table \\['clicks'\\]"):
-        InferenceEmbeddingBagCollection.from_dump(str(tmp_path), missing, dict(opts, item=H.options(4)))
+        InferenceEmbeddingBagCollection.from_dump(
+            str(tmp_path), missing, dict(opts, item=H.options(4))
+        )
