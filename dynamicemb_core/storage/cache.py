@@ -9,12 +9,25 @@ for this step and is updated there. ``flush()`` writes every cached row back, pi
 
 The next tier is addressed only through the :class:`~dynamicemb_core.types.Storage` ABC, so any
 third-party storage works here.
+
+**Failure atomicity.** The next tier may fail (a Redis server killed, a disk full). Every call that
+moves keys between the tiers either completes or leaves both tiers as they were for every row: a
+placement changes the cache first (one hash-table call gives the slots and the victims), then reads
+the misses from the next tier and writes the victims and the keys without a cache slot there in one
+call; when any of those next-tier calls raises, the placement is undone (the new keys are erased
+from the cache, each victim is put back at its slot with its row and scores) before the error
+propagates as :class:`StorageTierError`. Updates write the next tier first and the cache only after
+it acknowledged; ``insert``/``erase`` change the next tier before dropping the cache's copy; ``load``
+clears the cache only after the next tier loaded. So the cache never points a key at another key's
+row and a row the cache held is never dropped before the next tier holds it. What a failed call may
+leave behind: the hit keys' scores touched, and rows the next tier wrote before it failed (the same
+values the cache holds, or a new key's initial row).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,7 +58,15 @@ from dynamicemb_core.types import (
     StorageTableSpec,
 )
 
-__all__ = ["CachedStorage"]
+__all__ = ["CachedStorage", "StorageTierError"]
+
+
+class StorageTierError(DynamicEmbError):
+    """A call to a cache's next tier failed; the cache was left as it was before the call.
+
+    The next tier's own exception is the ``__cause__``. Once the store is back, the same call can be
+    repeated (the module keeps working); rows acknowledged before the failure are intact.
+    """
 
 
 class CachedStorage(LookupTier):
@@ -131,19 +152,48 @@ class CachedStorage(LookupTier):
         self._prefetch_skipped = [0] * n
 
     # ---- helpers -----------------------------------------------------------------------------
+    def _tier_error(self, table_id: int, what: str, exc: BaseException) -> StorageTierError:
+        name = self.tables[table_id].name
+        return StorageTierError(
+            f"table {name!r}: the next tier ({type(self.backing).__name__}) failed to {what}: "
+            f"{type(exc).__name__}: {exc}. The cache and the rows acknowledged before this call "
+            "are unchanged; retry once the store is back"
+        )
+
     def _backing_find(
-        self, table_id: int, keys: torch.Tensor
+        self, table_id: int, keys: torch.Tensor, what: str = "find keys"
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        found, rows, scores = self.backing.find(self.backing_ids[table_id], keys)
+        bid = self.backing_ids[table_id]
+        found, rows, scores = self._backing_call(
+            what, self.backing.find, bid, keys, table_id=table_id
+        )
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def _backing_insert(
-        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
+        what: str = "write rows",
     ) -> None:
         if keys.numel() == 0:
             return
-        dev = self.backing.device
-        self.backing.insert(self.backing_ids[table_id], keys.to(dev), rows.to(dev), scores.to(dev))
+        dev, bid = self.backing.device, self.backing_ids[table_id]
+        args = (bid, keys.to(dev), rows.to(dev), scores.to(dev))
+        what = f"{what} ({keys.numel()} keys)"
+        self._backing_call(what, self.backing.insert, *args, table_id=table_id)
+
+    def _backing_call(
+        self, what: str, fn: Callable[..., Any], *args: Any, table_id: int = 0
+    ) -> Any:
+        """``fn(*args)`` on the next tier, its failure raised as :class:`StorageTierError`."""
+        try:
+            return fn(*args)
+        except StorageTierError:
+            raise
+        except Exception as exc:
+            raise self._tier_error(table_id, what, exc) from exc
 
     def _now_scores(self, table_id: int, n: int) -> torch.Tensor:
         """Scores for rows written straight to the next tier: the cache's current score, else 0."""
@@ -152,13 +202,6 @@ class CachedStorage(LookupTier):
         if self.cache is not None:
             value = int(self.cache.table.get_score(table_id))
         return torch.full((n, num), value, dtype=torch.int64, device=self.device)
-
-    def _spill(self, table_id: int, result: Any) -> None:
-        ev = getattr(result, "evicted", None)
-        if ev is None or ev.keys is None or ev.keys.numel() == 0:
-            return
-        self._spilled[table_id] += int(ev.keys.numel())
-        self._backing_insert(table_id, ev.keys, ev.rows, ev.scores)
 
     # ---- LookupTier -------------------------------------------------------------------------
     def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
@@ -191,18 +234,34 @@ class CachedStorage(LookupTier):
         return placed
 
     def _place(self, table_id: int, keys: torch.Tensor, init: RowInit) -> TierRows:
-        """Place unique keys in the cache (pinned keys protected); misses read or initialized."""
+        """Place unique keys in the cache (pinned keys protected); misses read or initialized.
+
+        Failure-atomic (see the module docstring): when the next tier raises, the placement is
+        undone before the error propagates.
+        """
         assert self.cache is not None
         res = self._find_or_insert_protected(table_id, keys)
+        try:
+            return self._fill_placed(table_id, keys, init, res)
+        except BaseException:
+            self._undo_place(table_id, keys, res)
+            raise
+
+    def _fill_placed(
+        self, table_id: int, keys: torch.Tensor, init: RowInit, res: InsertResult
+    ) -> TierRows:
+        """Rows of the placed keys; victims and keys without a cache slot go to the next tier."""
+        assert self.cache is not None
         slots, is_new = res.slots, res.is_new
         rows = self.cache.read_rows(table_id, slots)
         found = ~is_new
         need = (is_new | (slots < 0)).nonzero().squeeze(1)
         homes = slots.clone()
+        unplaced = need[:0]
         if need.numel():
             # Read misses from the next tier before spilling, so a spill that makes the next tier
             # evict cannot drop a key this call is about to read.
-            bfound, brows, _ = self._backing_find(table_id, keys[need])
+            bfound, brows, _ = self._backing_find(table_id, keys[need], "read the batch's misses")
             fresh_idx = need[~bfound]
             need_rows = brows.to(rows.dtype)
             if fresh_idx.numel():
@@ -212,21 +271,52 @@ class CachedStorage(LookupTier):
             placed = slots[need] >= 0
             self.cache.write_rows(table_id, slots[need][placed], need_rows[placed])
             unplaced = need[~placed]
-            if unplaced.numel():
-                # No room in the cache for these: they stay in (or enter) the next tier.
-                homes[unplaced] = HOME_BACKING
-                self._backing_insert(
-                    table_id,
-                    keys[unplaced],
-                    rows[unplaced],
-                    self._now_scores(table_id, unplaced.numel()),
-                )
-                # The next tier may have had no room either (a full host bucket): those keys have
-                # no home at all, which the lookup reports through safe_check_mode.
-                stored, _, _ = self._backing_find(table_id, keys[unplaced])
-                homes[unplaced[~stored]] = HOME_NONE
-        self._spill(table_id, res)
+        # One write to the next tier: the victims (spill) and the keys the cache had no room for
+        # (they stay in, or enter, the next tier for this step). Keys of one call never evict
+        # each other, so a spill cannot push out a key this call leaves in the next tier.
+        ev = res.evicted
+        victims = int(ev.keys.numel())
+        if victims or unplaced.numel():
+            out_keys, out_rows = [keys[unplaced]], [rows[unplaced]]
+            out_scores = [self._now_scores(table_id, unplaced.numel())]
+            if victims:
+                assert isinstance(ev.rows, torch.Tensor)
+                out_keys.append(ev.keys)
+                out_rows.append(ev.rows.to(rows.dtype))
+                out_scores.append(ev.scores)
+            self._backing_insert(
+                table_id,
+                torch.cat(out_keys),
+                torch.cat(out_rows),
+                torch.cat(out_scores),
+                "write the evicted rows and the rows without a cache slot",
+            )
+        if unplaced.numel():
+            homes[unplaced] = HOME_BACKING
+            # The next tier may have had no room either (a full host bucket): those keys have
+            # no home at all, which the lookup reports through safe_check_mode.
+            stored, _, _ = self._backing_find(
+                table_id, keys[unplaced], "confirm the rows it stored"
+            )
+            homes[unplaced[~stored]] = HOME_NONE
+        self._spilled[table_id] += victims
         return TierRows(homes=homes, found=found, rows=rows)
+
+    def _undo_place(self, table_id: int, keys: torch.Tensor, res: InsertResult) -> None:
+        """Undo one ``_find_or_insert_protected``: erase its new keys, put its victims back.
+
+        Each victim returns to the slot it had (its new key was just erased from it) with the row
+        and scores it had, so every key the cache held before the call reads the same row again.
+        """
+        assert self.cache is not None
+        table = self.cache.table
+        new = keys[res.is_new & (res.slots >= 0)]
+        if new.numel():
+            table.erase(new, table_id)
+        ev = res.evicted
+        if ev.keys.numel():
+            assert isinstance(ev.rows, torch.Tensor)  # one table, one row width
+            table.insert_at(table_id, ev.keys, ev.slots, rows=ev.rows, scores=ev.scores)
 
     def _find_or_insert_protected(self, table_id: int, keys: torch.Tensor) -> InsertResult:
         """``find_or_insert`` of unique ``keys`` with every pinned key in the call, scores kept.
@@ -271,6 +361,17 @@ class CachedStorage(LookupTier):
         grads: torch.Tensor,
         apply: RowUpdate,
     ) -> None:
+        # The next tier's rows first: when it fails, no row of this update has been written.
+        backed = (homes == HOME_BACKING).nonzero().squeeze(1)
+        if backed.numel():
+            bkeys = keys[backed]
+            found, rows, scores = self._backing_find(table_id, bkeys, "read rows to update")
+            ok = found.nonzero().squeeze(1)
+            if ok.numel():
+                rows = rows[ok].contiguous()
+                idx = torch.arange(ok.numel(), device=self.device)
+                apply(rows, idx, grads[backed][ok].contiguous())
+                self._backing_insert(table_id, bkeys[ok], rows, scores[ok], "write updated rows")
         if self.cache is not None:
             # ``homes`` are current: the caller looked the keys up again if the cache's placement
             # epoch moved since it got them (a prefetch in between may have spilled some keys to
@@ -278,17 +379,6 @@ class CachedStorage(LookupTier):
             self.cache.update(
                 table_id, keys, torch.where(homes >= 0, homes, HOME_NONE), grads, apply
             )
-        backed = (homes == HOME_BACKING).nonzero().squeeze(1)
-        if backed.numel() == 0:
-            return
-        bkeys = keys[backed]
-        found, rows, scores = self._backing_find(table_id, bkeys)
-        ok = found.nonzero().squeeze(1)
-        if ok.numel() == 0:
-            return
-        rows = rows[ok].contiguous()
-        apply(rows, torch.arange(ok.numel(), device=self.device), grads[backed][ok].contiguous())
-        self._backing_insert(table_id, bkeys[ok], rows, scores[ok])
 
     def placement_epoch(self, table_id: int) -> Optional[int]:
         # Cache slots go stale only through cache calls; next-tier homes are looked up by key.
@@ -376,8 +466,8 @@ class CachedStorage(LookupTier):
         if self.cache is not None:
             for t in range(len(self.tables)):
                 for keys, rows, scores in self.cache.export(t):
-                    self._backing_insert(t, keys, rows, scores)
-        self.backing.flush()
+                    self._backing_insert(t, keys, rows, scores, "write back the cached rows")
+        self._backing_call("flush", self.backing.flush)
 
     def evictions(self, table_id: int) -> int:
         counter = getattr(self.backing, "evictions", None)
@@ -422,43 +512,56 @@ class CachedStorage(LookupTier):
     ) -> None:
         check_insert(self.tables, table_id, keys, rows, scores)
         keys = keys.to(self.device)
+        # The next tier first: when it fails, the cache still holds its (fresher) copies.
+        self._backing_insert(table_id, keys, rows, scores)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
             self._pins[table_id].drop(keys)
-        self._backing_insert(table_id, keys, rows, scores)
 
     def erase(self, table_id: int, keys: torch.Tensor) -> None:
         check_erase(self.tables, table_id, keys)
         keys = keys.to(self.device)
+        # The next tier first: a key erased from the cache only could read a stale row from it.
+        bid, bkeys = self.backing_ids[table_id], keys.to(self.backing.device)
+        self._backing_call("erase keys", self.backing.erase, bid, bkeys, table_id=table_id)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
             self._pins[table_id].drop(keys)
-        self.backing.erase(self.backing_ids[table_id], keys.to(self.backing.device))
 
     def size(self, table_id: int) -> int:
         """Distinct keys over both tiers (flushes the cache's view into the count)."""
         check_table_id(self.tables, table_id)
         self.flush()
-        return self.backing.size(self.backing_ids[table_id])
+        bid = self.backing_ids[table_id]
+        return int(self._backing_call("count keys", self.backing.size, bid, table_id=table_id))
 
     def export(
         self, table_id: int, batch_size: int = 65536
     ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         check_table_id(self.tables, table_id)
         self.flush()
-        yield from self.backing.export(self.backing_ids[table_id], batch_size)
+        try:
+            yield from self.backing.export(self.backing_ids[table_id], batch_size)
+        except StorageTierError:
+            raise
+        except Exception as exc:
+            raise self._tier_error(table_id, "export rows", exc) from exc
 
     def dump(self, path: str) -> None:
         """Write cached rows back, then let the next tier dump itself."""
         self.flush()
-        self.backing.dump(path)
+        self._backing_call("dump", self.backing.dump, path)
 
     def load(self, path: str) -> None:
-        """Load the next tier; the cache starts empty and fills on lookups."""
+        """Load the next tier; the cache starts empty and fills on lookups.
+
+        The cache is cleared only once the next tier has loaded: when the load fails, the cached
+        rows (possibly fresher than the next tier's) are kept.
+        """
+        self._backing_call("load", self.backing.load, path)
         if self.cache is not None:
             self.cache.table.clear()
             self.release_pins()
-        self.backing.load(path)
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         mine = self.cache.memory_usage(mem_type) if self.cache is not None else 0

@@ -5,6 +5,11 @@
   pytest): :mod:`~dynamicemb_core.testing.storage_suite` (``StorageSuite``,
   ``StoragePersistenceSuite``, ``StorageDumpSuite``) and :mod:`~dynamicemb_core.testing.counter_suite`
   (``CounterSuite``, ``AdmissionStrategySuite``).
+- :class:`~dynamicemb_core.testing.faults.FaultyStorage`: wraps any Storage and fails chosen calls
+  (the Nth of a method, at random with a seed, or all while "down"), raising
+  :class:`~dynamicemb_core.testing.faults.InjectedStorageFault`;
+  :mod:`~dynamicemb_core.testing.fault_suite` (``FaultInjectionSuite``) trains through a cache over
+  it and checks that no acknowledged row is lost.
 - :func:`~dynamicemb_core.testing.compare.assert_same_stored_rows`: two storages hold the same keys and
   rows (the oracle of the tier tests).
 
@@ -24,6 +29,9 @@ _EXPORTS: Dict[str, str] = {
     "StorageDumpSuite": "dynamicemb_core.testing.storage_suite",
     "CounterSuite": "dynamicemb_core.testing.counter_suite",
     "AdmissionStrategySuite": "dynamicemb_core.testing.counter_suite",
+    "FaultyStorage": "dynamicemb_core.testing.faults",
+    "InjectedStorageFault": "dynamicemb_core.testing.faults",
+    "FaultInjectionSuite": "dynamicemb_core.testing.fault_suite",
 }
 
 __all__ = sorted(_EXPORTS)
