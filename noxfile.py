@@ -1,10 +1,11 @@
 """nox sessions: the suites one at a time, each plugin alone, lint, types, demo, benchmarks.
 
-    nox -l                          # list sessions
-    nox -s tests                    # core suite, no plugin installed
-    nox -s "plugin(demb_redis)"     # one plugin with the core, its own tests
-    PLUGINS=demb_redis nox -s plugin plugins_with_core
-    nox -s lint typecheck
+    ./dev nox -l                    # list sessions (./dev runs nox from the pinned environment)
+    ./dev nox -s tests              # core suite, no plugin installed
+    ./dev nox -s "plugin(demb_redis)"   # one plugin with the core, its own tests
+    PLUGINS=demb_redis ./dev nox -s plugin plugins_with_core
+    ./dev nox -s lint typecheck
+    ./dev nox -s docs               # the API reference, HTML under build/docs/reference/
 
 The quick path for day-to-day work is ./dev (README.md); nox is for checking one piece in a clean
 environment. Every session installs the pinned set from requirements/lock.txt with `--no-deps`
@@ -34,7 +35,7 @@ REPO = layout.REPO
 
 nox.options.reuse_venv = "yes"
 nox.options.envdir = str(layout.demb_home() / "nox")
-nox.options.sessions = ["tests", "plugin", "plugins_with_core", "lint"]
+nox.options.sessions = ["tests", "plugin", "plugins_with_core", "lint", "docs"]
 
 
 def _names(variable: str) -> List[str]:
@@ -131,7 +132,8 @@ def slow(session: nox.Session) -> None:
     """Only the tests marked slow: core and every selected plugin, all installed together."""
     install_core(session, *SELECTED_PLUGINS.values())
     install_redis(session)
-    session.run("python", str(REPO / "scripts" / "run_tests.py"), "-m", "slow", *session.posargs)
+    run_tests = str(REPO / "scripts" / "run_tests.py")
+    session.run("python", run_tests, "--no-docs", "-m", "slow", *session.posargs)
 
 
 if SELECTED_PLUGINS:
@@ -175,6 +177,17 @@ def typecheck(session: nox.Session) -> None:
     """mypy over the package, with the pinned torch set for type information."""
     install_core(session)
     session.run("mypy", "dynamicemb_core", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The API reference from the docstrings (Sphinx, every warning an error).
+
+    HTML goes to build/docs/reference/ (or the folder given after `--`). scripts/build_docs.py is
+    the one build both this session and `./dev test` (scripts/run_tests.py) run.
+    """
+    install_core(session)
+    session.run("python", str(REPO / "scripts" / "build_docs.py"), *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 _COMMANDS: Dict[str, str] = {
     "build": "dynamicemb_core.ops.build",  # compile csrc/ ahead of time
-    "info": "dynamicemb_core.ops.build",  # versions, device, where the library is cached
+    "info": "dynamicemb_core.info",  # checks the install: torch, CUDA, FBGEMM, TorchRec, ops, plugins
     "plugins": "dynamicemb_core.plugins.cli",  # installed plugins, versions, hooks
     "demo": "dynamicemb_core.demo",  # the training demo (README's first command)
     "table-demo": "dynamicemb_core.demo.table_demo",  # inserts past capacity under each strategy
@@ -25,8 +25,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     command = argv.pop(0)
     module = importlib.import_module(_COMMANDS[command])
-    runner = getattr(module, "info_main" if command == "info" else "main")
-    return int(runner(argv) or 0)
+    return int(module.main(argv) or 0)
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ class DynamicEmbTableOptions:
 
     Beyond the seed: ``external_storage``, ``admit_strategy``, ``admission_counter`` and
     ``score_function`` may be registered plugin names, configured by the matching ``*_options``
-    dict. See docs/api.md for every field.
+    dict. Every field: the API reference (docs/reference/, built by ``./dev nox -s docs``).
     """
 
     embedding_dtype: Optional[torch.dtype] = None

@@ -3,8 +3,9 @@
 #
 #   bash scripts/bootstrap.sh [--redis]
 #
-# Idempotent and fast on reuse. Progress goes to stderr; stdout carries only the venv path, so
-# callers do `venv=$(bash scripts/bootstrap.sh)`. Steps:
+# Idempotent and fast on reuse. Progress goes to stderr, and only for a step that installs or
+# builds something (a reuse prints nothing; errors always show); stdout carries only the venv path,
+# so callers do `venv=$(bash scripts/bootstrap.sh)`. Steps:
 #   1. a virtualenv OUTSIDE the clone, named after a hash of requirements/*.txt and the Python
 #      version ($DEMB_HOME/venv-<hash>, DEMB_HOME defaulting to ~/.cache/dynamicemb-core): a change
 #      of pins builds a new one, and fresh clones (CI) reuse it;
@@ -13,11 +14,15 @@
 #   3. the core and every plugin under plugins/ (a folder with a pyproject.toml), editable, with
 #      --no-deps --no-build-isolation; redone when the clone's path or a pyproject.toml changes,
 #      after removing editable installs that point at another clone;
-#   4. `python -m dynamicemb_core build` (compiles csrc/ ahead of time) once that command exists;
+#   4. `python -m dynamicemb_core build --quiet` (compiles csrc/ ahead of time when the cache,
+#      $DYNAMICEMB_CACHE_DIR, has no build for these sources and this torch);
 #   5. with --redis: scripts/install_redis.sh (the redis-server binary from apt when it is
 #      missing; nothing is started: the tests start their own server on a free port).
-# Environment: DEMB_HOME, DEMB_PYTHON (interpreter to build the venv from; default python3.11),
-# DEMB_ALLOW_TORCH_DOWNLOAD=1 (accept a torch wheel that is not on local disk).
+# Environment: DEMB_HOME (where venvs live; default $XDG_CACHE_HOME/dynamicemb-core, else
+# ~/.cache/dynamicemb-core), DYNAMICEMB_CACHE_DIR (the C++ build cache; default
+# $XDG_CACHE_HOME/dynamicemb_core, else ~/.cache/dynamicemb_core), DEMB_PYTHON (interpreter to build
+# the venv from; default python3.11), DEMB_ALLOW_TORCH_DOWNLOAD=1 (accept a torch wheel that is not
+# on local disk).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,15 +78,7 @@ fi
 
 # --- 3: the core and the plugins, editable --------------------------------------------------------
 mapfile -t plugins < <("$vpy" "$repo/scripts/layout.py" plugins)
-editable_key="$(
-  {
-    echo "$repo"
-    for dir in "$repo" "${plugins[@]}"; do
-      echo "$dir"
-      sha256sum <"$dir/pyproject.toml"
-    done
-  } | sha256sum | cut -c1-16
-)"
+editable_key="$("$vpy" "$repo/scripts/layout.py" editable-key)"
 if [[ "$(cat "$venv/.demb-editables" 2>/dev/null || true)" != "$editable_key" ]]; then
   start=$SECONDS
   # Editable installs left by another clone (or a plugin folder since removed) would shadow ours.
@@ -111,13 +108,8 @@ EOF
 fi
 
 # --- 4: the C++ extension, ahead of time ----------------------------------------------------------
-if "$vpy" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("dynamicemb_core.ops.build") is None)' 2>/dev/null; then
-  start=$SECONDS
-  "$vpy" -m dynamicemb_core build >&2 || die "python -m dynamicemb_core build failed"
-  log "extension ready in $((SECONDS - start)) s"
-else
-  log "no 'python -m dynamicemb_core build' in this tree yet; the extension is not prebuilt"
-fi
+# --quiet: silent when the library is already in the cache; when it compiles, it says so and how long.
+"$vpy" -m dynamicemb_core build --quiet >&2 || die "python -m dynamicemb_core build failed"
 
 # --- 5: redis-server (the binary only) ------------------------------------------------------------
 if ((want_redis)); then

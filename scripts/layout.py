@@ -11,11 +11,13 @@ Command line (used by bootstrap.sh)::
     python scripts/layout.py plugins    # one plugin folder per line
     python scripts/layout.py pin NAME   # the version the lock pins for NAME
     python scripts/layout.py check-torch PYTHON   # refuse a torch that pip would download
+    python scripts/layout.py editable-key   # changes when the editable installs must be redone
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -23,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Dict, List, NamedTuple, Optional
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,6 +57,19 @@ def suite_targets(repo: Path = REPO) -> List[SuiteTarget]:
         if (plugin / "tests").is_dir():
             targets.append(SuiteTarget(plugin.name, plugin / "tests"))
     return targets
+
+
+def editable_key(repo: Path = REPO) -> str:
+    """16 hex digits naming the editable installs bootstrap.sh made: redone when this changes.
+
+    It covers the clone's path (another clone must re-point the installs) and, for the core and
+    each plugin, the folder and its pyproject.toml (a new plugin, or new metadata or entry points).
+    """
+    digest = hashlib.sha256(str(repo).encode() + b"\0")
+    for folder in (repo, *plugin_dirs(repo)):
+        digest.update(str(folder).encode() + b"\0")
+        digest.update(hashlib.sha256((folder / "pyproject.toml").read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def _requirement_lines(path: Path) -> List[str]:
@@ -112,10 +128,20 @@ def lock_hash(python_tag: Optional[str] = None) -> str:
     return digest.hexdigest()[:12]
 
 
+def _cache_dirs_module() -> ModuleType:
+    """dynamicemb_core/ops/cache_dirs.py, loaded by path (no venv, no torch needed)."""
+    path = REPO / "dynamicemb_core" / "ops" / "cache_dirs.py"
+    spec = importlib.util.spec_from_file_location("_demb_cache_dirs", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def demb_home() -> Path:
-    """Root of everything the tools keep outside the clone (venvs, nox envs): $DEMB_HOME."""
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynamicemb-core"
-    return Path(os.environ.get("DEMB_HOME") or default)
+    """Root of everything the tools keep outside the clone (venvs, nox envs): $DEMB_HOME, else
+    ``dynamicemb-core`` under $XDG_CACHE_HOME or ~/.cache (the package's one cache-location rule)."""
+    return Path(_cache_dirs_module().cache_dir("home"))
 
 
 def venv_dir() -> Path:
@@ -168,6 +194,8 @@ def main(argv: List[str]) -> int:
     elif argv == ["plugins"]:
         for plugin in plugin_dirs():
             print(plugin)
+    elif argv == ["editable-key"]:
+        print(editable_key())
     elif len(argv) == 2 and argv[0] == "pin":
         print(pin(argv[1]))
     elif len(argv) == 2 and argv[0] == "check-torch":

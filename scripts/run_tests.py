@@ -1,12 +1,18 @@
-"""Run the default test suite: the core's tests/, then every plugin's tests/, one pytest each.
+"""Run the default test suite: the core's tests/, then every plugin's tests/, one pytest each;
+then build the API reference.
 
-    python scripts/run_tests.py [extra pytest arguments]    (./dev test does this in the venv)
+    python scripts/run_tests.py [--no-docs] [extra pytest arguments]   (./dev test does this)
 
 Each suite runs in its own pytest process: the core and the plugins each have a `tests` folder, and
 two folders of that name in one process collide as packages and as conftest modules. Every run gets
 `-m "not slow"` (an extra `-m` given here replaces it). pytest's exit code 5 ("no tests collected")
 is fine for one suite, for instance a plugin whose tests are all GPU-only, but a failure when no suite
 ran a single test. The last line sums the runs in the plain `N passed, N failed` form.
+
+The last step builds the API reference (scripts/build_docs.py, the function nox's `docs` session
+calls) with every Sphinx warning an error, so CI, which runs this command, fails on a docstring that
+Sphinx cannot read. It shows as its own summary row and fails the run like a failing suite;
+`--no-docs` leaves it out.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_docs
 from layout import REPO, SuiteTarget, suite_targets
 
 # pytest's exit codes (pytest.ExitCode), spelled out so this script does not import pytest.
@@ -99,8 +106,21 @@ def run_suite(target: SuiteTarget, extra: List[str], workdir: Path) -> SuiteResu
     return result
 
 
-def summarize(results: List[SuiteResult]) -> int:
-    """Print one row per suite and the total line; return the exit code of the whole run."""
+def build_reference(workdir: Path) -> int:
+    """Build the API reference into ``workdir`` (warnings are errors); return Sphinx's exit code."""
+    print(
+        "\n=== API reference: python scripts/build_docs.py (Sphinx, warnings as errors)", flush=True
+    )
+    return build_docs.build(workdir / "reference")
+
+
+def summarize(results: List[SuiteResult], docs_exit: Optional[int] = None) -> int:
+    """Print one row per suite (and the reference's), then the total line; return the exit code.
+
+    Args:
+        results: the suites' counts.
+        docs_exit: Sphinx's exit code when the reference was built, None when it was left out.
+    """
     print("\n=== summary")
     for r in results:
         state = "ok" if r.ok else f"FAILED (pytest exit {r.exit_code})"
@@ -110,6 +130,10 @@ def summarize(results: List[SuiteResult]) -> int:
             f"  {r.name:<16} {r.passed:>5} passed {r.failed:>4} failed {r.skipped:>4} skipped "
             f"{r.seconds:>7.1f} s  {state}"
         )
+    docs_ok = docs_exit in (None, 0)
+    if docs_exit is not None:
+        state = "ok, no warnings" if docs_ok else f"FAILED (sphinx exit {docs_exit}, see above)"
+        print(f"  {'API reference':<16} {state}")
     passed = sum(r.passed for r in results)
     failed = sum(r.failed for r in results)
     skipped = sum(r.skipped for r in results)
@@ -117,17 +141,29 @@ def summarize(results: List[SuiteResult]) -> int:
     if passed + failed == 0:
         print("error: no test ran in any suite", file=sys.stderr)
         return _NO_TESTS
-    return _OK if all(r.ok for r in results) else _TESTS_FAILED
+    return _OK if docs_ok and all(r.ok for r in results) else _TESTS_FAILED
 
 
-def main(argv: Optional[List[str]] = None, targets: Optional[List[SuiteTarget]] = None) -> int:
-    """Run every suite (the core first), whatever the earlier ones did, and sum them up.
+def main(
+    argv: Optional[List[str]] = None,
+    targets: Optional[List[SuiteTarget]] = None,
+    docs: Optional[bool] = None,
+) -> int:
+    """Run every suite (the core first), whatever the earlier ones did, then the reference build.
 
     Args:
-        argv: extra pytest arguments (default: this process's command line).
+        argv: extra pytest arguments (default: this process's command line); `--no-docs` among
+            them skips the reference build.
         targets: the suites to run (default: :func:`layout.suite_targets`, core first).
+        docs: build the API reference; default: when running the default suites and `--no-docs`
+            was not given.
     """
     extra = list(sys.argv[1:] if argv is None else argv)
+    if "--no-docs" in extra:
+        extra.remove("--no-docs")
+        docs = False
+    if docs is None:
+        docs = targets is None
     targets = suite_targets() if targets is None else targets
     missing = [t for t in targets if not t.path.is_dir()]
     if missing:
@@ -135,7 +171,8 @@ def main(argv: Optional[List[str]] = None, targets: Optional[List[SuiteTarget]] 
         return _NO_TESTS
     with tempfile.TemporaryDirectory(prefix="demb-junit-") as tmp:
         results = [run_suite(target, extra, Path(tmp)) for target in targets]
-    return summarize(results)
+        docs_exit = build_reference(Path(tmp)) if docs else None
+    return summarize(results, docs_exit)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import tomllib
 import zipfile
@@ -28,7 +29,8 @@ from packaging.specifiers import SpecifierSet
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-import freeze_lock  # noqa: E402  (scripts/ is not a package)
+import build_docs  # noqa: E402  (scripts/ is not a package)
+import freeze_lock  # noqa: E402
 import layout as repo_layout  # noqa: E402
 import run_tests as test_runner  # noqa: E402
 
@@ -189,6 +191,131 @@ def test_shell_scripts_parse_and_are_executable():
     for path in [REPO / "dev", REPO / ".ci" / "run", *sorted((REPO / "scripts").glob("*.sh"))]:
         subprocess.run(["bash", "-n", str(path)], check=True)
         assert path.stat().st_mode & stat.S_IXUSR, f"{path} is not executable"
+
+
+# --- bootstrap: quiet on reuse, loud on errors ----------------------------------------------------
+
+
+def _mirror_venv(home: Path) -> Path:
+    """A virtualenv folder under ``home``, named as bootstrap.sh expects, whose python sees the
+    running environment's packages (its site-packages is a link to ours) and whose stamps say that
+    the lock and the editable installs are done: what a reused environment looks like."""
+    venv = home / f"venv-{repo_layout.lock_hash()}"
+    (venv / "bin").mkdir(parents=True)
+    base = Path(os.path.realpath(sys.executable))
+    version = ".".join(map(str, sys.version_info[:3]))
+    (venv / "pyvenv.cfg").write_text(
+        f"home = {base.parent}\ninclude-system-site-packages = false\nversion = {version}\n"
+    )
+    (venv / "bin" / "python").symlink_to(base)
+    lib = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    lib.mkdir(parents=True)
+    (lib / "site-packages").symlink_to(sysconfig.get_paths()["purelib"])
+    (venv / ".demb-lock-installed").touch()
+    (venv / ".demb-editables").write_text(repo_layout.editable_key() + "\n")
+    return venv
+
+
+def _bootstrap(env_update: Dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEMB_PYTHON": sys.executable, **env_update}
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "bootstrap.sh")], capture_output=True, text=True, env=env
+    )
+
+
+def test_bootstrap_is_silent_when_it_reuses_everything(tmp_path):
+    from dynamicemb_core.ops import loader
+
+    loader.ensure_loaded()  # the ops library is in the cache, as after any earlier ./dev call
+    venv = _mirror_venv(tmp_path / "home")
+    done = _bootstrap({"DEMB_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout == f"{venv}\n"
+
+
+def test_bootstrap_errors_are_shown(tmp_path):
+    done = _bootstrap({"DEMB_HOME": str(tmp_path / "home"), "DEMB_PYTHON": "no-such-python3.11"})
+    assert done.returncode != 0 and done.stdout == ""
+    assert "[bootstrap] error: no Python interpreter 'no-such-python3.11' (set DEMB_PYTHON)" in (
+        done.stderr
+    )
+
+
+def test_editable_key_changes_with_clone_path_and_plugin_metadata(tmp_path):
+    clone = tmp_path / "clone"
+    (clone / "plugins" / "demb_x").mkdir(parents=True)
+    (clone / "pyproject.toml").write_text("[project]\nname = 'core'\n")
+    plugin = clone / "plugins" / "demb_x" / "pyproject.toml"
+    plugin.write_text("[project]\nname = 'demb-x'\n")
+    key = repo_layout.editable_key(clone)
+    assert repo_layout.editable_key(clone) == key
+    plugin.write_text("[project]\nname = 'demb-x'\nversion = '2'\n")
+    assert repo_layout.editable_key(clone) != key
+    shutil.copytree(clone, tmp_path / "other")
+    assert repo_layout.editable_key(tmp_path / "other") != repo_layout.editable_key(clone)
+
+
+# --- cache locations: one rule -------------------------------------------------------------------
+
+
+def test_cache_dirs_follow_variables_then_xdg_then_home(monkeypatch, tmp_path):
+    from dynamicemb_core.ops import cache_dirs, loader
+
+    for name in ("DEMB_HOME", "DYNAMICEMB_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert loader.cache_root() == tmp_path / "user" / ".cache" / "dynamicemb_core"
+    assert repo_layout.demb_home() == tmp_path / "user" / ".cache" / "dynamicemb-core"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert loader.cache_root() == tmp_path / "xdg" / "dynamicemb_core"
+    assert repo_layout.demb_home() == tmp_path / "xdg" / "dynamicemb-core"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the XDG spec: relative is invalid
+    assert loader.cache_root() == tmp_path / "user" / ".cache" / "dynamicemb_core"
+    monkeypatch.setenv("DYNAMICEMB_CACHE_DIR", str(tmp_path / "build"))
+    monkeypatch.setenv("DEMB_HOME", str(tmp_path / "home"))
+    assert loader.cache_root() == tmp_path / "build"
+    assert repo_layout.demb_home() == tmp_path / "home"
+    with pytest.raises(ValueError, match="unknown kind 'venvs'; known: build, home"):
+        cache_dirs.cache_dir("venvs")
+
+
+# --- the API reference ---------------------------------------------------------------------------
+
+
+def _sphinx_project(root: Path, body: str) -> Path:
+    root.mkdir()
+    (root / "conf.py").write_text("extensions = ['sphinx.ext.autodoc']\n")
+    (root / "index.rst").write_text(body)
+    return root
+
+
+def test_docs_build_fails_on_any_warning(tmp_path, capfd):
+    clean = _sphinx_project(tmp_path / "clean", "Title\n=====\n\nText.\n")
+    assert build_docs.build(tmp_path / "out-clean", source=clean) == 0
+    assert (tmp_path / "out-clean" / "index.html").is_file()
+    broken = _sphinx_project(tmp_path / "broken", "Title\n=====\n\n.. automodule:: no_such_mod\n")
+    assert build_docs.build(tmp_path / "out-broken", source=broken) != 0
+    assert "no_such_mod" in capfd.readouterr().err
+
+
+def test_run_tests_fails_when_reference_has_a_warning(tmp_path, capfd, monkeypatch):
+    passing = _suite(tmp_path, "passing", "def test_a(): pass\n")
+    broken = _sphinx_project(tmp_path / "broken", "Title\n=====\n\n`unclosed\n")  # a warning
+    monkeypatch.setattr(build_docs, "SOURCE", broken)
+    assert test_runner.main(["-q"], targets=[passing], docs=True) == 1
+    out = capfd.readouterr().out
+    assert re.search(r"API reference\s+FAILED \(sphinx exit \d+", out)
+    assert out.rstrip().splitlines()[-1] == "total: 1 passed, 0 failed, 0 skipped"
+
+
+def test_default_test_command_builds_reference_and_nox_has_docs_session():
+    """./dev test (CI) and `./dev nox -s docs` run the same build: scripts/build_docs.py."""
+    runner = (REPO / "scripts" / "run_tests.py").read_text()
+    assert "build_docs.build(" in runner
+    noxfile = (REPO / "noxfile.py").read_text()
+    assert re.search(r"def docs\(session.*?build_docs\.py", noxfile, re.S)
+    assert repo_layout.lock_pins()["sphinx"]
 
 
 # --- README and CI -------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 pip's build isolation would fetch a multi-GB CUDA torch, so the extension is compiled here, against
 the torch that is already installed, with ``torch.utils.cpp_extension`` and ninja. The result is
-cached in ``$DYNAMICEMB_CACHE_DIR`` (default ``~/.cache/dynamicemb_core``) in a folder named by a hash
+cached in ``$DYNAMICEMB_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dynamicemb_core``, else
+``~/.cache/dynamicemb_core``) in a folder named by a hash
 of every source under ``csrc/``, the torch version, the compiler flags and (for CUDA builds) the
 target architectures, so an edited source or another torch gets its own build.
 
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import torch
+
+from dynamicemb_core.ops.cache_dirs import cache_dir
 
 __all__ = ["BuildPlan", "build_plan", "cache_root", "ensure_loaded", "is_loaded", "prune_builds"]
 
@@ -59,9 +62,9 @@ def csrc_dir() -> Path:
 
 
 def cache_root() -> Path:
-    """Folder holding built libraries: ``$DYNAMICEMB_CACHE_DIR`` or ``~/.cache/dynamicemb_core``."""
-    env = os.environ.get("DYNAMICEMB_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "dynamicemb_core"
+    """Folder holding built libraries: ``$DYNAMICEMB_CACHE_DIR``, else ``dynamicemb_core`` under
+    ``$XDG_CACHE_HOME`` or ``~/.cache`` (the rule in :mod:`dynamicemb_core.ops.cache_dirs`)."""
+    return cache_dir("build")
 
 
 def cuda_build_enabled() -> bool:

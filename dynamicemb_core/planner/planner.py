@@ -106,9 +106,9 @@ class DynamicEmbeddingShardingPlanner:
             ``EmbeddingBagConfig``); dynamic tables are sized from these.
         topology: TorchRec topology; default: :func:`default_topology` for the process group's
             world size. The topology's memory budget is for native tables only.
-        batch_size, enumerator, storage_reservation, proposer, partitioner, performance_model,
-        stats, debug: as TorchRec's ``EmbeddingShardingPlanner``; ``enumerator`` defaults to a
-            :class:`DynamicEmbeddingEnumerator`.
+        enumerator: as TorchRec's; default: a :class:`DynamicEmbeddingEnumerator`.
+        batch_size, storage_reservation, proposer, partitioner, performance_model, stats, debug:
+            as TorchRec's ``EmbeddingShardingPlanner``.
         constraints: one entry per table in ``eb_configs``; ``use_dynamicemb=True`` makes it dynamic.
 
     Raises:

@@ -131,7 +131,7 @@ class TableSpec:
 
     @property
     def timestamp_first(self) -> bool:
-        """Compound (TIMESTAMP, LFU): user columns are [ts, count], the reverse of internal order."""
+        """True for the compound (TIMESTAMP, LFU), whose user columns are [ts, count] (reversed)."""
         return self.strategies == (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
 
     @property
