@@ -1,4 +1,4 @@
-"""``python -m dynamicemb_core <command>``: build, info, plugins, demo.
+"""``python -m dynamicemb_core <command>``: build, info, plugins, demo, export.
 
 Each command lives in its own module with a ``main(argv) -> int``; this file only dispatches.
 """
@@ -15,6 +15,7 @@ _COMMANDS: Dict[str, str] = {
     "plugins": "dynamicemb_core.plugins.cli",  # installed plugins, versions, hooks
     "demo": "dynamicemb_core.demo",  # the training demo (README's first command)
     "table-demo": "dynamicemb_core.demo.table_demo",  # inserts past capacity under each strategy
+    "export": "dynamicemb_core.inference.cli",  # a DynamicEmbDump -> a served AOTInductor package
 }
 
 

@@ -1,13 +1,14 @@
 """The model and data both commands of the online-sync example share.
 
-Two dynamic tables (user and item ids) pooled by sum, and a small MLP on top. Capacities are fixed
-(init_capacity == max_capacity): a replica replays deltas slot for slot, which needs the trainer's and
-the replica's tables to keep one layout.
+Two dynamic tables (user and item ids) pooled by sum, and a small MLP on top. The trainer trains
+them; the replica serves them as a read-only inference collection (dynamicemb_core.inference).
+Capacities are fixed (init_capacity == max_capacity): a replica replays deltas slot for slot, which
+needs the trainer's and the replica's tables to keep one layout.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 from torch import nn
@@ -24,13 +25,9 @@ TABLES = ("user", "item")
 DIM = 8
 
 
-def build_model(training: bool, capacity: int = 1024) -> nn.Module:
-    """The trainer's model (``training=True``) or the replica's (embeddings only)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-
-    options = [
+def table_options(training: bool, capacity: int = 1024) -> List[DynamicEmbTableOptions]:
+    """The options of both tables, shared by the trainer and the replica (one layout)."""
+    return [
         DynamicEmbTableOptions(
             dim=DIM,
             max_capacity=capacity,
@@ -44,10 +41,18 @@ def build_model(training: bool, capacity: int = 1024) -> nn.Module:
         )
         for _ in TABLES
     ]
+
+
+def build_model(training: bool, capacity: int = 1024) -> nn.Module:
+    """The trainer's model: trainable dynamic tables under the MLP."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+
     torch.manual_seed(0)
     return Recommender(
         BatchedDynamicEmbeddingTables(
-            table_options=options,
+            table_options=table_options(training, capacity),
             table_names=list(TABLES),
             feature_table_map=[0, 1],
             pooling_mode=DynamicEmbPoolingMode.SUM,
@@ -56,6 +61,35 @@ def build_model(training: bool, capacity: int = 1024) -> nn.Module:
             learning_rate=0.05,
         )
     )
+
+
+def build_replica(capacity: int = 1024) -> nn.Module:
+    """The replica's model: the same tables as a read-only inference collection (no optimizer
+    state), empty until deltas are replayed into it, under the same MLP."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from dynamicemb_core.inference import InferenceEmbeddingBagCollection
+
+    configs = [
+        EmbeddingBagConfig(name=t, embedding_dim=DIM, num_embeddings=capacity, feature_names=[t])
+        for t in TABLES
+    ]
+    # "sparse": the trainer's collection path, the key of its deltas
+    sparse = InferenceEmbeddingBagCollection(
+        configs, table_options(False, capacity), collection="sparse"
+    )
+    return Recommender(LookupAdapter(sparse))
+
+
+class LookupAdapter(nn.Module):
+    """Gives an inference collection the trainer's ``(indices, offsets)`` call."""
+
+    def __init__(self, collection: nn.Module) -> None:
+        super().__init__()
+        self.collection = collection
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.collection.lookup(indices, offsets)
 
 
 class Recommender(nn.Module):

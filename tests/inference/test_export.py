@@ -129,3 +129,22 @@ def test_aoti_package_serves_and_follows_replay(device: torch.device, tmp_path) 
     want = H.reference(trainer, indices, offsets)
     assert not torch.equal(want, before)
     assert torch.equal(after, want)
+
+
+def test_online_sync_replica_serves_an_exported_program(tmp_path) -> None:
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    example = os.path.join(root, "examples", "online_sync")
+    sys.path.insert(0, example)
+    try:
+        mods = {}
+        for name in ("trainer", "replica"):
+            spec = importlib.util.spec_from_file_location(f"sync_{name}", f"{example}/{name}.py")
+            mods[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mods[name])
+    finally:
+        sys.path.remove(example)
+    assert mods["trainer"].main(["--dir", str(tmp_path), "--steps", "6", "--dump-every", "2"]) == 0
+    # the program is exported after the first of three deltas and must follow the other two
+    assert mods["replica"].main(["--dir", str(tmp_path), "--export"]) == 0
