@@ -94,6 +94,22 @@ class LocalRedisServer:
     def start(self, timeout_s: float = 10.0) -> "LocalRedisServer":
         """Start on a free port and wait until it answers PING."""
         self.port = free_port(cluster="--cluster-enabled" in self.extra_args)
+        return self._launch(timeout_s)
+
+    def restart(self, timeout_s: float = 10.0) -> "LocalRedisServer":
+        """Start again on the same port and directory (after :meth:`kill`, or killing it now).
+
+        With ``extra_args=["--appendonly", "yes"]`` the server reloads every write it
+        acknowledged before it died (the AOF is written before replies are sent); without, it
+        starts empty. A cluster node reloads its ``nodes.conf`` and rejoins its cluster.
+        """
+        self.kill()
+        return self._launch(timeout_s)
+
+    def _launch(self, timeout_s: float) -> "LocalRedisServer":
+        if os.path.exists(self.pidfile):  # a killed server's pidfile names a dead process
+            os.remove(self.pidfile)
+        self.pid = None
         args = [
             self.binary,
             "--port",
