@@ -139,7 +139,9 @@ def main(argv: List[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         results["DynamicEmbDump (optim)"] = _median(
-            lambda: DynamicEmbDump(tmp, src, optim=True, show_progress=False), args.repeats, sync
+            lambda: DynamicEmbDump(tmp, src, optim=True, allow_overwrite=True, show_progress=False),
+            args.repeats,
+            sync,
         )
         load_times = []
         for _ in range(args.repeats):

@@ -15,7 +15,7 @@ import torch
 
 from dynamicemb_core.checkpoint.types import TableHandle
 
-__all__ = ["handles_for_batched"]
+__all__ = ["handles_for_batched", "set_training_state"]
 
 
 def _is_slot_storage(tier: Any) -> bool:
@@ -94,6 +94,23 @@ def handles_for_batched(
                 num_embeddings=num_embeddings,
                 flush_cache=flush,
                 drop_from_cache=drop,
+                owner=module,
+                kernel=kernel,
+                tier=module.tables[t],
+                counter=module._admission[t][1] if module._admission[t] is not None else None,
             )
         )
     return handles
+
+
+def set_training_state(module: Any, kernel: Optional[Any], step: int, args: Any) -> None:
+    """Give ``module`` a restored optimizer step and hyper-parameters.
+
+    Under TorchRec the kernel's fused optimizer pushes its ``param_groups`` learning rate to the module
+    at every ``step()``, so that rate is restored too (otherwise the next ``step()`` would undo it).
+    """
+    module._step = int(step)
+    module.optimizer_args = args
+    if kernel is not None:
+        for group in kernel.fused_optimizer.param_groups:
+            group["lr"] = float(args.learning_rate)

@@ -6,12 +6,19 @@ backend expects and returned on the CPU.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["barrier", "gather_rows", "global_rank", "group_rank", "group_size"]
+__all__ = [
+    "barrier",
+    "broadcast_object",
+    "gather_rows",
+    "global_rank",
+    "group_rank",
+    "group_size",
+]
 
 
 def _active() -> bool:
@@ -37,6 +44,19 @@ def barrier(pg: Optional[dist.ProcessGroup]) -> None:
     """Wait for every rank of ``pg``; nothing to wait for in one process."""
     if _active() and group_size(pg) > 1:
         dist.barrier(group=pg)
+
+
+def broadcast_object(obj: Any, pg: Optional[dist.ProcessGroup]) -> Any:
+    """``obj`` of ``pg``'s rank 0 on every rank of ``pg`` (a decision every rank must act on alike)."""
+    if not _active() or group_size(pg) == 1:
+        return obj
+    holder = [obj]
+    src = dist.get_global_rank(pg, 0) if pg is not None else 0
+    if "nccl" in str(dist.get_backend(pg)).lower():
+        dist.broadcast_object_list(holder, src=src, group=pg, device=_staging_device(pg))
+    else:
+        dist.broadcast_object_list(holder, src=src, group=pg)
+    return holder[0]
 
 
 def _staging_device(pg: Optional[dist.ProcessGroup]) -> torch.device:

@@ -10,12 +10,18 @@ table, so a bad checkpoint leaves the model exactly as it was.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
-from dynamicemb_core.checkpoint.collectives import barrier, group_rank, group_size
+from dynamicemb_core.checkpoint.collectives import (
+    barrier,
+    broadcast_object,
+    group_rank,
+    group_size,
+)
 from dynamicemb_core.checkpoint.discovery import find_tables
 from dynamicemb_core.checkpoint.errors import CheckpointMismatchError
 from dynamicemb_core.checkpoint.format import (
@@ -28,6 +34,8 @@ from dynamicemb_core.checkpoint.format import (
     write_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
+    COUNTER,
+    MANIFEST_NAME,
     ManifestEntry,
     entries_by_table,
     merge_rank_manifests,
@@ -39,6 +47,20 @@ from dynamicemb_core.checkpoint.manifest import (
 from dynamicemb_core.checkpoint.ownership import owned_mask
 from dynamicemb_core.checkpoint.progress import row_bar
 from dynamicemb_core.checkpoint.scores import score_column_names
+from dynamicemb_core.checkpoint.state import (
+    COUNT_COLUMNS,
+    SCORE_CLOCK,
+    TRAINING_STATE,
+    check_training_states,
+    counter_header,
+    counter_payload,
+    load_counter,
+    restore_score_clock,
+    restore_training,
+    saved_score_clock,
+    score_clock,
+    training_state,
+)
 from dynamicemb_core.checkpoint.table_io import export_rows, insert_rows
 from dynamicemb_core.checkpoint.types import TableHandle
 
@@ -48,6 +70,12 @@ TableNames = Optional[Dict[str, List[str]]]
 
 
 def _header(handle: TableHandle, n: int, optim: bool, rank: int, world: int) -> ShardHeader:
+    extra: Dict[str, Any] = {"optimizer": handle.optimizer, "dist_type": handle.dist_type}
+    clock = score_clock(handle)
+    if clock is not None:
+        extra[SCORE_CLOCK] = clock
+    if optim and handle.owner is not None:
+        extra[TRAINING_STATE] = training_state(handle)
     return ShardHeader(
         table_name=handle.name,
         collection=handle.collection,
@@ -58,7 +86,61 @@ def _header(handle: TableHandle, n: int, optim: bool, rank: int, world: int) -> 
         score_columns=score_column_names(handle.options),
         rank=rank,
         world_size=world,
-        extra={"optimizer": handle.optimizer, "dist_type": handle.dist_type},
+        extra=extra,
+    )
+
+
+def _folder_problem(path: str, allow_overwrite: bool) -> Optional[Tuple[str, str]]:
+    """Why ``path`` cannot take a new dump, as ``(exception name, message)``; None when it can."""
+    if not os.path.exists(path):
+        return None
+    if not os.path.isdir(path):
+        return "NotADirectoryError", f"DynamicEmbDump: {path} exists and is not a folder"
+    entries = sorted(os.listdir(path))
+    if not entries or allow_overwrite:
+        return None
+    held = (
+        "a checkpoint (MANIFEST.json)"
+        if MANIFEST_NAME in entries
+        else f"{len(entries)} entries ({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''})"
+    )
+    return (
+        "FileExistsError",
+        f"DynamicEmbDump: {path} already holds {held}; dump into a new or empty folder, or pass "
+        "allow_overwrite=True to replace the checkpoint there",
+    )
+
+
+def check_dump_folder(path: str, allow_overwrite: bool, pg: Optional[dist.ProcessGroup]) -> None:
+    """Refuse a folder holding something else, on every rank alike (rank 0 looks, all raise).
+
+    Raises:
+        FileExistsError: ``path`` is not empty and ``allow_overwrite`` is False.
+        NotADirectoryError: ``path`` is a file.
+    """
+    problem = _folder_problem(path, allow_overwrite) if group_rank(pg) == 0 else None
+    problem = broadcast_object(problem, pg)
+    if problem is not None:
+        kind, message = problem
+        raise {"FileExistsError": FileExistsError, "NotADirectoryError": NotADirectoryError}[kind](
+            message
+        )
+
+
+def _write(
+    path: str, rel: str, header: ShardHeader, payload: ShardPayload, kind: str
+) -> ManifestEntry:
+    os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
+    size = write_shard(os.path.join(path, rel), header, payload)
+    return ManifestEntry(
+        header.collection,
+        header.table_name,
+        header.rank,
+        header.world_size,
+        rel,
+        size,
+        header.num_rows,
+        kind,
     )
 
 
@@ -67,8 +149,10 @@ def dump_tables(
     handles: Sequence[TableHandle],
     *,
     optim: bool = False,
+    counter: bool = False,
     pg: Optional[dist.ProcessGroup] = None,
     show_progress: Optional[bool] = None,
+    allow_overwrite: bool = False,
 ) -> List[ManifestEntry]:
     """Write ``handles`` to the checkpoint folder ``path``; every rank of ``pg`` must call it.
 
@@ -76,6 +160,7 @@ def dump_tables(
         The manifest entries this rank wrote.
     """
     rank, world = group_rank(pg), group_size(pg)
+    check_dump_folder(path, allow_overwrite, pg)
     if rank == 0:
         os.makedirs(path, exist_ok=True)
         remove_manifest(path)
@@ -97,11 +182,12 @@ def dump_tables(
             scores=rows.scores,
         )
         rel = shard_relpath(handle.collection, handle.name, rank, world)
-        os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
-        size = write_shard(os.path.join(path, rel), header, payload)
-        entries.append(
-            ManifestEntry(handle.collection, handle.name, rank, world, rel, size, header.num_rows)
-        )
+        entries.append(_write(path, rel, header, payload, "rows"))
+        if counter and handle.counter is not None:
+            counts = counter_payload(handle.counter)
+            rel = shard_relpath(handle.collection, handle.name, rank, world, COUNTER)
+            head = counter_header(handle, counts.keys.numel(), rank, world)
+            entries.append(_write(path, rel, head, counts, COUNTER))
     write_rank_manifest(path, rank, entries)
     barrier(pg)
     if rank == 0:
@@ -110,10 +196,15 @@ def dump_tables(
     return entries
 
 
+Plan = List[Tuple[TableHandle, List[ShardHeader], List[str]]]
+
+
 def _check_all(
-    path: str, handles: Sequence[TableHandle], optim: bool
-) -> List[Tuple[TableHandle, List[ShardHeader], List[str]]]:
-    grouped = entries_by_table(read_manifest(path))
+    path: str,
+    grouped: Dict[tuple, List[ManifestEntry]],
+    handles: Sequence[TableHandle],
+    optim: bool,
+) -> Plan:
     plan = []
     for handle in handles:
         files = grouped.get((handle.collection, handle.name))
@@ -140,27 +231,79 @@ def _check_all(
     return plan
 
 
+def _check_counters(
+    path: str, grouped: Dict[tuple, List[ManifestEntry]], handles: Sequence[TableHandle]
+) -> Plan:
+    """The counter files of every table that has an admission counter (``counter=True``)."""
+    plan = []
+    for handle in handles:
+        files = grouped.get((handle.collection, handle.name), [])
+        if handle.counter is None:
+            if files:
+                raise CheckpointMismatchError(
+                    f"checkpoint {path} holds admission counts for '{handle.qualified_name}', but "
+                    "the target table has no admit_strategy to count with; load with counter=False"
+                )
+            continue
+        if not files:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} holds no admission counter for '{handle.qualified_name}' (it "
+                "was dumped without counter=True); load with counter=False"
+            )
+        headers, paths = [], []
+        for entry in files:
+            full = os.path.join(path, entry.path)
+            header = read_shard_header(full)
+            check_header(
+                header,
+                dim=0,
+                score_columns=COUNT_COLUMNS,
+                optimizer_width=0,
+                where=f"{handle.qualified_name} (admission counter)",
+            )
+            headers.append(header)
+            paths.append(full)
+        plan.append((handle, headers, paths))
+    return plan
+
+
+def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
+    keep = owned_mask(payload.keys, handle)
+    if bool(keep.all()):
+        return payload
+    return ShardPayload(*(t[keep] for _, t in payload.sections()))
+
+
 def load_tables(
     path: str,
     handles: Sequence[TableHandle],
     *,
     optim: bool = False,
+    counter: bool = False,
     show_progress: Optional[bool] = None,
     rank_for_bar: int = 0,
 ) -> Dict[str, Tuple[int, int]]:
     """Load every handle's rows from ``path``, keeping the keys each handle's shard owns.
 
-    Every header and every section checksum of every table is verified (streaming, one chunk at a time)
-    before any table is written; the files are then read again one at a time to be written.
+    Every header and every section checksum of every table (and of its admission counter with
+    ``counter``) is verified, and with ``optim`` the saved optimizer step and hyper-parameters are
+    checked against the target modules, before any table is written; the files are then read again
+    one at a time to be written. After the rows come the admission counts, the tables' score clocks
+    (STEP step, CUSTOMIZED score) and, with ``optim``, each module's optimizer step and
+    hyper-parameters.
 
     Returns:
         ``{"collection/table": (placed, unplaced)}``.
 
     Raises:
+        FileNotFoundError: ``path`` does not exist.
         CheckpointCorruptError, CheckpointMismatchError: nothing was written.
     """
-    plan = _check_all(path, handles, optim)
-    for _, _, paths in plan:
+    entries = read_manifest(path)
+    plan = _check_all(path, entries_by_table(entries), handles, optim)
+    trainings = check_training_states([(h, hs) for h, hs, _ in plan], path) if optim else []
+    counters = _check_counters(path, entries_by_table(entries, COUNTER), handles) if counter else []
+    for _, _, paths in plan + counters:
         for full in paths:
             verify_shard(full)  # every checksum, before any table is written
     result = {}
@@ -170,18 +313,31 @@ def load_tables(
         desc = f"load {handle.qualified_name}"
         with row_bar(total, desc, rank=rank_for_bar, show_progress=show_progress) as bar:
             for full in paths:  # one file in memory at a time
-                _, p = read_shard(full)
-                keep = owned_mask(p.keys, handle)
-                if not bool(keep.all()):
-                    p = ShardPayload(*(t[keep] for _, t in p.sections()))
-                    bar.update(int((~keep).sum()))
+                _, whole = read_shard(full)
+                p = _owned(whole, handle)
+                bar.update(whole.keys.numel() - p.keys.numel())
                 opt = p.optimizer_states if optim and p.optimizer_states.shape[1] else None
                 a, b = insert_rows(handle, p.keys, p.embeddings, opt, p.scores, bar)
                 placed, unplaced = placed + a, unplaced + b
                 if handle.drop_from_cache is not None:
                     handle.drop_from_cache(p.keys)
+        restore_score_clock(handle, saved_score_clock(headers))
         result[handle.qualified_name] = (placed, unplaced)
+    for handle, _, paths in counters:
+        parts = [_owned(read_shard(full)[1], handle) for full in paths]
+        keys = torch.cat([p.keys for p in parts])
+        load_counter(handle.counter, keys, torch.cat([p.scores[:, 0] for p in parts]))
+    for restore in trainings:
+        restore_training(restore)
     return result
+
+
+def _check_pg(pg: Any, api: str) -> None:
+    if isinstance(pg, bool):
+        raise TypeError(
+            f"{api}: the fifth argument is the process group (the seed's signature), got {pg!r}; "
+            "pass counter=... (and allow_overwrite=...) by keyword"
+        )
 
 
 def DynamicEmbDump(
@@ -191,23 +347,43 @@ def DynamicEmbDump(
     optim: Optional[bool] = False,
     pg: Optional[dist.ProcessGroup] = None,
     *,
+    counter: bool = False,
+    allow_overwrite: bool = False,
     show_progress: Optional[bool] = None,
 ) -> None:
-    """Dump the model's dynamic tables (keys, embeddings, scores and optionally optimizer state) to ``path``.
+    """Dump the model's dynamic tables to the folder ``path``: everything needed to resume training.
 
-    Every rank of ``pg`` writes its shard of every table in parallel; rank 0 then writes ``MANIFEST.json``.
-    A dump that dies halfway leaves no manifest, and :func:`DynamicEmbLoad` refuses such a folder.
+    Every rank of ``pg`` writes its shard of every table in parallel; rank 0 then writes
+    ``MANIFEST.json``. A dump that dies halfway leaves no manifest, and :func:`DynamicEmbLoad`
+    refuses such a folder. Each table's file holds its keys, embeddings and scores (timestamps as
+    ages) and its score clock (the step of a STEP table, the score of a CUSTOMIZED one).
 
     Args:
-        path: checkpoint folder (created when missing; a previous checkpoint in it is replaced).
+        path: checkpoint folder; created when missing, refused when it holds anything (unless
+            ``allow_overwrite``).
         model: the model holding dynamic tables (plain BatchedDynamicEmbeddingTables or TorchRec-sharded).
         table_names: ``{collection_path: [table, ...]}`` to dump a subset; None dumps every dynamic table.
-        optim: also dump optimizer states.
+        optim: also dump optimizer states (per row) and each lookup module's optimizer step and
+            hyper-parameters (learning rate, eps, betas, weight decay, ...).
         pg: process group whose ranks dump together (WORLD when None).
+        counter: also dump each table's admission counter (keys seen, not yet admitted, and counts).
+        allow_overwrite: dump into a non-empty folder, replacing the checkpoint there (shard files
+            the new manifest does not list are deleted; other files are left alone).
         show_progress: force the rank-0 progress bars on or off (None: only on a terminal).
+
+    Raises:
+        FileExistsError: ``path`` is not empty and ``allow_overwrite`` is False (nothing written).
+        NotADirectoryError: ``path`` is a file.
     """
+    _check_pg(pg, "DynamicEmbDump")
     dump_tables(
-        path, find_tables(model, table_names), optim=bool(optim), pg=pg, show_progress=show_progress
+        path,
+        find_tables(model, table_names),
+        optim=bool(optim),
+        counter=bool(counter),
+        pg=pg,
+        show_progress=show_progress,
+        allow_overwrite=bool(allow_overwrite),
     )
 
 
@@ -218,12 +394,14 @@ def DynamicEmbLoad(
     optim: bool = False,
     pg: Optional[dist.ProcessGroup] = None,
     *,
+    counter: bool = False,
     show_progress: Optional[bool] = None,
 ) -> None:
     """Load a :func:`DynamicEmbDump` checkpoint into the model's dynamic tables.
 
     Keys are routed by owner under the model's current sharding, so the writer's and reader's process
-    counts may differ. Timestamps are re-based on this process's clock (files store ages).
+    counts may differ. Timestamps are re-based on this process's clock (files store ages); STEP and
+    CUSTOMIZED score clocks move forward to the saved ones.
 
     Args:
         path: checkpoint folder.
@@ -231,15 +409,20 @@ def DynamicEmbLoad(
         table_names: ``{collection_path: [table, ...]}`` (or a plain list of table names, matched in every
             collection) to load a subset; None loads every dynamic table.
         optim: also restore optimizer states (otherwise keys already present keep theirs, new keys get a
-            fresh state).
+            fresh state) and each module's optimizer step and hyper-parameters, so training resumes
+            as if it had not stopped.
         pg: process group of the loading ranks (used only for the progress bar's rank).
+        counter: also restore the admission counters (the dump must have been written with it).
         show_progress: force the rank-0 progress bars on or off.
 
     Raises:
+        FileNotFoundError: ``path`` does not exist.
         CheckpointCorruptError: missing manifest, truncated file, bad checksum (nothing was written).
         CheckpointMismatchError: a table missing from the checkpoint, or of another dim / dtype / score
-            columns / optimizer width (nothing was written).
+            columns / optimizer width; with ``optim``, no saved optimizer state or another optimizer;
+            with ``counter``, no saved counter (nothing was written).
     """
+    _check_pg(pg, "DynamicEmbLoad")
     if isinstance(table_names, (list, tuple)):  # the seed's signature: names in any collection
         wanted = set(table_names)
         handles = [h for h in find_tables(model, None) if h.name in wanted]
@@ -249,5 +432,10 @@ def DynamicEmbLoad(
     else:
         handles = find_tables(model, table_names)
     load_tables(
-        path, handles, optim=optim, show_progress=show_progress, rank_for_bar=group_rank(pg)
+        path,
+        handles,
+        optim=optim,
+        counter=bool(counter),
+        show_progress=show_progress,
+        rank_for_bar=group_rank(pg),
     )

@@ -4,6 +4,7 @@ Layout of a checkpoint folder::
 
     <root>/MANIFEST.json                                   written last, atomically
     <root>/<collection>/<table>.rank<r>-of-<w>.demb        one shard file per table per writer rank
+    <root>/<collection>/<table>.rank<r>-of-<w>.counter.demb  its admission counter (``counter=True``)
 
 Each rank writes its shards and then a small fragment ``.manifest.rank<r>.json``; after a barrier rank 0
 merges the fragments into ``MANIFEST.json`` and deletes shard files the new manifest does not list (left by
@@ -24,7 +25,9 @@ from dynamicemb_core.checkpoint.errors import CheckpointCorruptError
 from dynamicemb_core.checkpoint.format import FORMAT_VERSION
 
 __all__ = [
+    "COUNTER",
     "MANIFEST_NAME",
+    "ROWS",
     "ManifestEntry",
     "merge_rank_manifests",
     "read_manifest",
@@ -35,6 +38,8 @@ __all__ = [
 
 MANIFEST_NAME = "MANIFEST.json"
 SHARD_SUFFIX = ".demb"
+ROWS = "rows"
+COUNTER = "counter"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class ManifestEntry:
         rank, world_size: the writer's rank and the number of writer ranks.
         path: the file, relative to the checkpoint root.
         nbytes: its size; num_rows: rows it holds.
+        kind: ``"rows"`` (the table's keys and rows) or ``"counter"`` (its admission counter).
     """
 
     collection: str
@@ -55,6 +61,7 @@ class ManifestEntry:
     path: str
     nbytes: int
     num_rows: int
+    kind: str = ROWS
 
 
 def _safe(name: str) -> str:
@@ -62,10 +69,12 @@ def _safe(name: str) -> str:
     return cleaned or "_"
 
 
-def shard_relpath(collection: str, table: str, rank: int, world_size: int) -> str:
-    """Where a table's shard from ``rank`` lives, relative to the checkpoint root."""
+def shard_relpath(collection: str, table: str, rank: int, world_size: int, kind: str = ROWS) -> str:
+    """Where a table's shard (or its counter's, ``kind="counter"``) from ``rank`` lives, relative to
+    the checkpoint root."""
+    part = "" if kind == ROWS else f".{kind}"
     return os.path.join(
-        _safe(collection), f"{_safe(table)}.rank{rank}-of-{world_size}{SHARD_SUFFIX}"
+        _safe(collection), f"{_safe(table)}.rank{rank}-of-{world_size}{part}{SHARD_SUFFIX}"
     )
 
 
@@ -127,9 +136,16 @@ def read_manifest(root: str) -> List[ManifestEntry]:
     """Read MANIFEST.json and check that every listed file exists with its recorded size.
 
     Raises:
+        FileNotFoundError / NotADirectoryError: ``root`` does not exist, or is a file.
         CheckpointCorruptError: no manifest (the dump did not finish), or a listed file is missing or of
             another size.
     """
+    if not os.path.exists(root):
+        raise FileNotFoundError(f"checkpoint {root}: the path does not exist")
+    if not os.path.isdir(root):
+        raise NotADirectoryError(
+            f"checkpoint {root}: not a folder (DynamicEmbDump writes a folder)"
+        )
     path = os.path.join(root, MANIFEST_NAME)
     if not os.path.exists(path):
         raise CheckpointCorruptError(
@@ -158,9 +174,12 @@ def read_manifest(root: str) -> List[ManifestEntry]:
     return entries
 
 
-def entries_by_table(entries: Sequence[ManifestEntry]) -> Dict[tuple, List[ManifestEntry]]:
-    """Group entries by ``(collection, table)``, each list ordered by writer rank."""
+def entries_by_table(
+    entries: Sequence[ManifestEntry], kind: str = ROWS
+) -> Dict[tuple, List[ManifestEntry]]:
+    """Group the entries of ``kind`` by ``(collection, table)``, each list ordered by writer rank."""
     grouped: Dict[tuple, List[ManifestEntry]] = {}
     for e in sorted(entries, key=lambda e: e.rank):
-        grouped.setdefault((e.collection, e.table), []).append(e)
+        if e.kind == kind:
+            grouped.setdefault((e.collection, e.table), []).append(e)
     return grouped

@@ -58,6 +58,13 @@ class TableHandle:
         num_embeddings: the table's TorchRec row count (needed by "continuous" ownership only).
         flush_cache: pushes a device cache in front of the storage back to it (None: no cache).
         drop_from_cache: removes keys from that cache without writing them back (None: no cache).
+        owner: the ``BatchedDynamicEmbeddingTables`` holding the table (its optimizer step and
+            hyper-parameters are what ``optim=True`` saves); None for a handle built by hand.
+        kernel: the shard kernel driving ``owner`` under TorchRec (its fused optimizer's learning
+            rate is restored with the module's), or None.
+        tier: the table's whole storage in ``owner`` (cache and next tier), whose hash tables share
+            the table's score clock.
+        counter: the table's admission counter (``counter=True`` saves it), or None.
     """
 
     collection: str
@@ -75,6 +82,10 @@ class TableHandle:
     num_embeddings: Optional[int] = None
     flush_cache: Optional[Callable[[], None]] = None
     drop_from_cache: Optional[Callable[[torch.Tensor], None]] = None
+    owner: Any = None
+    kernel: Any = None
+    tier: Any = None
+    counter: Any = None
 
     @property
     def table(self) -> "ScoredHashTable":

@@ -18,29 +18,32 @@ from typing import Any, Iterable, Iterator, List, Tuple
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy
 
-__all__ = ["FIRST_STEP", "advance_steps", "start_steps", "step_tables"]
+__all__ = ["FIRST_STEP", "advance_steps", "hash_tables", "start_steps", "step_tables"]
 
 FIRST_STEP = 1
 _STEP = int(DynamicEmbScoreStrategy.STEP)
 
 
-def _hash_tables(storage: Any, table_id: int) -> Iterator[Tuple[Any, int]]:
-    """``(ScoredHashTable, table id)`` of every hash table of ``storage`` holding ``table_id``."""
+def hash_tables(storage: Any, table_id: int = 0) -> Iterator[Tuple[Any, int]]:
+    """``(ScoredHashTable, table id)`` of every hash table of ``storage`` holding ``table_id``.
+
+    A device (or hybrid) storage has one; a cache has its own and, behind it, its next tier's when
+    that is a hash-table storage (an external storage keeps its scores itself)."""
     table = getattr(storage, "table", None)
     if table is not None and hasattr(table, "advance_step"):
         yield table, table_id
     cache = getattr(storage, "cache", None)
     if cache is not None:
-        yield from _hash_tables(cache, table_id)
+        yield from hash_tables(cache, table_id)
     backing = getattr(storage, "backing", None)
     if backing is not None:
         ids = getattr(storage, "backing_ids", None)
-        yield from _hash_tables(backing, int(ids[table_id]) if ids is not None else table_id)
+        yield from hash_tables(backing, int(ids[table_id]) if ids is not None else table_id)
 
 
 def step_tables(storage: Any, table_id: int = 0) -> List[Tuple[Any, int]]:
     """The STEP-scored hash tables of ``storage`` for ``table_id`` (none for other strategies)."""
-    return [(t, i) for t, i in _hash_tables(storage, table_id) if t.specs[i].policy == _STEP]
+    return [(t, i) for t, i in hash_tables(storage, table_id) if t.specs[i].policy == _STEP]
 
 
 def start_steps(storage: Any, table_id: int = 0) -> None:

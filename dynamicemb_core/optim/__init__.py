@@ -5,6 +5,7 @@ from dynamicemb_core.optim.args import (
     OptimizerKind,
     WeightDecayKind,
     optimizer_args_from_kwargs,
+    optimizer_args_state,
     optimizer_kind,
 )
 from dynamicemb_core.optim.fused import apply_update
@@ -17,6 +18,7 @@ __all__ = [
     "apply_update",
     "initial_state_value",
     "optimizer_args_from_kwargs",
+    "optimizer_args_state",
     "optimizer_kind",
     "row_width",
     "state_width",

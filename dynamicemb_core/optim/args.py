@@ -19,6 +19,7 @@ __all__ = [
     "OptimizerKind",
     "WeightDecayKind",
     "optimizer_args_from_kwargs",
+    "optimizer_args_state",
     "optimizer_kind",
 ]
 
@@ -127,6 +128,22 @@ def optimizer_args_from_kwargs(optimizer: Any, kwargs: Mapping[str, Any]) -> Opt
     )
     _validate(kind, args)
     return args
+
+
+def optimizer_args_state(args: OptimizerArgs) -> Dict[str, Any]:
+    """The hyper-parameters as plain JSON values, keyed by FBGEMM's names (what a checkpoint keeps).
+
+    :func:`optimizer_args_from_kwargs` turns the result back into validated arguments.
+    """
+    state: Dict[str, Any] = {}
+    for f in fields(OptimizerArgs):
+        value = getattr(args, f.name)
+        if isinstance(value, enum.Enum):
+            value = int(value.value)
+        elif not isinstance(value, (bool, int, float)):
+            raise TypeError(f"OptimizerArgs.{f.name}: {value!r} has no JSON form")
+        state[f.name] = value
+    return state
 
 
 def _validate(kind: OptimizerKind, args: OptimizerArgs) -> None:

@@ -183,13 +183,16 @@ def test_incomplete_checkpoint_is_refused(tmp_path):
         DynamicEmbLoad(str(tmp_path), make_model())
 
 
-def test_redump_replaces_previous_checkpoint(tmp_path):
+def test_redump_is_refused_unless_allow_overwrite(tmp_path):
     a = make_model(names=("t0", "t1"))
     train(a, 2)
     DynamicEmbDump(str(tmp_path), a)
     b = make_model(names=("u0", "u1"))
     train(b, 2, seed=3)
-    DynamicEmbDump(str(tmp_path), b)
+    with pytest.raises(FileExistsError, match="already holds a checkpoint.*allow_overwrite=True"):
+        DynamicEmbDump(str(tmp_path), b)
+    DynamicEmbLoad(str(tmp_path), make_model(names=("t0", "t1")))  # the first one is intact
+    DynamicEmbDump(str(tmp_path), b, allow_overwrite=True)
     assert not glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))  # stale shards removed
     with pytest.raises(CheckpointMismatchError, match="no table 'ebc/t0'"):
         DynamicEmbLoad(str(tmp_path), make_model(names=("t0", "t1")))
@@ -231,3 +234,74 @@ def test_progress_bars_count_rows_on_request(tmp_path, capsys):
     DynamicEmbLoad(str(tmp_path), make_model(), show_progress=False)
     assert capsys.readouterr().err == ""
     assert rows > 0
+
+
+def test_dump_refuses_a_folder_holding_other_files(tmp_path):
+    src = make_model()
+    train(src, 1)
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"1 entries \(notes.txt\)"):
+        DynamicEmbDump(str(tmp_path), src)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing written
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        DynamicEmbDump(str(tmp_path / "notes.txt"), src)
+    with pytest.raises(TypeError, match="pass counter=.*by keyword"):
+        DynamicEmbDump(str(tmp_path / "new"), src, None, True, True)  # upstream's positional order
+
+
+def test_load_from_a_missing_path_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        DynamicEmbLoad(str(tmp_path / "nowhere"), make_model())
+
+
+def _admission():
+    from dynamicemb_core.admission import FrequencyAdmissionStrategy, KVCounter
+
+    return dict(
+        admit_strategy=FrequencyAdmissionStrategy(threshold=2),
+        admission_counter=KVCounter(capacity=256, bucket_capacity=16),
+    )
+
+
+def _counts(model):
+    from dynamicemb_core.checkpoint.state import counter_payload
+
+    return [counter_payload(adm[1]).keys.tolist() for adm in model.ebc._admission]
+
+
+def test_training_state_and_counters_are_checked_before_anything_is_written(tmp_path):
+    src = make_model(optimizer="EXACT_SGD", **_admission())
+    train(src, 3, key_range=40)
+    plain, full = str(tmp_path / "plain"), str(tmp_path / "full")
+    DynamicEmbDump(plain, src)  # neither optimizer state nor counters
+    DynamicEmbDump(full, src, optim=True, counter=True)
+    dst = make_model(optimizer="EXACT_SGD", **_admission())
+    train(dst, 1, seed=5, key_range=40)
+    before, step, counts = _contents(dst), dst.ebc.step, _counts(dst)
+    assert any(counts)
+    with pytest.raises(CheckpointMismatchError, match="dumped with optim=False"):
+        DynamicEmbLoad(plain, dst, optim=True)
+    with pytest.raises(CheckpointMismatchError, match="dumped without counter=True"):
+        DynamicEmbLoad(plain, dst, counter=True)
+    with pytest.raises(CheckpointMismatchError, match="no admit_strategy"):
+        DynamicEmbLoad(full, make_model(optimizer="EXACT_SGD"), counter=True)
+    (path,) = glob.glob(os.path.join(full, "ebc", "t1.*.counter.demb"))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 8)
+    with pytest.raises(CheckpointCorruptError, match="truncated|manifest says"):
+        DynamicEmbLoad(full, dst, optim=True, counter=True)
+    _assert_unchanged(dst, before)
+    assert dst.ebc.step == step and _counts(dst) == counts
+
+
+def test_optim_restores_step_and_hyper_parameters(tmp_path):
+    src = make_model(optimizer="ADAM")
+    train(src, 4)
+    src.ebc.set_learning_rate(0.025)
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model(optimizer="ADAM")
+    dst.ebc.set_learning_rate(0.5)
+    DynamicEmbLoad(str(tmp_path), dst)  # without optim: rows only
+    assert dst.ebc.step == 0 and dst.ebc.get_learning_rate() == 0.5
+    DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    assert dst.ebc.step == 4 and dst.ebc.optimizer_args == src.ebc.optimizer_args
