@@ -156,7 +156,10 @@ def restore_score_clock(handle: TableHandle, saved: Optional[int]) -> None:
     """Move the table's score clock (every hash table of its storage) up to ``saved``."""
     if saved is None or handle.options.score_strategies not in _CLOCKED:
         return
-    tables = _clock_tables(handle)
+    clocked = {int(DynamicEmbScoreStrategy.STEP), int(DynamicEmbScoreStrategy.CUSTOMIZED)}
+    tables = [(t, i) for t, i in _clock_tables(handle) if int(t.specs[i].policy) in clocked]
+    if not tables:
+        return
     value = max([int(saved)] + [int(t.get_score(i)) for t, i in tables])
     for table, t in tables:
         table.set_score(t, value)
