@@ -161,6 +161,8 @@ def _validate_payload(header: ShardHeader, payload: ShardPayload) -> None:
 
 
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    if tensor.numel() == 0:  # an empty view may carry stride 0, which view(uint8) refuses
+        return memoryview(b"")
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().data
 

@@ -305,3 +305,11 @@ def test_optim_restores_step_and_hyper_parameters(tmp_path):
     assert dst.ebc.step == 0 and dst.ebc.get_learning_rate() == 0.5
     DynamicEmbLoad(str(tmp_path), dst, optim=True)
     assert dst.ebc.step == 4 and dst.ebc.optimizer_args == src.ebc.optimizer_args
+
+
+def test_empty_counters_and_tables_round_trip(tmp_path):
+    src = make_model(optimizer="ADAM", **_admission())  # nothing trained: every section empty
+    DynamicEmbDump(str(tmp_path), src, optim=True, counter=True)
+    dst = make_model(optimizer="ADAM", **_admission())
+    DynamicEmbLoad(str(tmp_path), dst, optim=True, counter=True)
+    assert _counts(dst) == [[], []] and all(not s.keys() for s in snapshot(dst).values())

@@ -7,6 +7,9 @@ touches scores that forward's step; ``get_score`` returns the step the next forw
   neither count nor re-score;
 - ``incremental_dump(model, get_score(model))`` taken later returns exactly the keys touched since;
 - a full table evicts the keys of the oldest steps first.
+
+And a checkpoint of such a sharded model (Adam, admission) resumes it exactly (the one-process, fresh-
+process test of every optimizer is tests/checkpoint/test_resume.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb_core import DynamicEmbTableOptions
+from dynamicemb_core.admission import FrequencyAdmissionStrategy, KVCounter
+from dynamicemb_core.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynamicemb_core.config import DynamicEmbScoreStrategy
 from dynamicemb_core.incremental_dump import get_score, incremental_dump
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
@@ -29,9 +34,15 @@ TABLES = ("t0", "t1")
 KEY_SPACE = 400
 
 
-def _model(world: int, rows: int, bucket_capacity: int):
+def _model(world: int, rows: int, bucket_capacity: int, admission: bool = False, **hyper):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+    extra = {}
+    if admission:
+        extra = dict(
+            admit_strategy=FrequencyAdmissionStrategy(threshold=2),
+            admission_counter=KVCounter(capacity=1024, bucket_capacity=16),
+        )
     configs = [
         EmbeddingBagConfig(name=t, embedding_dim=4, num_embeddings=rows, feature_names=[f"f{i}"])
         for i, t in enumerate(TABLES)
@@ -43,11 +54,12 @@ def _model(world: int, rows: int, bucket_capacity: int):
                 dist_type="roundrobin",
                 bucket_capacity=bucket_capacity,
                 score_strategy=DynamicEmbScoreStrategy.STEP,
+                **extra,
             ),
         )
         for t in TABLES
     }
-    hyper = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    hyper = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1, **hyper}
     return shard_model(True, configs, constraints, hyper, world)
 
 
@@ -66,9 +78,9 @@ def _step(model, keys: List[List[int]], train: bool = True) -> None:
         out.pow(2).sum().backward()
 
 
-def _random_keys(step: int) -> List[List[int]]:
+def _random_keys(step: int, key_range: int = KEY_SPACE) -> List[List[int]]:
     g = torch.Generator().manual_seed(step)
-    return [torch.randint(0, KEY_SPACE, (12,), generator=g).tolist() for _ in TABLES]
+    return [torch.randint(0, key_range, (12,), generator=g).tolist() for _ in TABLES]
 
 
 def _scores_follow_steps(rank: int, world: int) -> None:
@@ -122,10 +134,45 @@ def _oldest_steps_are_evicted(rank: int, world: int) -> None:
     assert stored == want, (sorted(stored), sorted(want))
 
 
-def _cases(rank: int, world: int) -> None:
+def _resumed_sharded_model_trains_on_identically(rank: int, world: int, path: str) -> None:
+    """DynamicEmbDump(optim, counter) of a sharded Adam model with admission, loaded into one built
+    with default hyper-parameters: the step, the rate (also in the fused optimizer's param_groups,
+    which DMP's fused_optimizer.step() pushes to the tables), the STEP clock and the counters come
+    back, and both models then train to the same rows."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    adam = EmbOptimType.ADAM
+
+    def train(model, steps) -> None:
+        for step in steps:
+            torch.manual_seed(step)  # new keys' initial rows: the same draws for both models
+            _step(model, _random_keys(step, key_range=40))
+
+    src = _model(world, KEY_SPACE, 16, True, optimizer=adam, learning_rate=0.05, beta1=0.8)
+    train(src, range(1, 4))
+    DynamicEmbDump(path, src, optim=True, counter=True)
+    dst = _model(world, KEY_SPACE, 16, True, optimizer=adam)  # default rate and betas
+    DynamicEmbLoad(path, dst, optim=True, counter=True)
+    kernel, _ = dynamic_kernels(dst)["t0"]
+    assert kernel.emb_module.step == 3 and get_score(dst) == {"coll": {t: 4 for t in TABLES}}
+    dst.fused_optimizer.step()
+    assert kernel.emb_module.get_learning_rate() == 0.05
+    assert kernel.emb_module.optimizer_args.beta1 == 0.8
+    train(src, range(4, 7))
+    train(dst, range(4, 7))
+    a, b = snapshot(src), snapshot(dst)
+    for name in a:
+        assert a[name].keys() == b[name].keys() and a[name].keys(), name
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+            assert a[name].scores[k] == b[name].scores[k], (name, k)
+
+
+def _cases(rank: int, world: int, path: str) -> None:
     _scores_follow_steps(rank, world)
     _oldest_steps_are_evicted(rank, world)
+    _resumed_sharded_model_trains_on_identically(rank, world, path)
 
 
-def test_step_scores_through_a_sharded_model():
-    run_workers(_cases, timeout=300)
+def test_step_scores_through_a_sharded_model(tmp_path):
+    run_workers(_cases, str(tmp_path / "dump"), timeout=300)
