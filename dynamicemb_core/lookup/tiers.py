@@ -4,28 +4,65 @@
   storage, resolved by name through the plugin registry, or used as given.
 - ``caching=True``: a device cache of ``local_hbm_for_values`` bytes over a host table of
   ``max_capacity`` rows; the host table is the last tier and applies ``evicted_item_mode``.
-- ``0 < local_hbm_for_values <`` the rows' bytes: a hybrid table (rows split device / host).
-- otherwise: the whole table on the device. ``local_hbm_for_values == 0`` means "not budgeted" here
-  (a module built without the planner), not "all rows on the host".
+- ``local_hbm_for_values`` below the rows' bytes: a hybrid table (rows split device / host). The
+  seed's default budget, 0, means no rows in device memory: every value row in host memory.
+- otherwise (the budget holds every row): the whole table on the device.
+
+A nonzero budget (for the cache, or the hybrid table's device part) smaller than one bucket of rows
+is rounded up to one bucket with a warning, as the seed does. On a CPU table device memory is host
+memory, so a zero budget there builds a plain CPU table (a nonzero one still splits the rows, which
+is how the hybrid path is exercised without a GPU).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
 
-from dynamicemb_core.config import DynamicEmbTableOptions
+from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.storage import CachedStorage, DeviceStorage, HybridStorage, LookupTier
 from dynamicemb_core.types import Storage, StorageTableSpec
 
-__all__ = ["build_tier", "rows_in_budget"]
+__all__ = ["build_tier", "device_budget_bytes", "rows_in_budget", "tier_kind"]
 
 
 def rows_in_budget(spec: StorageTableSpec, budget_bytes: int) -> int:
     """How many whole rows of ``spec`` fit in ``budget_bytes``."""
     row_bytes = spec.row_width * torch.empty(0, dtype=spec.dtype).element_size()
     return int(budget_bytes) // max(1, row_bytes)
+
+
+def _row_bytes(spec: StorageTableSpec) -> int:
+    return spec.row_width * torch.empty(0, dtype=spec.dtype).element_size()
+
+
+def device_budget_bytes(
+    options: DynamicEmbTableOptions, spec: StorageTableSpec, *, at_least_one_bucket: bool = False
+) -> int:
+    """``local_hbm_for_values``, rounded up to one bucket of rows (with a warning) when below it.
+
+    A zero budget stays zero (no rows in device memory) unless ``at_least_one_bucket`` (a cache,
+    which cannot be empty). One bucket is ``bucket_capacity`` rows, at most the table's
+    ``max_capacity`` (``MAX_BUCKET_CAPACITY``: the whole shard).
+    """
+    hbm = int(options.local_hbm_for_values)
+    capacity = int(options.max_capacity or 0)
+    bucket = int(options.bucket_capacity)
+    if capacity and (bucket == MAX_BUCKET_CAPACITY or bucket > capacity):
+        bucket = capacity
+    one_bucket = bucket * _row_bytes(spec)
+    if hbm < one_bucket and (hbm > 0 or at_least_one_bucket):
+        warnings.warn(
+            f"table {spec.name!r}: local_hbm_for_values={hbm} bytes is less than one bucket "
+            f"({bucket} rows x {_row_bytes(spec)} bytes = {one_bucket} bytes); rounded up to one "
+            f"bucket",
+            UserWarning,
+            stacklevel=3,
+        )
+        return one_bucket
+    return hbm
 
 
 def _external(
@@ -61,13 +98,29 @@ def _external(
     return storage, table_id
 
 
+def tier_kind(options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device) -> str:
+    """Which storage :func:`build_tier` builds: ``"cached"``, ``"hybrid"`` or ``"device"``.
+
+    The rule of the module docstring, kept apart from the building so that it can be checked for
+    any device without allocating.
+    """
+    if options.external_storage is not None or options.caching:
+        return "cached"
+    capacity = int(options.max_capacity or 0)
+    if not capacity or (device.type == "cpu" and int(options.local_hbm_for_values) == 0):
+        return "device"  # unsized table; or a CPU table, whose "device" memory is host memory
+    if device_budget_bytes(options, spec) < capacity * _row_bytes(spec):
+        return "hybrid"
+    return "device"
+
+
 def build_tier(
     options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device
 ) -> LookupTier:
     """The storage of one table, built from its options (see the module docstring)."""
     capacity = int(options.max_capacity or 0)
-    hbm = int(options.local_hbm_for_values)
     if options.external_storage is not None:
+        hbm = int(options.local_hbm_for_values)  # 0: no cache in front of the external storage
         backing, table_id = _external(options, spec, device)
         cache_rows = (
             min(rows_in_budget(spec, hbm), capacity) if capacity else rows_in_budget(spec, hbm)
@@ -76,17 +129,13 @@ def build_tier(
             [spec], device, backing, [cache_rows], table_options=[options], backing_ids=[table_id]
         )
     if options.caching:
-        cache_rows = rows_in_budget(spec, hbm)
-        if cache_rows <= 0:
-            raise ValueError(
-                f"table {spec.name!r}: caching=True needs local_hbm_for_values of at least one row "
-                f"({spec.row_width * torch.empty(0, dtype=spec.dtype).element_size()} bytes), "
-                f"got {hbm}"
-            )
+        hbm = device_budget_bytes(options, spec, at_least_one_bucket=True)
         host = DeviceStorage([spec], torch.device("cpu"), table_options=[options])
-        return CachedStorage(
-            [spec], device, host, [min(cache_rows, capacity)], table_options=[options]
-        )
-    if 0 < hbm < capacity * spec.row_width * torch.empty(0, dtype=spec.dtype).element_size():
-        return HybridStorage([spec], device, table_options=[options])
+        cache_rows = rows_in_budget(spec, hbm)
+        if capacity:
+            cache_rows = min(cache_rows, capacity)
+        return CachedStorage([spec], device, host, [cache_rows], table_options=[options])
+    if tier_kind(options, spec, device) == "hybrid":
+        hbm = device_budget_bytes(options, spec)
+        return HybridStorage([spec], device, table_options=[options], hbm_bytes=[hbm])
     return DeviceStorage([spec], device, table_options=[options])

@@ -9,16 +9,18 @@ constraints say ``use_dynamicemb=True``:
 3. ``local_hbm_for_values``: ``ceil(global_hbm_for_values / world_size)``.
 
 Every check runs first (:func:`validate_table_options`), so bad options raise at planning, naming
-the table and the value, before any process allocates a table.
+the table and the value, before any process allocates a table. What the seed settles rather than
+refuses is settled: ``dim`` is overwritten from ``embedding_dim`` (with a warning) and
+``init_capacity`` is clamped to ``max_capacity``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Optional
 
-import torch
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from dynamicemb_core.config import (
@@ -63,49 +65,29 @@ def complete_initializer_args(
     )
 
 
-def _embedding_row_bytes(
-    embedding_config: BaseEmbeddingConfig, options: DynamicEmbTableOptions
-) -> int:
-    dtype = options.embedding_dtype or table_dtype(embedding_config)
-    return int(embedding_config.embedding_dim) * torch.empty((), dtype=dtype).element_size()
-
-
 def validate_table_options(
     options: DynamicEmbTableOptions, embedding_config: BaseEmbeddingConfig, world_size: int
 ) -> None:
     """Check one dynamic table's options against its TorchRec config and the world size.
 
+    What the seed's planner settles instead of refusing is not an error here: a ``dim`` that
+    disagrees with ``embedding_dim`` is overwritten (with a warning, in
+    :func:`prepare_table_options`), ``init_capacity`` above the shard's capacity is clamped, and a
+    value budget smaller than one bucket is rounded up when the table is built
+    (:func:`dynamicemb_core.lookup.tiers.device_budget_bytes`, which knows the optimizer's row width).
+
     Raises:
-        ValueError: naming the table and the offending value: an option the dataclass rejects,
-            an unknown ``dist_type``, a ``dim`` that disagrees with ``embedding_dim``, or a
-            ``global_hbm_for_values`` smaller than one bucket of embeddings per rank.
+        ValueError / TypeError: naming the table and the offending value: an option the dataclass
+            rejects (options may have been changed after construction), an unknown ``dist_type``,
+            or a bucket layout that cannot be built for this world size.
     """
     name = embedding_config.name
     try:
         options.validate()
-    except ValueError as err:
-        raise ValueError(f"table {name!r}: {err}") from err
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"table {name!r}: {err}") from err
     validate_dist_type(options.dist_type, table=name)
-    if options.dim is not None and options.dim != embedding_config.embedding_dim:
-        raise ValueError(
-            f"table {name!r}: dynamicemb_options.dim={options.dim} disagrees with the "
-            f"EmbeddingConfig's embedding_dim={embedding_config.embedding_dim}; leave dim unset "
-            f"and the planner fills it"
-        )
-    _, width = _sharded_table_bucket_layout(embedding_config, world_size, options.bucket_capacity)
-    if options.global_hbm_for_values > 0:
-        per_rank = ceil_div(options.global_hbm_for_values, world_size)
-        # Embeddings only: the optimizer (and so the state width) is chosen later, in the sharder's
-        # fused_params, so this is the least one bucket can need.
-        one_bucket = width * _embedding_row_bytes(embedding_config, options)
-        if per_rank < one_bucket:
-            raise ValueError(
-                f"table {name!r}: global_hbm_for_values={options.global_hbm_for_values} bytes gives "
-                f"{per_rank} bytes per rank over {world_size} ranks, less than one bucket "
-                f"({width} rows x {_embedding_row_bytes(embedding_config, options)} bytes = "
-                f"{one_bucket} bytes); raise it to at least {one_bucket * world_size} or set 0 "
-                f"(values in host memory)"
-            )
+    _sharded_table_bucket_layout(embedding_config, world_size, options.bucket_capacity)
 
 
 def prepare_table_options(
@@ -119,6 +101,15 @@ def prepare_table_options(
         ValueError: as :func:`validate_table_options`.
     """
     validate_table_options(options, embedding_config, world_size)
+    embedding_dim = int(embedding_config.embedding_dim)
+    if options.dim is not None and options.dim != embedding_dim:
+        warnings.warn(
+            f"table {embedding_config.name!r}: dynamicemb_options.dim={options.dim} differs from "
+            f"the EmbeddingConfig's embedding_dim={embedding_dim}; the planner uses "
+            f"embedding_dim",
+            UserWarning,
+            stacklevel=3,
+        )
     # step 1: initializer bounds
     initializer_args = complete_initializer_args(options.initializer_args, embedding_config)
     # step 2: bucket layout, max_capacity and init_capacity per rank
@@ -134,7 +125,7 @@ def prepare_table_options(
     local_hbm = ceil_div(options.global_hbm_for_values, world_size)
     return dataclasses.replace(
         options,
-        dim=int(embedding_config.embedding_dim),
+        dim=embedding_dim,
         embedding_dtype=options.embedding_dtype or table_dtype(embedding_config),
         initializer_args=initializer_args,
         bucket_capacity=width,

@@ -141,9 +141,11 @@ def test_external_storage_with_wrong_row_width_is_rejected():
         _module("cpu", _opts(external_storage=bad))
 
 
-def test_caching_without_hbm_budget_is_rejected():
-    with pytest.raises(ValueError, match="caching=True needs local_hbm_for_values"):
-        _module("cpu", _opts(caching=True))
+def test_caching_without_hbm_budget_gets_one_bucket_with_a_warning():
+    # the seed rounds a cache budget below one bucket up to one bucket instead of refusing it
+    with pytest.warns(UserWarning, match="less than one bucket"):
+        m = _module("cpu", _opts(caching=True, bucket_capacity=16))
+    assert m.tables[0].cache_capacities == [16]
 
 
 def _lfu_warmup(m, device):
