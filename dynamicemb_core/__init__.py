@@ -16,6 +16,20 @@ __version__ = "0.1.0"
 # public name -> module that defines it (one place to look a name up)
 _EXPORTS: Dict[str, str] = {
     # options and enums
+    "BATCH_SIZE_PER_DUMP": "dynamicemb_core.config",
+    "DEMB_TABLE_ALIGN_SIZE": "dynamicemb_core.config",
+    "ScoreStrategy": "dynamicemb_core.config",
+    "align_to_table_size": "dynamicemb_core.config",
+    # data types and their converters
+    "DynamicEmbDataType": "dynamicemb_core.dtypes",
+    "data_type_to_dtype": "dynamicemb_core.dtypes",
+    "data_type_to_dyn_emb": "dynamicemb_core.dtypes",
+    "dtype_to_bytes": "dynamicemb_core.dtypes",
+    "dyn_emb_to_torch": "dynamicemb_core.dtypes",
+    "torch_to_dyn_emb": "dynamicemb_core.dtypes",
+    # the fused optimizer
+    "EmbOptimType": "dynamicemb_core.optimizer",
+    "OptimizerArgs": "dynamicemb_core.optimizer",
     "BUCKET_ALIGNMENT": "dynamicemb_core.config",
     "MAX_BUCKET_CAPACITY": "dynamicemb_core.config",
     "DEFAULT_INDEX_TYPE": "dynamicemb_core.config",

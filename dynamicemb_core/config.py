@@ -17,7 +17,9 @@ import torch
 from dynamicemb_core.types import AdmissionStrategy, Counter, Storage
 
 __all__ = [
+    "BATCH_SIZE_PER_DUMP",
     "BUCKET_ALIGNMENT",
+    "DEMB_TABLE_ALIGN_SIZE",
     "DEFAULT_INDEX_TYPE",
     "MAX_BUCKET_CAPACITY",
     "DynamicEmbCheckMode",
@@ -30,12 +32,17 @@ __all__ = [
     "EvictedItemMode",
     "ScoreStrategy",
     "ScoreStrategySpec",
+    "align_to_table_size",
     "normalize_score_strategy",
 ]
 
 # Bucket widths must be multiples of this many slots: the CUDA probe reads a bucket's digests in
 # 16-byte vectors (see csrc/include/dynamicemb/bucket_layout.h).
 BUCKET_ALIGNMENT: int = 16
+# The seed's name for the alignment table capacities are rounded to (the same number).
+DEMB_TABLE_ALIGN_SIZE: int = BUCKET_ALIGNMENT
+# Keys per batch when a table is read out for a dump (the seed's constant).
+BATCH_SIZE_PER_DUMP: int = 65536
 # Sentinel bucket_capacity meaning "one bucket spanning the whole (per-rank) table".
 MAX_BUCKET_CAPACITY: int = 2**63 - 1
 DEFAULT_INDEX_TYPE: torch.dtype = torch.int64
@@ -407,6 +414,17 @@ class DynamicEmbTableOptions:
     def num_scores(self) -> int:
         """Score words kept per key: 2 for the compound strategy, else 1."""
         return len(self.score_strategies)
+
+
+def align_to_table_size(n: int, alignment: int = DEMB_TABLE_ALIGN_SIZE) -> int:
+    """Round ``n`` up to a multiple of ``alignment``; a non-positive ``n`` becomes one ``alignment``.
+
+    A table never has zero capacity, so an empty shard still gets one bucket.
+    """
+    n = int(n)
+    if n <= 0:
+        return alignment
+    return ceil_div(n, alignment) * alignment
 
 
 def ceil_div(a: int, b: int) -> int:

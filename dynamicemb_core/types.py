@@ -31,6 +31,25 @@ __all__ = [
 ]
 
 
+# The seed's ``dynamicemb.types`` also names these; they live with the options (resolved lazily: the
+# options module imports this one).
+_FROM_CONFIG = (
+    "BUCKET_ALIGNMENT",
+    "DEMB_TABLE_ALIGN_SIZE",
+    "MAX_BUCKET_CAPACITY",
+    "DynamicEmbInitializerArgs",
+    "DynamicEmbInitializerMode",
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _FROM_CONFIG:
+        import dynamicemb_core.config as config
+
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class DynamicEmbError(RuntimeError):
     """Raised when a table operation cannot be completed (for example a key that cannot be placed)."""
 

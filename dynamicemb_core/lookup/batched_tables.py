@@ -38,6 +38,7 @@ from dynamicemb_core.optim import (
     optimizer_kind,
     row_width,
 )
+from dynamicemb_core.optim.args import output_dtype_from
 from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 
@@ -82,7 +83,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.optimizer = optimizer
         self._kind = optimizer_kind(optimizer)
         self.optimizer_args: OptimizerArgs = optimizer_args_from_kwargs(optimizer, optimizer_kwargs)
-        self.output_dtype = output_dtype
+        self.output_dtype = output_dtype_from(output_dtype)
         self.table_names = list(table_names)
         self.table_options = list(table_options)
         self.feature_table_map = list(feature_table_map)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Tuple
+
+import torch
 
 from dynamicemb_core.optim.constants import ADAGRAD_DEFAULTS, ADAM_DEFAULTS
 
@@ -21,6 +23,8 @@ __all__ = [
     "optimizer_args_from_kwargs",
     "optimizer_args_state",
     "optimizer_kind",
+    "output_dtype_from",
+    "split_fused_params",
 ]
 
 
@@ -96,11 +100,79 @@ class OptimizerArgs:
     initial_accumulator_value: float = 0.0
 
 
-# TorchRec/FBGEMM fused_params keys that do not change the math of the exact optimizers; accepted and
-# ignored so a TorchRec fused_params dict can be passed through unchanged.
-_IGNORED_KWARGS = frozenset(
+# FBGEMM parameters whose meaning is settled here rather than by an OptimizerArgs field. Each is either
+# exactly what FBGEMM does for the supported configuration, or refused (never dropped silently):
+# - gradient_clipping: FBGEMM clips every gradient element to +-max_gradient; not implemented, so
+#   True is refused. False (FBGEMM's default) is the update the tables do.
+# - max_gradient: read by FBGEMM only with gradient_clipping=True; validated, then unused as there.
+# - stochastic_rounding: FBGEMM rounds only fp16/bf16 weights; the tables store float32 rows.
+# - momentum, eta: read only by FBGEMM's LARS/LAMB optimizers, which the tables do not offer.
+# - output_dtype: the lookup output's dtype (see :func:`output_dtype_from`), handled by the caller.
+_FBGEMM_ONLY_KWARGS = frozenset(
     {"stochastic_rounding", "gradient_clipping", "max_gradient", "momentum", "eta", "output_dtype"}
 )
+
+
+def _check_fbgemm_only(kind: OptimizerKind, name: str, value: Any) -> None:
+    if name in ("gradient_clipping", "stochastic_rounding") and not isinstance(value, bool):
+        raise ValueError(f"optimizer {kind.name}: {name} must be a bool, got {value!r}")
+    if name == "gradient_clipping" and value:
+        raise ValueError(
+            f"optimizer {kind.name}: gradient_clipping=True is not supported by dynamic tables "
+            f"(FBGEMM clips each gradient element to +-max_gradient; this project does not "
+            f"implement it); remove it or pass gradient_clipping=False"
+        )
+    if name == "max_gradient" and not (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    ):
+        raise ValueError(
+            f"optimizer {kind.name}: max_gradient must be a positive number, got {value!r}"
+        )
+    if name == "output_dtype":
+        output_dtype_from(value)
+
+
+_OUTPUT_DTYPES = {
+    "FP32": torch.float32,
+    "FP16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
+def output_dtype_from(value: Any) -> torch.dtype:
+    """The lookup output dtype FBGEMM's ``output_dtype`` (a ``SparseType``, its name, or a torch dtype)
+    asks for: float32, float16 or bfloat16 (computation stays float32; the output is cast).
+
+    Raises:
+        ValueError: for any other value (e.g. INT8), naming it.
+    """
+    if value is None:
+        return torch.float32
+    if isinstance(value, torch.dtype):
+        if value in _OUTPUT_DTYPES.values():
+            return value
+    else:
+        name = str(getattr(value, "name", value)).upper()
+        if name in _OUTPUT_DTYPES:
+            return _OUTPUT_DTYPES[name]
+    raise ValueError(
+        f"output_dtype: dynamic tables produce FP32, FP16 or BF16 outputs (SparseType or torch "
+        f"dtype), got {value!r}"
+    )
+
+
+def split_fused_params(fused_params: Mapping[str, Any]) -> Tuple[Any, Dict[str, Any], torch.dtype]:
+    """``(optimizer, optimizer kwargs, output dtype)`` from a TorchRec/FBGEMM ``fused_params`` dict.
+
+    Optimizer hyper-parameters and the FBGEMM-only parameters above go to the optimizer (where
+    they are validated or refused); ``output_dtype`` becomes the output dtype. Other keys are
+    TorchRec's placement settings for its own TBE (cache sizes, prefetch, bounds checks), which
+    do not apply to hash tables.
+    """
+    optimizer = fused_params.get("optimizer")
+    known = {f.name for f in fields(OptimizerArgs)} | (_FBGEMM_ONLY_KWARGS - {"output_dtype"})
+    kwargs = {k: v for k, v in fused_params.items() if k in known}
+    return optimizer, kwargs, output_dtype_from(fused_params.get("output_dtype"))
 
 
 def optimizer_args_from_kwargs(optimizer: Any, kwargs: Mapping[str, Any]) -> OptimizerArgs:
@@ -114,7 +186,8 @@ def optimizer_args_from_kwargs(optimizer: Any, kwargs: Mapping[str, Any]) -> Opt
     known = {f.name for f in fields(OptimizerArgs)}
     values: Dict[str, Any] = {}
     for name, value in kwargs.items():
-        if name in _IGNORED_KWARGS:
+        if name in _FBGEMM_ONLY_KWARGS:
+            _check_fbgemm_only(kind, name, value)
             continue
         if name not in known:
             raise ValueError(

@@ -15,7 +15,12 @@ from typing import Any, Tuple
 import torch
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, data_type_to_dtype
 
-from dynamicemb_core.config import BUCKET_ALIGNMENT, MAX_BUCKET_CAPACITY, ceil_div
+from dynamicemb_core.config import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
+    align_to_table_size,
+    ceil_div,
+)
 
 __all__ = [
     "DEFAULT_BUCKET_CAPACITY",
@@ -30,14 +35,8 @@ DEFAULT_BUCKET_CAPACITY: int = 128
 
 
 def align_up(n: int, alignment: int) -> int:
-    """Round ``n`` up to a multiple of ``alignment``; a non-positive ``n`` becomes one ``alignment``.
-
-    A table never has zero capacity, so an empty shard still gets one bucket.
-    """
-    n = int(n)
-    if n <= 0:
-        return alignment
-    return ceil_div(n, alignment) * alignment
+    """Round ``n`` up to a multiple of ``alignment`` (:func:`~dynamicemb_core.config.align_to_table_size`)."""
+    return align_to_table_size(n, alignment)
 
 
 def _check_world_size(world_size: int) -> None:

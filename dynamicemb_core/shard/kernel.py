@@ -15,7 +15,6 @@ does, so learning-rate schedulers work unchanged.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import fields
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
@@ -57,18 +56,17 @@ class DynamicEmbFusedOptimizer(KeyedOptimizer):
 
 def _optimizer_kwargs(
     fused_params: Mapping[str, Any], tables: List[str]
-) -> Tuple[Any, Dict[str, Any]]:
-    """The ``optimizer`` and the hyper-parameters our optimizers know, from TorchRec fused params."""
-    from dynamicemb_core.optim.args import OptimizerArgs
+) -> Tuple[Any, Dict[str, Any], torch.dtype]:
+    """The ``optimizer``, its hyper-parameters and the output dtype, from TorchRec fused params."""
+    from dynamicemb_core.optim.args import split_fused_params
 
-    optimizer = fused_params.get("optimizer")
+    optimizer, kwargs, output_dtype = split_fused_params(fused_params)
     if optimizer is None:
         raise ValueError(
             f"dynamic tables {tables}: the sharder's fused_params must name an 'optimizer' "
             f"(fbgemm_gpu EmbOptimType: EXACT_SGD, ADAM, EXACT_ADAGRAD or EXACT_ROWWISE_ADAGRAD)"
         )
-    known = {f.name for f in fields(OptimizerArgs)}
-    return optimizer, {k: v for k, v in fused_params.items() if k in known}
+    return optimizer, kwargs, output_dtype
 
 
 class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
@@ -100,7 +98,7 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
         for index, table in enumerate(config.embedding_tables):
             feature_table_map.extend([index] * table.num_features())
         fused = dict(config.fused_params or {})
-        optimizer, optimizer_kwargs = _optimizer_kwargs(fused, self.table_names)
+        optimizer, optimizer_kwargs, output_dtype = _optimizer_kwargs(fused, self.table_names)
         options = [table_options[name] for name in self.table_names]
         self.world_size: int = dist.get_world_size(pg) if dist.is_initialized() else 1
         self.rank: int = dist.get_rank(pg) if dist.is_initialized() else 0
@@ -112,7 +110,7 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
             pooling_mode=pooling_mode,
             optimizer=optimizer,
             device=device if device is not None else torch.device("cpu"),
-            output_dtype=torch.float32,
+            output_dtype=output_dtype,
             **optimizer_kwargs,
         )
         self._optim = DynamicEmbFusedOptimizer(
