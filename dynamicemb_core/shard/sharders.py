@@ -54,10 +54,11 @@ def _construct(cls: type, base: type, **kwargs: Any) -> Any:
 
 @contextlib.contextmanager
 def _without_dynamic_configs(module: nn.Module, attr: str) -> Iterator[None]:
-    """Hide dynamic tables from TorchRec code that expects a dense weight for every table.
+    """Hide dynamic tables from TorchRec code that expects a dense, fixed-size table.
 
     ``reset_parameters`` re-initializes each table's dense weight; a dynamic table has none (its rows
-    are initialized on first lookup from ``initializer_args``), so it is left out for the call.
+    are initialized on first lookup from ``initializer_args``), so it is left out for the call. The
+    first ``input_dist`` checks ids against ``num_embeddings``, which a dynamic table exceeds by design.
     """
     configs = getattr(module, attr)
     plan: Any = module.module_sharding_plan
@@ -184,6 +185,18 @@ class ShardedDynamicEmbeddingBagCollection(
     """
 
     _demb_configs_attr = "_embedding_bag_configs"
+
+    def input_dist(self, ctx: Any, features: Any) -> Any:
+        """TorchRec's input dist; on the first call, TorchRec's id-range check skips dynamic tables.
+
+        That first call validates the batch against each table's ``num_embeddings`` and warns
+        ("Feature ... out of range") for any id beyond it. Ids beyond ``num_embeddings`` are what a
+        dynamic table is for, so the dynamic tables are hidden from the check; native tables keep it.
+        """
+        if not getattr(self, "_has_uninitialized_input_dist", False):
+            return super().input_dist(ctx, features)
+        with _without_dynamic_configs(self, self._demb_configs_attr):
+            return super().input_dist(ctx, features)
 
     @classmethod
     def create_embedding_bag_sharding(
