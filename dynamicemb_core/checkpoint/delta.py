@@ -178,8 +178,10 @@ def set_score(model: nn.Module, table_score: ScoreArg) -> None:
                 f"{tuple(s.name for s in handle.options.score_strategies)}; only CUSTOMIZED and STEP "
                 f"tables take a set score"
             )
+    from dynamicemb_core.checkpoint.state import set_score_clock
+
     for handle, score in selected:
-        handle.table.set_score(handle.table_id, score)
+        set_score_clock(handle, score)
 
 
 def _settable(handle: TableHandle) -> bool:

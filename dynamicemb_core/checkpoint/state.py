@@ -42,6 +42,7 @@ __all__ = [
     "restore_training",
     "saved_score_clock",
     "score_clock",
+    "set_score_clock",
     "training_state",
 ]
 
@@ -152,17 +153,25 @@ def saved_score_clock(headers: Sequence[ShardHeader]) -> Optional[int]:
     return max(values) if values else None
 
 
+def _clocked_tables(handle: TableHandle) -> List[Tuple[Any, int]]:
+    clocked = {int(DynamicEmbScoreStrategy.STEP), int(DynamicEmbScoreStrategy.CUSTOMIZED)}
+    return [(t, i) for t, i in _clock_tables(handle) if int(t.specs[i].policy) in clocked]
+
+
+def set_score_clock(handle: TableHandle, score: int) -> None:
+    """Set the score clock of every STEP / CUSTOMIZED hash table of the table's storage (a device
+    cache and the table behind it score the same keys, so they keep one clock)."""
+    for table, t in _clocked_tables(handle):
+        table.set_score(t, int(score))
+
+
 def restore_score_clock(handle: TableHandle, saved: Optional[int]) -> None:
     """Move the table's score clock (every hash table of its storage) up to ``saved``."""
     if saved is None or handle.options.score_strategies not in _CLOCKED:
         return
-    clocked = {int(DynamicEmbScoreStrategy.STEP), int(DynamicEmbScoreStrategy.CUSTOMIZED)}
-    tables = [(t, i) for t, i in _clock_tables(handle) if int(t.specs[i].policy) in clocked]
-    if not tables:
-        return
-    value = max([int(saved)] + [int(t.get_score(i)) for t, i in tables])
-    for table, t in tables:
-        table.set_score(t, value)
+    tables = _clocked_tables(handle)
+    if tables:
+        set_score_clock(handle, max([int(saved)] + [int(t.get_score(i)) for t, i in tables]))
 
 
 # ---- admission counters -----------------------------------------------------------------------

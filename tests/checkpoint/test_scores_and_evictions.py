@@ -77,3 +77,13 @@ def test_erase_validates_keys_and_reports_what_was_present():
     gone = erase(model, {"ebc": {"t1": torch.tensor([present[0], 10**9])}})
     assert gone["ebc"]["t1"].tolist() == [present[0]]
     assert present[0] not in snapshot(model)["ebc/t1"].keys()
+
+
+def test_set_score_reaches_a_device_cache_and_the_table_behind_it():
+    """A cached table's cache and host table score the same keys: one set score for both."""
+    model = make_model(score_strategy=S.CUSTOMIZED, caching=True, local_hbm_for_values=4096)
+    set_score(model, 10)
+    train(model, 3, key_range=200)  # more keys than the cache holds: some spill to the host table
+    keys = set(incremental_dump(model, 0)["ebc"].keys[0].tolist())
+    assert keys and set(incremental_dump(model, 10)["ebc"].keys[0].tolist()) == keys
+    assert incremental_dump(model, 11)["ebc"].keys[0].numel() == 0
