@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 import torch
@@ -16,15 +17,19 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
     """Admit keys whose accumulated frequency is at least ``threshold``.
 
     Args:
-        threshold: minimum count (>= 1).
+        threshold: minimum count (>= 0; 0 admits every key, as the seed allows).
         initializer_args: embedding of keys not admitted (None: the table's initializer).
     """
 
     def __init__(
         self, threshold: int, initializer_args: Optional[DynamicEmbInitializerArgs] = None
     ) -> None:
-        if int(threshold) < 1:
-            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 1, got {threshold}")
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral):
+            raise TypeError(
+                f"FrequencyAdmissionStrategy: threshold must be an int, got {threshold!r}"
+            )
+        if threshold < 0:
+            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 0, got {threshold}")
         self.threshold = int(threshold)
         self.initializer_args = initializer_args
 

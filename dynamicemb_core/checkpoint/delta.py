@@ -7,6 +7,7 @@ occupies (``meta["slot_index"]``) so :func:`replay_increment` can put it back ex
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, TypeGuard, Union
 
 import torch
@@ -21,6 +22,7 @@ from dynamicemb_core.checkpoint.ownership import check_dist_type_supported
 from dynamicemb_core.checkpoint.progress import row_bar
 from dynamicemb_core.checkpoint.table_io import export_rows
 from dynamicemb_core.checkpoint.types import DeltaDumpResult, TableHandle
+from dynamicemb_core.types import DynamicEmbWarning
 
 __all__ = ["get_score", "incremental_dump", "set_score"]
 
@@ -32,9 +34,13 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 
 def _select(
-    handles: List[TableHandle], score: ScoreArg, api: str, arg: str
+    handles: List[TableHandle], score: ScoreArg, api: str, arg: str, *, warn_unknown: bool = False
 ) -> List[Tuple[TableHandle, int]]:
-    """Pair each table with its integer score; validate the whole argument first."""
+    """Pair each table with its integer score; validate the whole argument first.
+
+    ``warn_unknown``: a collection or table the model does not have is skipped with a warning (the
+    seed's ``set_score``) instead of raising.
+    """
     if _is_int(score):
         return [(h, int(score)) for h in handles]
     if not isinstance(score, dict):
@@ -45,9 +51,11 @@ def _select(
     selected = []
     for collection, per_table in score.items():
         if collection not in known:
-            raise ValueError(
-                f"{api}: {arg} names collection '{collection}'; the model has {sorted(known)}"
-            )
+            message = f"{api}: {arg} names collection '{collection}'; the model has {sorted(known)}"
+            if not warn_unknown:
+                raise ValueError(message)
+            warnings.warn(message + "; skipped", DynamicEmbWarning, stacklevel=3)
+            continue
         if not isinstance(per_table, dict):
             raise TypeError(
                 f"{api}: {arg}['{collection}'] must be Dict[str, int], got {type(per_table).__name__}"
@@ -55,9 +63,14 @@ def _select(
         names = {h.name: h for h in known[collection]}
         for table, value in per_table.items():
             if table not in names:
-                raise ValueError(
-                    f"{api}: {arg}['{collection}'] names table '{table}'; the collection has {sorted(names)}"
+                message = (
+                    f"{api}: {arg}['{collection}'] names table '{table}'; the collection has "
+                    f"{sorted(names)}"
                 )
+                if not warn_unknown:
+                    raise ValueError(message)
+                warnings.warn(message + "; skipped", DynamicEmbWarning, stacklevel=3)
+                continue
             if not _is_int(value):
                 raise TypeError(
                     f"{api}: {arg}['{collection}']['{table}'] must be an int, got {type(value).__name__}"
@@ -160,8 +173,9 @@ def set_score(model: nn.Module, table_score: ScoreArg) -> None:
             goes down, unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``.
 
     Raises:
-        TypeError / ValueError: a non-int score, an unknown table, a named table whose strategy has no
-            settable score, or an int when no table has one; all before any score is set.
+        TypeError / ValueError: a non-int score, a named table whose strategy has no settable score,
+            or an int when no table has one; all before any score is set. A collection or table the
+            model does not have is skipped with a DynamicEmbWarning, as the seed does.
     """
     handles = find_tables(model, None)
     if _is_int(table_score):
@@ -170,7 +184,7 @@ def set_score(model: nn.Module, table_score: ScoreArg) -> None:
             raise ValueError(
                 "set_score: the model has no CUSTOMIZED or STEP dynamic table to set a score for"
             )
-    selected = _select(handles, table_score, "set_score", "table_score")
+    selected = _select(handles, table_score, "set_score", "table_score", warn_unknown=True)
     for handle, _ in selected:
         if not _settable(handle):
             raise ValueError(

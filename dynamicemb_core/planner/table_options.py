@@ -3,7 +3,8 @@
 :func:`prepare_table_options` is what ``DynamicEmbeddingShardingPlanner`` runs for every table whose
 constraints say ``use_dynamicemb=True``:
 
-1. ``initializer_args``: :func:`complete_initializer_args` fills missing UNIFORM bounds.
+1. ``initializer_args``: :func:`complete_initializer_args` fills missing UNIFORM and
+   TRUNCATED_NORMAL bounds.
 2. ``bucket_capacity`` / ``max_capacity`` / ``init_capacity``: the per-rank bucket layout of
    :mod:`dynamicemb_core.planner.capacity` (the same numbers the public helpers return).
 3. ``local_hbm_for_values``: ``ceil(global_hbm_for_values / world_size)``.
@@ -43,21 +44,27 @@ def complete_initializer_args(
     initializer_args: DynamicEmbInitializerArgs,
     embedding_config: Optional[BaseEmbeddingConfig] = None,
 ) -> DynamicEmbInitializerArgs:
-    """Return initializer args with missing UNIFORM bounds filled in; other modes unchanged.
+    """Return initializer args with missing bounds filled in; other modes unchanged.
 
-    With a TorchRec ``embedding_config`` the bounds are ``±sqrt(1 / num_embeddings)`` (TorchRec's
-    own default for its tables, so a dynamic table starts like the table it replaces); without one
-    they are 0.0 and 1.0. A new object is returned when anything is filled; the input is not changed.
+    UNIFORM: with a TorchRec ``embedding_config`` the bounds are ``±sqrt(1 / num_embeddings)``
+    (TorchRec's own default for its tables, so a dynamic table starts like the table it replaces);
+    without one they are 0.0 and 1.0. TRUNCATED_NORMAL: with an ``embedding_config`` the same
+    ``±sqrt(1 / num_embeddings)`` (the seed's field documentation); without one the bounds stay unset
+    and the initializer truncates at ``mean ± 2 std_dev``. A new object is returned when anything is
+    filled; the input is not changed.
     """
-    if initializer_args.mode != DynamicEmbInitializerMode.UNIFORM:
+    mode = initializer_args.mode
+    if mode not in (DynamicEmbInitializerMode.UNIFORM, DynamicEmbInitializerMode.TRUNCATED_NORMAL):
         return initializer_args
     if initializer_args.lower is not None and initializer_args.upper is not None:
         return initializer_args
     if embedding_config is not None:
         bound = math.sqrt(1.0 / int(embedding_config.num_embeddings))
         lower, upper = -bound, bound
-    else:
+    elif mode == DynamicEmbInitializerMode.UNIFORM:
         lower, upper = 0.0, 1.0
+    else:
+        return initializer_args
     return dataclasses.replace(
         initializer_args,
         lower=lower if initializer_args.lower is None else initializer_args.lower,

@@ -60,8 +60,13 @@ def test_kv_counter_dump_load_round_trip(tmp_path, device):
 def test_frequency_strategy_admits_at_threshold():
     s = FrequencyAdmissionStrategy(threshold=3)
     assert s.admit(torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4])).tolist() == [False, True, True]
-    with pytest.raises(ValueError, match="threshold must be >= 1"):
-        FrequencyAdmissionStrategy(threshold=0)
+    # the seed allows 0: every key is admitted on first sight
+    zero = FrequencyAdmissionStrategy(threshold=0)
+    assert zero.admit(torch.tensor([1, 2]), torch.tensor([0, 1])).tolist() == [True, True]
+    with pytest.raises(ValueError, match="threshold must be >= 0"):
+        FrequencyAdmissionStrategy(threshold=-1)
+    with pytest.raises(TypeError, match="threshold must be an int"):
+        FrequencyAdmissionStrategy(threshold=2.5)
 
 
 def _module(device, **kw):

@@ -206,6 +206,19 @@ def test_complete_initializer_args_leaves_other_modes_alone() -> None:
     assert complete_initializer_args(args) is args
 
 
+def test_truncated_normal_bounds_default_to_the_tables_uniform_bounds() -> None:
+    # the seed's initializer_args field: UNIFORM and TRUNCATED_NORMAL bounds default to ±1/sqrt(N)
+    cfg = EmbeddingConfig(name="t", embedding_dim=4, num_embeddings=400, feature_names=["f"])
+    args = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.TRUNCATED_NORMAL, std_dev=0.1)
+    out = complete_initializer_args(args, cfg)
+    assert (out.lower, out.upper) == pytest.approx((-0.05, 0.05))
+    assert complete_initializer_args(args) is args  # no config: mean ± 2 std_dev at the table
+    constraints = _constraints(initializer_args=args)
+    _planner(_bag_configs(), constraints)
+    planned = constraints["dyn"].dynamicemb_options.initializer_args
+    assert (planned.lower, planned.upper) == pytest.approx((-math.sqrt(1e-3), math.sqrt(1e-3)))
+
+
 # -- planning -------------------------------------------------------------------------------------
 
 
