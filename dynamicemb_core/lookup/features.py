@@ -8,11 +8,17 @@ one list of indices and one list of bags (its features' bags one after another).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
-__all__ = ["TableSegment", "split_by_table", "validate_inputs"]
+__all__ = [
+    "TableSegment",
+    "check_bag_lengths",
+    "check_kjt",
+    "split_by_table",
+    "validate_inputs",
+]
 
 
 @dataclass
@@ -84,9 +90,11 @@ def validate_inputs(
         )
     if num_decreasing:
         b = int(decreasing.nonzero()[0])
+        batch = bags // num_features
         raise ValueError(
             f"BatchedDynamicEmbeddingTables: offsets must be non-decreasing, got offsets[{b}]="
-            f"{int(offsets[b])} > offsets[{b + 1}]={int(offsets[b + 1])}"
+            f"{int(offsets[b])} > offsets[{b + 1}]={int(offsets[b + 1])} "
+            f"({_bag_name(b, batch, None)})"
         )
     if per_sample_weights is not None:
         if not weights_allowed:
@@ -106,6 +114,75 @@ def validate_inputs(
                 f"{per_sample_weights.device}"
             )
     return bags // num_features
+
+
+def _bag_name(bag: int, batch: int, names: Optional[Sequence[str]]) -> str:
+    """``feature 'name' sample s`` of flat bag ``bag`` (feature-major, ``batch`` bags each)."""
+    f, b = (bag // batch, bag % batch) if batch > 0 else (0, bag)
+    label = repr(names[f]) if names is not None and f < len(names) else str(f)
+    return f"feature {label} sample {b}"
+
+
+def check_bag_lengths(
+    lengths: torch.Tensor,
+    num_values: int,
+    batch: int,
+    where: str,
+    names: Optional[Sequence[str]] = None,
+) -> None:
+    """Bag lengths (feature-major, ``batch`` bags per feature) must be >= 0 and sum to
+    ``num_values``; otherwise raise ``ValueError`` naming the first bad feature (one readback).
+    """
+    lengths = lengths.reshape(-1)
+    if lengths.numel() == 0:
+        if num_values:
+            raise ValueError(f"{where}: no bags but {num_values} values")
+        return
+    low, total = torch.stack([lengths.min(), lengths.sum()]).tolist()
+    if low < 0:
+        bag = int((lengths < 0).nonzero()[0])
+        raise ValueError(
+            f"{where}: {_bag_name(bag, batch, names)} has length {int(lengths[bag])}; lengths "
+            "must be >= 0 (offsets must not decrease)"
+        )
+    if total != num_values:
+        per = lengths.reshape(-1, batch).sum(dim=1).tolist() if batch > 0 else [total]
+        detail = ", ".join(
+            f"{names[f]!r}: {n}" if names is not None and f < len(names) else f"{f}: {n}"
+            for f, n in enumerate(per)
+        )
+        raise ValueError(
+            f"{where}: lengths sum to {total} but there are {num_values} values (values per "
+            f"feature from lengths: {detail})"
+        )
+
+
+def check_kjt(kjt: Any, where: str) -> None:
+    """A KeyedJaggedTensor of ids: integer values, lengths that describe them, per feature.
+
+    TorchRec's own tables refuse float ids; casting them would silently look up other keys. Checked
+    with one readback, before anything is routed or written.
+
+    Raises:
+        TypeError: values are not int64 / int32.
+        ValueError: negative lengths (decreasing offsets) or lengths not summing to the values,
+            naming the first bad feature.
+    """
+    values = kjt.values()
+    names = list(kjt.keys())
+    if values.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"{where}: KeyedJaggedTensor values must be integer ids (int64 or int32), got "
+            f"{values.dtype} for features {names}; build the KJT from integer ids (a cast of "
+            "float ids would look up other keys)"
+        )
+    batch = kjt.stride() if not kjt.variable_stride_per_key() else 0
+    check_bag_lengths(kjt.lengths(), values.numel(), batch, where, names)
+    weights = kjt.weights_or_none()
+    if weights is not None and weights.numel() != values.numel():
+        raise ValueError(
+            f"{where}: KeyedJaggedTensor has {weights.numel()} weights for {values.numel()} values"
+        )
 
 
 def split_by_table(

@@ -26,6 +26,7 @@ from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from dynamicemb_core.lookup.features import check_kjt
 from dynamicemb_core.shard.ownership import block_size, owner_rank, validate_dist_type
 
 __all__ = ["FeatureRoute", "RwDynamicSparseFeaturesDist", "bucketize_kjt_by_owner"]
@@ -84,7 +85,9 @@ def bucketize_kjt_by_owner(
         ``original[i] = bucketized_values[unbucketize_permute[i]]``.
 
     Raises:
-        ValueError: when ``routes`` does not have one entry per feature.
+        TypeError: float (non-integer) values: ids are never cast.
+        ValueError: when ``routes`` does not have one entry per feature, or lengths / offsets do
+            not describe the values (naming the feature; see ``check_kjt``).
         NotImplementedError: for a variable-batch KJT.
     """
     keys = kjt.keys()
@@ -94,6 +97,7 @@ def bucketize_kjt_by_owner(
         raise NotImplementedError(
             "dynamic row-wise sharding does not support variable batch per feature"
         )
+    check_kjt(kjt, "dynamic row-wise input dist")
     values = kjt.values()
     device = values.device
     key_values = values.to(torch.int64)

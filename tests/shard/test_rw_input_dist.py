@@ -87,3 +87,53 @@ def test_route_and_kjt_mismatch_raise() -> None:
         FeatureRoute("roundrobin", 10, local_rows=True)
     with pytest.raises(ValueError, match="dist_type must be one of"):
         FeatureRoute("random", 10)
+
+
+_ROUTES = [FeatureRoute("roundrobin", 100), FeatureRoute("hash_roundrobin", 100)]
+
+
+def test_float_ids_are_refused_not_cast() -> None:
+    """TorchRec's own tables refuse float ids; a silent cast would look up other keys."""
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1.5, 2.0, 3.7]), lengths=torch.tensor([1, 1, 1, 0])
+    )
+    with pytest.raises(TypeError, match=r"integer ids \(int64 or int32\), got torch.float32"):
+        bucketize_kjt_by_owner(kjt, _ROUTES, 2)
+    ok = KeyedJaggedTensor(
+        keys=["a", "b"],
+        values=torch.tensor([1, 2, 3], dtype=torch.int32),
+        lengths=torch.tensor([1, 1, 1, 0]),
+    )
+    out, _ = bucketize_kjt_by_owner(ok, _ROUTES, 2)
+    assert out.values().dtype == torch.int32 and sorted(out.values().tolist()) == [1, 2, 3]
+
+
+def test_negative_lengths_name_the_feature() -> None:
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 0, 2, -1])
+    )
+    with pytest.raises(ValueError, match=r"feature 'b' sample 1 has length -1"):
+        bucketize_kjt_by_owner(kjt, _ROUTES, 2)
+
+
+def test_decreasing_offsets_name_the_feature() -> None:
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3, 4]), offsets=torch.tensor([0, 1, 3, 2, 4])
+    )
+    with pytest.raises(ValueError, match=r"feature 'b' sample 0 has length -1.*must not decrease"):
+        bucketize_kjt_by_owner(kjt, _ROUTES, 2)
+
+
+def test_lengths_that_do_not_sum_to_the_values_are_refused() -> None:
+    kjt = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 2, 1])
+    )
+    with pytest.raises(
+        ValueError, match=r"lengths sum to 5 but there are 3 values.*'a': 2, 'b': 3"
+    ):
+        bucketize_kjt_by_owner(kjt, _ROUTES, 2)
+    short = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 0, 1, 0])
+    )
+    with pytest.raises(ValueError, match=r"lengths sum to 2 but there are 3 values"):
+        bucketize_kjt_by_owner(short, _ROUTES, 2)
