@@ -95,10 +95,9 @@ def test_server_killed_inside_steps_keeps_each_row_before_or_after() -> None:
                 timer.join()
 
         def kill_soon(step: int) -> None:
+            # A kill that lands after its step finished makes this step fail at its first call.
             settle()
-            if server.pid is None:  # killed after the last step finished: bring it back
-                server.restart()
-            if step % 2 == 1:
+            if step % 2 == 1 and server.pid is not None:
                 timers[0] = threading.Timer(rng.uniform(0.0, 0.02), server.kill)
                 timers[0].start()
 
@@ -115,4 +114,4 @@ def test_server_killed_inside_steps_keeps_each_row_before_or_after() -> None:
             allow_after=True,
             error_type=StorageTierError,
         )
-        assert log.failures > 0
+        assert log.failures >= 3  # every kill fails its step or the next one
