@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-__all__ = ["History", "IntervalRecord", "TableStats", "format_interval", "format_summary", "plot"]
+__all__ = [
+    "History",
+    "IntervalRecord",
+    "RunInfo",
+    "TableStats",
+    "evictions_per_step",
+    "format_interval",
+    "format_summary",
+    "plot",
+    "title",
+]
 
 
 @dataclass
@@ -68,26 +78,102 @@ def format_summary(
     return "\n".join(lines)
 
 
-def plot(history: History, path: str) -> None:
-    """Loss and per-table occupancy over steps, written as a PNG (matplotlib's Agg backend)."""
+@dataclass
+class RunInfo:
+    """What the run was, for the plot's title: tables, capacity, eviction policy, steps."""
+
+    tables: List[str]
+    rows: int  # num_embeddings asked of each table
+    policy: str  # e.g. "TIMESTAMP (least recently used evicted first)"
+    steps: int
+    batch_size: int  # samples per step per process
+    world: int
+    cache: str = "no cache: each table's rows all on its device"
+
+
+def evictions_per_step(history: History, name: str) -> List[float]:
+    """Per interval, table ``name``'s evictions divided by the interval's steps.
+
+    The records hold cumulative counts; the first interval starts from step 0 and 0 evictions.
+    """
+    out: List[float] = []
+    step, evicted = 0, 0
+    for r in history.records:
+        t = r.tables[name]
+        out.append((t.evictions - evicted) / max(r.step - step, 1))
+        step, evicted = r.step, t.evictions
+    return out
+
+
+def title(info: RunInfo, history: History) -> str:
+    """Three lines naming the run: model and tables; capacity and policy; steps, processes, cache."""
+    capacities = sorted({history.records[-1].tables[n].capacity for n in info.tables})
+    slots = "/".join(str(c) for c in capacities)
+    return (
+        f"dynamicemb-core demo: DLRM, {len(info.tables)} dynamic tables "
+        f"({', '.join(info.tables)})\n"
+        f"num_embeddings {info.rows} -> {slots} slots per table (all ranks); "
+        f"eviction: {info.policy}\n"
+        f"{info.steps} steps x {info.batch_size} samples x {info.world} process(es); {info.cache}"
+    )
+
+
+def plot(history: History, path: str, info: RunInfo) -> None:
+    """A PNG (matplotlib's Agg backend): one column per table, loss underneath.
+
+    Per table, in its own colour: occupancy (% of its slots holding a key) and evictions per
+    step. Training loss spans the bottom row. The title says what the run was (:func:`title`).
+    A run with a cache would add a hit-rate row; the demo's tables are not cached, which the
+    title says.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    names = list(history.records[0].tables)
     steps = [r.step for r in history.records]
-    fig, (ax_loss, ax_occ) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    ax_loss.plot(steps, [r.loss for r in history.records], marker="o", markersize=3)
+    colors = plt.get_cmap("tab10").colors
+    n = len(names)
+    fig = plt.figure(figsize=(max(4.2 * n, 10), 9))
+    grid = fig.add_gridspec(3, n, height_ratios=[1, 1, 1.1])
+    first_occ = first_ev = None
+    for col, name in enumerate(names):
+        color = colors[col % len(colors)]
+        last = history.records[-1].tables[name]
+        ax_occ = fig.add_subplot(grid[0, col], sharey=first_occ)
+        first_occ = first_occ or ax_occ
+        ax_occ.plot(steps, [100 * r.tables[name].occupancy for r in history.records], color=color)
+        ax_occ.set_title(
+            f"{name}\n{last.size} keys / {last.capacity} slots at the end", fontsize=10
+        )
+        ax_occ.set_ylim(0, 105)
+        ax_occ.grid(alpha=0.3)
+        ax_ev = fig.add_subplot(grid[1, col], sharex=ax_occ, sharey=first_ev)
+        first_ev = first_ev or ax_ev
+        per_step = evictions_per_step(
+            history, name
+        )  # each value covers the interval up to its step
+        ax_ev.plot(steps, per_step, color=color, marker=".", drawstyle="steps-pre")
+        ax_ev.set_xlabel("step")
+        ax_ev.grid(alpha=0.3)
+        ax_ev.text(
+            0.02,
+            0.95,
+            f"{last.evictions} evicted in all",
+            transform=ax_ev.transAxes,
+            va="top",
+            fontsize=9,
+        )
+        if col == 0:
+            ax_occ.set_ylabel("occupancy (% of slots)")
+            ax_ev.set_ylabel("evictions per step")
+    ax_loss = fig.add_subplot(grid[2, :])
+    ax_loss.plot(steps, [r.loss for r in history.records], color="black", marker="o", markersize=3)
     ax_loss.set_ylabel("loss (BCE, interval mean)")
+    ax_loss.set_xlabel("step")
     ax_loss.grid(alpha=0.3)
-    for name in history.records[0].tables:
-        ax_occ.plot(steps, [100 * r.tables[name].occupancy for r in history.records], label=name)
-    ax_occ.set_ylabel("table occupancy (%)")
-    ax_occ.set_xlabel("step")
-    ax_occ.set_ylim(0, 105)
-    ax_occ.legend(loc="lower right")
-    ax_occ.grid(alpha=0.3)
-    fig.suptitle("dynamicemb-core demo: DLRM with dynamic tables")
+    fig.suptitle(title(info, history), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -34,6 +34,7 @@ from dynamicemb_core.demo.data import ClickData, ClickDataConfig
 from dynamicemb_core.demo.report import (
     History,
     IntervalRecord,
+    RunInfo,
     TableStats,
     format_interval,
     format_summary,
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 __all__ = ["build_model", "main", "parse_args"]
 
 FEATURES = ("user_id", "item_id", "category_id")
+# The tables' score strategy (DynamicEmbTableOptions' default), as the plot's title names it.
+POLICY = "TIMESTAMP (least recently used evicted first)"
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -103,7 +106,7 @@ def build_model(args: argparse.Namespace, device: torch.device) -> "DistributedM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from dynamicemb_core import DynamicEmbTableOptions
+    from dynamicemb_core import DynamicEmbScoreStrategy, DynamicEmbTableOptions
     from dynamicemb_core.planner import (
         DynamicEmbeddingShardingPlanner,
         DynamicEmbParameterConstraints,
@@ -121,7 +124,9 @@ def build_model(args: argparse.Namespace, device: torch.device) -> "DistributedM
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
             dynamicemb_options=DynamicEmbTableOptions(
-                bucket_capacity=128, dist_type="hash_roundrobin"
+                bucket_capacity=128,
+                dist_type="hash_roundrobin",
+                score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,  # POLICY says it in the plot
             ),
         )
         for c in configs
@@ -229,7 +234,15 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "demo.png")
-        plot(history, path)
+        info = RunInfo(
+            tables=list(history.records[0].tables),
+            rows=args.rows,
+            policy=POLICY,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            world=world,
+        )
+        plot(history, path, info)
         print(
             format_summary(history, seconds, args.steps * args.batch_size * world, path, world),
             flush=True,
