@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numbers
+import operator
 from typing import Optional
 
 import torch
@@ -24,13 +24,17 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
     def __init__(
         self, threshold: int, initializer_args: Optional[DynamicEmbInitializerArgs] = None
     ) -> None:
-        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Integral):
+        try:
+            if isinstance(threshold, bool):
+                raise TypeError
+            value = operator.index(threshold)  # any integer type, nothing that truncates
+        except TypeError:
             raise TypeError(
                 f"FrequencyAdmissionStrategy: threshold must be an int, got {threshold!r}"
-            )
-        if threshold < 0:
-            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 0, got {threshold}")
-        self.threshold = int(threshold)
+            ) from None
+        if value < 0:
+            raise ValueError(f"FrequencyAdmissionStrategy: threshold must be >= 0, got {value}")
+        self.threshold: int = value
         self.initializer_args = initializer_args
 
     def admit(self, keys: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,32 @@ class ShardedDynamicEmbeddingCollection(_DynamicShardedCollection, ShardedEmbedd
 
     _demb_configs_attr = "_embedding_configs"
 
+    def _create_hash_size_info(self, feature_names: List[str], ctx: Any = None) -> None:
+        """Nothing to prepare: :meth:`_dedup_indices` needs no per-table id bounds."""
+
+    def _dedup_indices(self, ctx: Any, input_feature_splits: List[Any]) -> List[Any]:
+        """``use_index_dedup=True``: each table's ids deduplicated with our ``unique`` op.
+
+        Replaces TorchRec's version (FBGEMM's ``jagged_unique_indices``: no CPU kernel, and tables
+        told apart by ``num_embeddings``, which does not bound a dynamic table's ids); see
+        :mod:`dynamicemb_core.shard.dedup`. The context gets the input features and reverse indices
+        TorchRec's output step expands the rows with.
+        """
+        from dynamicemb_core.shard.dedup import dedup_by_table
+
+        accumulate = bool(getattr(self, "_enable_feature_score_weight_accumulation", False))
+        out = []
+        with torch.autograd.profiler.record_function("## dedup_ec_indices ##"):
+            for sharding, features in zip(
+                self._sharding_type_to_sharding.values(), input_feature_splits
+            ):
+                per_table = [t.num_features() for t in sharding.embedding_tables()]
+                dedup, reverse = dedup_by_table(features, per_table, accumulate)
+                ctx.input_features.append(features)
+                ctx.reverse_indices.append(reverse)
+                out.append(dedup)
+        return out
+
     @classmethod
     def create_embedding_sharding(
         cls,

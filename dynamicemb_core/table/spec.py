@@ -193,7 +193,7 @@ class TableSpec:
             max_capacity=options.max_capacity,
             bucket_capacity=options.bucket_capacity,
             max_load_factor=options.max_load_factor,
-            score_strategy=options.score_strategy,
+            score_strategy=options.score_strategies,
             score_function=score_function,
             safe_check_mode=options.safe_check_mode,
             evicted_item_mode=options.evicted_item_mode,

@@ -139,13 +139,16 @@ def shard_model(
     world: int,
     device: torch.device = CPU,
     weighted: bool = False,
+    sharder_kwargs: Optional[Dict[str, Any]] = None,
 ) -> DistributedModelParallel:
-    """Plan with our planner and wrap in DMP, as a user would (collection built on meta)."""
+    """Plan with our planner and wrap in DMP, as a user would (collection built on meta).
+
+    ``sharder_kwargs``: more arguments of the sharder (e.g. ``use_index_dedup``)."""
     model = Wrapper(make_collection(pooled, configs, torch.device("meta"), weighted))
     sharder_cls = (
         DynamicEmbeddingBagCollectionSharder if pooled else DynamicEmbeddingCollectionSharder
     )
-    sharders = [sharder_cls(fused_params=dict(fused_params))]
+    sharders = [sharder_cls(fused_params=dict(fused_params), **(sharder_kwargs or {}))]
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs, topology=default_topology(world, device.type), constraints=constraints
     )
@@ -355,6 +358,7 @@ def train_against_twin(
     batch_per_rank: int = 4,
     device: torch.device = CPU,
     weighted: bool = False,
+    sharder_kwargs: Optional[Dict[str, Any]] = None,
 ) -> DistributedModelParallel:
     """Train the sharded model and its unsharded twin side by side and compare at every step.
 
@@ -377,6 +381,7 @@ def train_against_twin(
         world,
         device,
         weighted,
+        sharder_kwargs,
     )
     torch.manual_seed(0)
     twin = make_collection(pooled, configs, torch.device("cpu"), weighted)
