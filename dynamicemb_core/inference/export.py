@@ -61,7 +61,7 @@ def compile_package(
             table ops, compiled already).
     """
     configs: Dict[str, Any] = {}
-    if fast_compile:
+    if fast_compile and hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
         configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
     return torch._inductor.aoti_compile_and_package(
         program, package_path=path, inductor_configs=configs
