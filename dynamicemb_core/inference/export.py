@@ -36,7 +36,8 @@ class LookupModule(nn.Module):
     def forward(
         self, values: Tensor, offsets: Tensor, per_sample_weights: Optional[Tensor] = None
     ) -> Tensor:
-        return self.collection.lookup(values, offsets, per_sample_weights)
+        collection: Any = self.collection
+        return collection.lookup(values, offsets, per_sample_weights)
 
 
 def export_model(model: nn.Module, args: Tuple[Any, ...]) -> torch.export.ExportedProgram:
@@ -83,7 +84,7 @@ def attach(compiled: Any, model: nn.Module, prefixes: Sequence[str] = ("",)) -> 
     Raises:
         ValueError: a constant of the package has no tensor of that name in ``model``.
     """
-    tensors = dict(model.named_parameters())
+    tensors: Dict[str, Tensor] = dict(model.named_parameters())
     tensors.update(dict(model.named_buffers()))
     wanted = list(compiled.get_constant_fqns())
     mapping = {}

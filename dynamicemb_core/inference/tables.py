@@ -142,6 +142,13 @@ class ServingTables(nn.Module):
             group on CUDA). False trusts the caller's offsets.
     """
 
+    table_of_feature: Tensor
+    first_logical: Tensor
+    row_base: Tensor
+    default_row: Tensor
+    group_of_logical: Tensor
+    cur_scores: Tensor
+
     def __init__(
         self,
         tables: Sequence[ServingTable],
@@ -180,7 +187,9 @@ class ServingTables(nn.Module):
         self.feature_dims = [self.tables[t].dim for t in table_of_feature]
 
         # logical tables: every shard of every table, table after table
-        specs, self._first_logical, owner = [], [], []
+        specs: List[Any] = []
+        self._first_logical: List[int] = []
+        owner: List[int] = []
         for i, t in enumerate(self.tables):
             self._first_logical.append(len(specs))
             opts = dataclasses.replace(
@@ -243,15 +252,16 @@ class ServingTables(nn.Module):
             self._keyed_init.append(keyed)
             self.register_buffer(f"values_{g}", values, persistent=False)
         self._row_base = row_base
-        i64 = dict(dtype=torch.int64, device=self.device)
-        self.register_buffer("table_of_feature", torch.tensor(table_of_feature, **i64), False)
-        self.register_buffer("first_logical", torch.tensor(self._first_logical, **i64), False)
-        self.register_buffer("row_base", torch.tensor(row_base, **i64), False)
-        self.register_buffer("default_row", torch.tensor(default_row, **i64), False)
-        self.register_buffer(
-            "group_of_logical", torch.tensor([group_of_table[o] for o in owner], **i64), False
-        )
-        self.register_buffer("cur_scores", torch.full((len(specs),), -1, **i64), False)
+
+        def ints(values: List[int]) -> Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+        self.register_buffer("table_of_feature", ints(table_of_feature), False)
+        self.register_buffer("first_logical", ints(self._first_logical), False)
+        self.register_buffer("row_base", ints(row_base), False)
+        self.register_buffer("default_row", ints(default_row), False)
+        self.register_buffer("group_of_logical", ints([group_of_table[o] for o in owner]), False)
+        self.register_buffer("cur_scores", ints([-1] * len(specs)), False)
         self._sync_state()
         self.storage = _ShardStorage(self)
 
