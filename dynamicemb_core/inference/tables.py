@@ -8,8 +8,8 @@ embeddings live beside it in one value buffer per (dim, pooling) group::
 
 so a batch is served by one ``find`` (all features at once, each key sent to its table and owning
 shard) and one ``pooled_gather`` per group reading the buffer in place. A missing key reads its table's
-default row (the constant ``eval_initializer_args``), so nothing is inserted and nothing raises; a
-key-dependent or random eval initializer goes through a gather instead (see :meth:`ServingTables.lookup`).
+default row (the constant ``eval_initializer_args``, the only mode options accept), so nothing is
+inserted and nothing raises.
 
 Each shard mirrors the trainer's shard layout (capacity, bucket width, ``dist_type``), so the
 checkpoint code works on it unchanged through :meth:`ServingTables.handles`: ``DynamicEmbDump``
@@ -123,11 +123,13 @@ class _ShardStorage:
         return [(self._view(table_id), 0)]
 
 
-def _constant_default(args: DynamicEmbInitializerArgs) -> Optional[float]:
-    """The value every missing key reads, or None when it depends on the key or on chance."""
-    if DynamicEmbInitializerMode(args.mode) is DynamicEmbInitializerMode.CONSTANT:
-        return float(args.value)
-    return None
+def _constant_default(args: DynamicEmbInitializerArgs, table: str) -> float:
+    """The value every missing key of ``table`` reads (options allow only a CONSTANT initializer)."""
+    if DynamicEmbInitializerMode(args.mode) is not DynamicEmbInitializerMode.CONSTANT:
+        raise ValueError(
+            f"table {table!r}: eval_initializer_args must be CONSTANT, got {args.mode!r}"
+        )
+    return float(args.value)
 
 
 class ServingTables(nn.Module):
@@ -229,7 +231,6 @@ class ServingTables(nn.Module):
         row_base = [0] * len(specs)
         default_row = [0] * len(specs)
         self._zero_row: List[int] = []
-        self._keyed_init: List[List[int]] = []  # per group: tables whose default needs the key
         for g, (dim, _) in enumerate(group_keys):
             members = [i for i, gi in enumerate(group_of_table) if gi == g]
             rows = 0
@@ -239,17 +240,14 @@ class ServingTables(nn.Module):
                     row_base[lid] = rows
                     rows += self.hash_table.capacity(lid)
             values = torch.zeros(rows + len(members) + 1, dim, device=self.device)
-            keyed = []
             for j, i in enumerate(members):
-                fill = _constant_default(self.tables[i].options.eval_initializer_args)
-                if fill is None:
-                    keyed.append(i)
-                    fill = 0.0
-                values[rows + j] = fill
+                table = self.tables[i]
+                values[rows + j] = _constant_default(
+                    table.options.eval_initializer_args, table.name
+                )
                 for lg in range(self.tables[i].num_shards):
                     default_row[self._first_logical[i] + lg] = rows + j
             self._zero_row.append(rows + len(members))
-            self._keyed_init.append(keyed)
             self.register_buffer(f"values_{g}", values, persistent=False)
         self._row_base = row_base
 
@@ -386,16 +384,12 @@ class ServingTables(nn.Module):
             row_g = row
             if len(self._group_keys) > 1:
                 row_g = torch.where(self.group_of_logical[logical] == g, row, self._zero_row[g])
-            source, where = self.values(g), row_g
-            if self._keyed_init[g]:
-                source = self._keyed_rows(g, indices, row_g, found, table_of_index)
-                where = torch.arange(n, device=indices.device)
             if pooling is DynamicEmbPoolingMode.NONE:
-                outputs.append(source.index_select(0, where))
+                outputs.append(self.values(g).index_select(0, row_g))
                 continue
             outputs.append(
                 torch.ops.dynamicemb.pooled_gather.default(
-                    source, where, offsets, weights, _POOL_CODE[pooling], self.validate
+                    self.values(g), row_g, offsets, weights, _POOL_CODE[pooling], self.validate
                 )
             )
         if self._group_keys[0][1] is DynamicEmbPoolingMode.NONE:
@@ -409,21 +403,6 @@ class ServingTables(nn.Module):
             g = self._group_of_table[self._table_of_feature[f]]
             blocks.append(outputs[g][f * batch : (f + 1) * batch])
         return torch.cat(blocks, dim=1)
-
-    def _keyed_rows(
-        self, g: int, indices: Tensor, row: Tensor, found: Tensor, table_of_index: Tensor
-    ) -> Tensor:
-        """(N, D) rows of group ``g``; missing keys of key-dependent / random initializers filled."""
-        from dynamicemb_core.lookup.initializers import initialize_embeddings
-
-        dim = self._group_keys[g][0]
-        rows = self.values(g).index_select(0, row)
-        for i in self._keyed_init[g]:
-            args = self.tables[i].options.eval_initializer_args
-            fresh = initialize_embeddings(args, indices, dim)
-            mask = (~found) & (table_of_index == i)
-            rows = torch.where(mask.unsqueeze(1), fresh, rows)
-        return rows
 
     def extra_repr(self) -> str:
         tables = ", ".join(
