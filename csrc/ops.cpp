@@ -16,6 +16,11 @@ TORCH_LIBRARY(dynamicemb, m) {
   // (ids in range, offsets ordered) before anything is written. On CUDA they cost one device
   // synchronisation, so callers that built their input themselves (the ScoredHashTable class,
   // the batched module) pass false; the CPU kernels check always, as it costs them no sync.
+  //
+  // ``pins`` (the evicting ops): an optional (total_slots,) int32 pin count per global slot; a
+  // slot whose count is above 0 is never chosen as a victim. ``deterministic``: on CUDA, true (the
+  // default) runs the bucket-ordered engine (slot-for-slot the CPU kernels' result), false the
+  // key-parallel one (docs/table_design.md, "CUDA insert engines"); CPU is deterministic always.
   // ---------------------------------------------------------------------------------------------
 
   // Look keys up; with update_score, touch the found ones. -> (slots, found, scores (n,2) internal order)
@@ -27,18 +32,20 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def(
       "insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
-      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True) -> Tensor");
+      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True, Tensor? pins=None, "
+      "bool deterministic=True) -> Tensor");
   // Find keys, inserting the missing ones. -> (slots, is_new)
   m.def(
       "find_or_insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
-      "Tensor(d!) sizes, Tensor cur_scores, bool check=True) -> (Tensor, Tensor)");
+      "Tensor(d!) sizes, Tensor cur_scores, bool check=True, Tensor? pins=None, "
+      "bool deterministic=True) -> (Tensor, Tensor)");
   // Insert and report what was evicted. -> (slots, is_new, ev_keys, ev_slots, ev_scores, ev_table_ids)
   m.def(
       "insert_and_evict(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
-      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True, Tensor? pins=None, "
+      "bool deterministic=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Remove keys, freeing their slots. -> erased (n,) bool
   m.def(
       "erase(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor(a!) digests, Tensor scores, "

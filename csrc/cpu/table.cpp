@@ -246,17 +246,18 @@ struct InsertOutputs {
   uint8_t* ev_flag = nullptr;
   int64_t* ev_key = nullptr;
   int64_t* ev_words = nullptr;  // (n, 2)
+  const int32_t* pins = nullptr;  // (total_slots,) pin counts, or null: pinned slots are no victims
 };
 
-/** Lowest-ranked slot of a full bucket that this call has not written, or -1. */
+/** Lowest-ranked slot of a full bucket that this call has not written and nobody pinned, or -1. */
 int64_t pick_victim(const State& s, const Home& home, const WrittenSlots& written, ScoreFn fn,
-                    int64_t now) {
+                    int64_t now, const int32_t* pins) {
   const int64_t cap = s.caps[home.table];
   const int64_t policy = s.policies[home.table];
   int64_t best = -1;
   double best_fn = 0.0;
   for (int64_t g = home.begin; g < home.begin + cap; ++g) {
-    if (written.get(g) != 0) continue;
+    if (written.get(g) != 0 || (pins != nullptr && pins[g] > 0)) continue;
     const int64_t* w = s.scores + 2 * g;
     if (fn != nullptr) {
       const double v = fn(w, now);
@@ -316,7 +317,7 @@ void place_absent(State& s, int64_t i, int64_t key, const Home& home, const int6
       size_delta[t] += 1;
     } else if (policy_can_evict(policy)) {
       const ScoreFn fn = score_fns ? reinterpret_cast<ScoreFn>(score_fns[t]) : nullptr;
-      g = pick_victim(s, home, written, fn, now[t]);
+      g = pick_victim(s, home, written, fn, now[t], out.pins);
       if (g >= 0 && out.ev_flag != nullptr) {
         out.ev_flag[i] = 1;
         out.ev_key[i] = s.keys[g];
@@ -498,11 +499,13 @@ Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& tab
                   const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                   const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                   const Tensor& sizes, const Tensor& cur_scores,
-                  const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/) {
+                  const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
+                  const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/) {
   InsertArgs a = check_insert("insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                               bucket_caps, policies, score_fns, sizes, cur_scores, input_scores);
   Tensor slots = at::empty({a.keys.numel()}, a.keys.options());
   InsertOutputs out{slots.data_ptr<int64_t>(), nullptr};
+  out.pins = check_pins_arg("insert", pins, a.state.total_slots, at::Device(at::kCPU));
   insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, a.input_scores, out);
   return slots;
 }
@@ -512,7 +515,9 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
                                               const Tensor& scores, const Tensor& slot_offsets,
                                               const Tensor& bucket_caps, const Tensor& policies,
                                               const Tensor& score_fns, const Tensor& sizes,
-                                              const Tensor& cur_scores, bool /*check: the CPU kernels always check*/) {
+                                              const Tensor& cur_scores, bool /*check: the CPU kernels always check*/,
+                                              const c10::optional<Tensor>& pins,
+                                              bool /*deterministic: always, on CPU*/) {
   InsertArgs a =
       check_insert("find_or_insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                    bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
@@ -520,6 +525,7 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
   Tensor slots = at::empty({n}, a.keys.options());
   Tensor is_new = at::empty({n}, a.keys.options().dtype(at::kBool));
   InsertOutputs out{slots.data_ptr<int64_t>(), is_new.data_ptr<bool>()};
+  out.pins = check_pins_arg("find_or_insert", pins, a.state.total_slots, at::Device(at::kCPU));
   insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, nullptr, out);
   return std::make_tuple(slots, is_new);
 }
@@ -528,7 +534,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
     const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/) {
+    const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
+    const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/) {
   InsertArgs a = check_insert("insert_and_evict", keys, table_ids, table_keys, digests, scores,
                               slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
                               input_scores);
@@ -540,6 +547,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
   std::vector<int64_t> ev_key(n), ev_words(2 * n);
   InsertOutputs out{slots.data_ptr<int64_t>(), is_new.data_ptr<bool>(), ev_flag.data(),
                     ev_key.data(), ev_words.data()};
+  out.pins = check_pins_arg("insert_and_evict", pins, a.state.total_slots, at::Device(at::kCPU));
   insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, a.input_scores, out);
   // Compact the evictions in input order (the new key's slot is the one the evicted key had).
   int64_t m = 0;

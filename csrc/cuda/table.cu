@@ -6,6 +6,8 @@
 //   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
 //   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: keys sorted
 //                     by home bucket, one 4-thread tile per bucket, input order kept (deterministic)
+//   table_upsert_parallel.cuh  insert / find_or_insert / insert_and_evict with deterministic=false
+//                     (opt-in): one tile per key, per-bucket locks for placements
 //   table_export.cuh  export_if: two-pass stream compaction in slot order
 //   table_rows.cuh    gather_rows / scatter_rows: dtype-free vector copies
 //   score_fn_launch.cuh  the compound score_function, compiled by numba-cuda, run before eviction
@@ -26,6 +28,7 @@
 #include "table_find.cuh"
 #include "table_rows.cuh"
 #include "table_upsert.cuh"
+#include "table_upsert_parallel.cuh"
 
 namespace dynamicemb {
 namespace {
@@ -102,13 +105,17 @@ struct UpsertResult {
   Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores;
 };
 
-/** The shared body of insert, find_or_insert and insert_and_evict. */
+/**
+ * The shared body of insert, find_or_insert and insert_and_evict: the key-parallel engine, or with
+ * ``deterministic`` the bucket-ordered one (slot-for-slot the CPU kernels' result).
+ */
 UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                         const Tensor& table_ids_in, const Tensor& table_keys,
                         const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                         const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                         const Tensor& sizes, const Tensor& cur_scores_in,
-                        const c10::optional<Tensor>& input_scores_in, bool check) {
+                        const c10::optional<Tensor>& input_scores_in, bool check,
+                        const c10::optional<Tensor>& pins, bool deterministic) {
   const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   const at::Device dev = table_keys.device();
@@ -125,12 +132,19 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
     check_input_scores_arg(op, *input_scores_in, keys.size(0), dev);
     input_scores = input_scores_in->contiguous();
   }
+  const int32_t* pin_counts = check_pins_arg(op, pins, s.total_slots, dev);
   const int64_t n = keys.numel();
   const auto opts = keys.options();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   Tensor protect_bits;
   UpsertParams p = upsert_params(mode, keys, table_ids, s, protect_bits);
+  p.pins = pin_counts;
+  Tensor locks;
+  if (!deterministic) {
+    locks = at::zeros({lock_words(s.total_slots)}, opts.dtype(at::kInt));
+    p.bucket_locks = reinterpret_cast<uint32_t*>(locks.data_ptr<int32_t>());
+  }
   const Tensor now = resolve_now_cuda(policies, cur_scores);
   p.now = now.data_ptr<int64_t>();
   p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
@@ -160,7 +174,11 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
     p.ev_slots = r.ev_slots.data_ptr<int64_t>();
     p.ev_scores = r.ev_scores.data_ptr<int64_t>();
   }
-  select_upsert(p, s.total_slots, opts, stream);
+  if (deterministic) {
+    select_upsert(p, s.total_slots, opts, stream);
+  } else {
+    select_upsert_parallel(p, stream);
+  }
   return r;
 }
 
@@ -206,10 +224,11 @@ Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& ta
                    const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                    const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                    const Tensor& sizes, const Tensor& cur_scores,
-                   const c10::optional<Tensor>& input_scores, bool check) {
+                   const c10::optional<Tensor>& input_scores, bool check,
+                   const c10::optional<Tensor>& pins, bool deterministic) {
   return run_insert("insert", UpsertMode::kInsert, keys, table_ids, table_keys, digests, scores,
                     slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
-                    input_scores, check)
+                    input_scores, check, pins, deterministic)
       .slots;
 }
 
@@ -218,10 +237,13 @@ std::tuple<Tensor, Tensor> find_or_insert_cuda(const Tensor& keys, const Tensor&
                                                const Tensor& scores, const Tensor& slot_offsets,
                                                const Tensor& bucket_caps, const Tensor& policies,
                                                const Tensor& score_fns, const Tensor& sizes,
-                                               const Tensor& cur_scores, bool check) {
+                                               const Tensor& cur_scores, bool check,
+                                               const c10::optional<Tensor>& pins,
+                                               bool deterministic) {
   UpsertResult r = run_insert("find_or_insert", UpsertMode::kFindOrInsert, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
-                              score_fns, sizes, cur_scores, c10::nullopt, check);
+                              score_fns, sizes, cur_scores, c10::nullopt, check, pins,
+                              deterministic);
   return {r.slots, r.flag};
 }
 
@@ -229,10 +251,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
     const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const c10::optional<Tensor>& input_scores, bool check) {
+    const c10::optional<Tensor>& input_scores, bool check, const c10::optional<Tensor>& pins,
+    bool deterministic) {
   UpsertResult r = run_insert("insert_and_evict", UpsertMode::kInsertAndEvict, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
-                              score_fns, sizes, cur_scores, input_scores, check);
+                              score_fns, sizes, cur_scores, input_scores, check, pins,
+                              deterministic);
   // Evictions in input order of the keys that caused them (one device sync: m depends on data).
   auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
                                           table_ids.contiguous(),

@@ -108,12 +108,14 @@ struct Probe {
  * `*empty` where it is 0. One 16-byte load when aligned and inside [g, end); bytes one by one
  * otherwise (only a single-bucket table whose region is not 16-aligned gets there).
  */
+template <bool kCoherent = false>
 __device__ __forceinline__ void scan16(const uint8_t* digests, int64_t g, int64_t end, uint8_t d,
                                        uint32_t* match, uint32_t* empty) {
   const uint8_t* p = digests + g;
   uint32_t m = 0, e = 0;
   if (g + 16 <= end && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
-    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    const uint4 v = kCoherent ? __ldcg(reinterpret_cast<const uint4*>(p))
+                              : *reinterpret_cast<const uint4*>(p);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -122,8 +124,11 @@ __device__ __forceinline__ void scan16(const uint8_t* digests, int64_t g, int64_
     }
   } else {
     for (int k = 0; k < 16 && g + k < end; ++k) {
-      m |= static_cast<uint32_t>(p[k] == d) << k;
-      e |= static_cast<uint32_t>(p[k] == 0) << k;
+      const uint8_t b =
+          kCoherent ? static_cast<uint8_t>(__ldcg(reinterpret_cast<const unsigned char*>(p + k)))
+                    : p[k];
+      m |= static_cast<uint32_t>(b == d) << k;
+      e |= static_cast<uint32_t>(b == 0) << k;
     }
   }
   *match = m;
@@ -135,9 +140,10 @@ __device__ __forceinline__ void scan16(const uint8_t* digests, int64_t g, int64_
  * reading kVec x 16 digests per step with independent 16-byte loads, so a tile of 4 with kVec 2
  * covers a 128-slot bucket in one step. Full keys are compared only where the digest matches
  * (~1/255 false matches). With `want_empty` the same reads also give the lowest empty slot.
- * Every thread of the tile gets the answer.
+ * Every thread of the tile gets the answer. `kCoherent` reads through L2 (__ldcg): for probes
+ * under a bucket lock, which must see what other SMs wrote in the same kernel.
  */
-template <int kVec, typename Tile>
+template <int kVec, typename Tile, bool kCoherent = false>
 __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* table_keys,
                                             const uint8_t* digests, int64_t key,
                                             const KeyHome& home, bool want_empty) {
@@ -150,7 +156,9 @@ __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* tab
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       m[v] = e[v] = 0;
-      if (g0 + 16 * v < home.end) scan16(digests, g0 + 16 * v, home.end, home.digest, &m[v], &e[v]);
+      if (g0 + 16 * v < home.end) {
+        scan16<kCoherent>(digests, g0 + 16 * v, home.end, home.digest, &m[v], &e[v]);
+      }
     }
     int64_t hit = -1, empty = -1;
 #pragma unroll
@@ -158,7 +166,8 @@ __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* tab
       while (m[v] && hit < 0) {
         const int b = __ffs(m[v]) - 1;
         m[v] &= m[v] - 1;
-        if (table_keys[g0 + 16 * v + b] == key) hit = g0 + 16 * v + b;
+        const int64_t* kp = table_keys + g0 + 16 * v + b;
+        if ((kCoherent ? __ldcg(kp) : *kp) == key) hit = g0 + 16 * v + b;
       }
       if (e[v] && empty < 0) empty = g0 + 16 * v + __ffs(e[v]) - 1;
     }
@@ -175,6 +184,13 @@ __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* tab
 /** @brief The two score words of a global slot, internal order. */
 __device__ __forceinline__ void load_words(const int64_t* scores, int64_t g, int64_t* w) {
   const longlong2 v = *reinterpret_cast<const longlong2*>(scores + 2 * g);
+  w[0] = v.x;
+  w[1] = v.y;
+}
+
+/** @brief load_words through L2, for reads under a bucket lock (see tile_probe's kCoherent). */
+__device__ __forceinline__ void load_words_cg(const int64_t* scores, int64_t g, int64_t* w) {
+  const longlong2 v = __ldcg(reinterpret_cast<const longlong2*>(scores + 2 * g));
   w[0] = v.x;
   w[1] = v.y;
 }

@@ -57,6 +57,8 @@ struct UpsertParams {
   const double* fn_scores;      // (total_slots,) score-function ranks, or null
   const uint8_t* has_fn;        // (T,) 1 where fn_scores ranks the table, or null
   uint32_t* protect_bits;       // (ceil(total_slots / 32),) zeroed: slots written by this call
+  const int32_t* pins;          // (total_slots,) pin counts, or null: a pinned slot is no victim
+  uint32_t* bucket_locks;       // key-parallel engine: (total_slots / 16 + 1,) zeroed spin locks
   int64_t* out_slots;           // (n,) local slot or -1
   bool* out_flag;               // (n,) is_new / erased / placed
   bool* ev_flag;                // (n,) kInsertAndEvict: key i evicted someone (zeroed)
@@ -120,6 +122,7 @@ __device__ __forceinline__ int64_t tile_victim(const UpsertTile& tile, const Ups
   Candidate best{-1, 0, 0, 0.0};
   for (int64_t g = home.begin + tile.thread_rank(); g < home.end; g += kUpsertTile) {
     if (p.digests[g] == 0 || is_protected(p.protect_bits, g)) continue;
+    if (p.pins != nullptr && p.pins[g] > 0) continue;
     Candidate c{g, 0, 0, use_fn ? p.fn_scores[g] : 0.0};
     if (!use_fn) {
       int64_t w[2];

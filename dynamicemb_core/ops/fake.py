@@ -64,6 +64,8 @@ def _insert_fake(
     cur_scores: Tensor,
     input_scores: Optional[Tensor],
     check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: bool = True,
 ) -> Tensor:
     return keys.new_empty(_check_keys(keys, table_ids))
 
@@ -82,6 +84,8 @@ def _find_or_insert_fake(
     sizes: Tensor,
     cur_scores: Tensor,
     check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: bool = True,
 ) -> Tuple[Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool)
@@ -102,6 +106,8 @@ def _insert_and_evict_fake(
     cur_scores: Tensor,
     input_scores: Optional[Tensor],
     check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: bool = True,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     m = torch.library.get_ctx().new_dynamic_size()

@@ -8,6 +8,15 @@ slots and scores are int64. Slots are local to their table; -1 means missing / n
 slot outside [-1, capacity) before anything is written. On CUDA that check costs a device
 synchronisation, so a caller that validated its input already (ScoredHashTable does) passes False;
 the CUDA kernels then treat such ids as missing and such slots as empty. CPU kernels always check.
+
+The evicting ops (``insert``, ``find_or_insert``, ``insert_and_evict``) also take, keyword-only:
+``pins``, an optional (S,) int32 pin count per global slot (a slot with a count above 0 is never a
+victim), and ``deterministic``: on CUDA, True runs the bucket-ordered engine (slot-for-slot the CPU
+kernels' result), False the key-parallel one (which new key gets which of its bucket's free or
+evicted slots depends on the schedule). None, the default, reads
+``DEMB_DETERMINISM_MODE`` (:func:`dynamicemb_core.table.environment.determinism_mode`) at the call;
+:class:`~dynamicemb_core.table.ScoredHashTable` reads it once, when it is built. CPU kernels are
+deterministic always.
 """
 
 from __future__ import annotations
@@ -61,6 +70,16 @@ def _ops() -> Any:
     return torch.ops.dynamicemb
 
 
+def _deterministic(flag: Optional[bool]) -> bool:
+    """``flag``, or ``DEMB_DETERMINISM_MODE`` when None (imported here: the table package imports
+    this module)."""
+    if flag is not None:
+        return bool(flag)
+    from dynamicemb_core.table.environment import determinism_mode
+
+    return determinism_mode()
+
+
 def _with_score_fns(state: TableState, score_fns: Tensor) -> Tuple[Tensor, ...]:
     """The state arguments of the ops that score new keys: ``score_fns`` (T,) goes right before
     ``sizes``, the one state tensor they list after it."""
@@ -89,10 +108,19 @@ def insert(
     input_scores: Optional[Tensor] = None,
     *,
     check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: Optional[bool] = None,
 ) -> Tensor:
     """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words."""
     return _ops().insert.default(
-        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores, check
+        keys,
+        table_ids,
+        *_with_score_fns(state, score_fns),
+        cur_scores,
+        input_scores,
+        check,
+        pins,
+        _deterministic(deterministic),
     )
 
 
@@ -104,10 +132,18 @@ def find_or_insert(
     cur_scores: Tensor,
     *,
     check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: Optional[bool] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``."""
     return _ops().find_or_insert.default(
-        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, check
+        keys,
+        table_ids,
+        *_with_score_fns(state, score_fns),
+        cur_scores,
+        check,
+        pins,
+        _deterministic(deterministic),
     )
 
 
@@ -120,6 +156,8 @@ def insert_and_evict(
     input_scores: Optional[Tensor] = None,
     *,
     check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: Optional[bool] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Insert and report evictions.
 
@@ -128,7 +166,14 @@ def insert_and_evict(
         order, ev_table_ids (m,))``; an evicted key's slot now holds the new key that took it.
     """
     return _ops().insert_and_evict.default(
-        keys, table_ids, *_with_score_fns(state, score_fns), cur_scores, input_scores, check
+        keys,
+        table_ids,
+        *_with_score_fns(state, score_fns),
+        cur_scores,
+        input_scores,
+        check,
+        pins,
+        _deterministic(deterministic),
     )
 
 

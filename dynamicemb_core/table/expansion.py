@@ -10,7 +10,7 @@ never evicts. Other tables' local slots are untouched; only the flat arrays are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import Tensor
@@ -90,6 +90,8 @@ def double_table(
     bucket_cap: int,
     single_bucket: bool,
     values: Tensor,
+    *,
+    deterministic: Optional[bool] = None,
 ) -> Doubled:
     """Double table ``t`` (its bucket count, or its one bucket's width) and rehash it.
 
@@ -100,6 +102,7 @@ def double_table(
         bucket_cap: its bucket width now.
         single_bucket: True for a MAX_BUCKET_CAPACITY table (one bucket that doubles its width).
         values: its (capacity, row_width) value buffer.
+        deterministic: the CUDA engine of the rehash insert (None: ``DEMB_DETERMINISM_MODE``).
     """
     begin, end = offsets[t], offsets[t + 1]
     capacity = end - begin
@@ -122,7 +125,13 @@ def double_table(
     )
     zeros1 = torch.zeros(1, dtype=torch.int64, device=device)
     new_slots = table_ops.insert(
-        keys, torch.zeros_like(keys), fresh, zeros1, zeros1, input_scores=words
+        keys,
+        torch.zeros_like(keys),
+        fresh,
+        zeros1,
+        zeros1,
+        input_scores=words,
+        deterministic=deterministic,
     )
     if bool((new_slots < 0).any()):  # impossible by the argument in the module docstring
         raise RuntimeError(f"rehash of table {t} lost keys while doubling; this is a bug")

@@ -22,7 +22,7 @@ from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import expansion
-from dynamicemb_core.table.environment import custom_score_check_enabled
+from dynamicemb_core.table.environment import custom_score_check_enabled, determinism_mode
 from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.table.results import EvictedItems, ExportResult, FindResult, InsertResult
 from dynamicemb_core.table.score_columns import score_columns_for_user, score_words_from_user
@@ -102,6 +102,11 @@ class ScoredHashTable:
         self._placement_epoch = 0
         self._cur_scores_host: List[int] = []  # the values of _cur_scores_dev
         self._cur_scores_dev = torch.empty(0, dtype=torch.int64, device=self.device)
+        # DEMB_DETERMINISM_MODE, read once: which CUDA insert engine this table's calls run
+        self._deterministic = determinism_mode()
+        # (total_slots + 1,) int32 pin count per global slot, the last one a sink for slot -1;
+        # allocated by the first pin_slots (a table nobody pins passes no pins to the kernels)
+        self._pins: Optional[Tensor] = None
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -182,9 +187,17 @@ class ScoredHashTable:
     # -- growth ------------------------------------------------------------------------------------
     def _double(self, t: int) -> Tuple[Tensor, Tensor]:
         spec = self.specs[t]
+        begin, end = self._offsets[t], self._offsets[t + 1]
         done = expansion.double_table(
-            self._state, self._offsets, t, self._caps[t], spec.single_bucket, self._values[t]
+            self._state,
+            self._offsets,
+            t,
+            self._caps[t],
+            spec.single_bucket,
+            self._values[t],
+            deterministic=self._deterministic,
         )
+        self._pins = _moved_pins(self._pins, begin, end, done.old_slots, done.new_slots)
         self._state, self._offsets, self._caps[t], self._values[t] = (
             done.state,
             done.offsets,
@@ -323,13 +336,30 @@ class ScoredHashTable:
         table_ids: TableIds = None,
     ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
         self._placement_epoch += 1
+        pins, det = self._pin_counts_arg(), self._deterministic
         if not evicting:
             slots = table_ops.insert(
-                keys, tids, self._state, self._score_fns, cur, words, check=False
+                keys,
+                tids,
+                self._state,
+                self._score_fns,
+                cur,
+                words,
+                check=False,
+                pins=pins,
+                deterministic=det,
             )
             return slots, None, self._no_evictions(self._num_columns(table_ids))
         slots, is_new, ek, es, ew, et = table_ops.insert_and_evict(
-            keys, tids, self._state, self._score_fns, cur, words, check=False
+            keys,
+            tids,
+            self._state,
+            self._score_fns,
+            cur,
+            words,
+            check=False,
+            pins=pins,
+            deterministic=det,
         )
         scores = score_columns_for_user(ew, et, self._reversed, self._num_columns(table_ids))
         return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))
@@ -538,6 +568,75 @@ class ScoredHashTable:
     def load_factor(self, table_id: int = 0) -> float:
         return self.size(table_id) / self.capacity(table_id)
 
+    # -- pins --------------------------------------------------------------------------------------
+    def pin_slots(self, slots: Tensor, table_ids: TableIds = None, *, check: bool = True) -> None:
+        """Add one pin to each slot (slot -1 is skipped; a slot given twice gets two pins).
+
+        A slot whose pin count is above 0 is never chosen as a victim by an inserting call (its
+        key stays; a new key that finds only pinned and protected slots gets slot -1), on every
+        device and in both CUDA engines. Pins belong to slots, not keys: erase and clear leave them,
+        and a growing table moves them with its keys. ``check`` (default True) raises ValueError
+        for a slot outside [-1, capacity) first, at the cost of one device synchronisation on CUDA.
+        """
+        self._add_pins(slots, table_ids, 1, check, "pin_slots")
+
+    def unpin_slots(self, slots: Tensor, table_ids: TableIds = None, *, check: bool = True) -> None:
+        """Remove one pin from each slot (-1 skipped). With ``check``, raises ValueError (nothing
+        changed) when a slot would go below zero pins; without it, counts stop at zero."""
+        self._add_pins(slots, table_ids, -1, check, "unpin_slots")
+
+    def pin_counts(self, table_id: int = 0) -> Tensor:
+        """(capacity,) int32 copy of table ``table_id``'s pin count per local slot."""
+        t = self._table_id(table_id)
+        begin, end = self._offsets[t], self._offsets[t + 1]
+        if self._pins is None:
+            return torch.zeros(end - begin, dtype=torch.int32, device=self.device)
+        return self._pins[begin:end].clone()
+
+    def _pin_counts_arg(self) -> Optional[Tensor]:
+        """The ops' ``pins`` argument: (total_slots,) int32, or None while nothing was pinned."""
+        return None if self._pins is None else self._pins[: self._offsets[-1]]
+
+    def _add_pins(
+        self, slots: Tensor, table_ids: TableIds, delta: int, check: bool, op: str
+    ) -> None:
+        where = self._where(table_ids)
+        slots = check_int64_vector(slots, f"{where}.{op}", "slots", self.device)
+        names = [s.name for s in self.specs]
+        tids = table_ids_tensor(
+            table_ids, slots.numel(), self.num_tables, names, self.device, where
+        )
+        total = self._offsets[-1]
+        offsets = self._state.slot_offsets
+        if check and slots.numel() > 0:
+            capacity = (offsets[1:] - offsets[:-1])[tids]
+            bad = (slots < -1) | (slots >= capacity)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(
+                    f"{where}.{op}: slots[{i}] = {int(slots[i])} is outside [-1, "
+                    f"{int(capacity[i])}) of table {self.specs[int(tids[i])].name!r}"
+                )
+        if self._pins is None:
+            self._pins = torch.zeros(total + 1, dtype=torch.int32, device=self.device)
+        pins = self._pins
+        g = torch.where(slots >= 0, offsets[tids] + slots, torch.full_like(slots, total))
+        pins.index_add_(0, g, torch.full(g.shape, delta, dtype=torch.int32, device=self.device))
+        if delta < 0:
+            below = pins[g] < 0
+            if check and bool(below.any()):
+                pins.index_add_(
+                    0, g, torch.full(g.shape, -delta, dtype=torch.int32, device=self.device)
+                )
+                pins[total] = 0
+                i = int(below.nonzero()[0, 0])
+                raise ValueError(
+                    f"{where}.{op}: slot {int(slots[i])} of table "
+                    f"{self.specs[int(tids[i])].name!r} has fewer pins than this call removes"
+                )
+            pins.index_put_((g,), pins[g].clamp_min(0))
+        pins[total] = 0
+
     def clear(self, table_id: Optional[int] = None) -> None:
         """Empty one table (or all); value rows and RETAIN_KEY buffers are kept."""
         self._placement_epoch += 1
@@ -605,3 +704,16 @@ class ScoredHashTable:
         if not chunks:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         return torch.unique(torch.cat(chunks))
+
+
+def _moved_pins(
+    pins: Optional[Tensor], begin: int, end: int, old_slots: Tensor, new_slots: Tensor
+) -> Optional[Tensor]:
+    """The pin counts after the table at global slots [begin, end) doubled in place: its keys'
+    counts follow them from ``old_slots`` to ``new_slots`` (local), other tables' shift with their
+    region; None stays None."""
+    if pins is None:
+        return None
+    region = torch.zeros(2 * (end - begin), dtype=pins.dtype, device=pins.device)
+    region[new_slots] = pins[begin:end][old_slots]
+    return torch.cat([pins[:begin], region, pins[end:]])

@@ -297,6 +297,15 @@ class RealTable:
     def pop_evicted_keys(self, table_id: int) -> List[int]:
         return sorted(_ints(self.table.pop_evicted_keys(table_id)))
 
+    def pin_slots(self, slots: Sequence[int], table_ids=None) -> None:
+        self.table.pin_slots(self._keys(slots), self._tids(table_ids))
+
+    def unpin_slots(self, slots: Sequence[int], table_ids=None) -> None:
+        self.table.unpin_slots(self._keys(slots), self._tids(table_ids))
+
+    def pin_counts(self, table_id: int = 0) -> List[int]:
+        return _ints(self.table.pin_counts(table_id))
+
 
 # ----------------------------------------------------------------------------------------------
 # Comparisons

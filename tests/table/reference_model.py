@@ -166,6 +166,7 @@ class RefTable:
             self.bucket_cap = spec.bucket_capacity
         self.slots: List[Optional[RefEntry]] = [None] * self.capacity
         self.rows: List[Row] = [None] * self.capacity
+        self.pins: Dict[int, int] = {}  # local slot -> pin count (> 0: never a victim)
 
     @property
     def capacity(self) -> int:
@@ -255,7 +256,7 @@ class RefTable:
         Rehash is ``export_if`` (ascending slot order) followed by ``insert`` with input scores into
         the empty, doubled region: each key takes the first empty slot of its new bucket.
         """
-        old_slots, old_rows = self.slots, self.rows
+        old_slots, old_rows, old_pins = self.slots, self.rows, self.pins
         if self.num_buckets == 1 and self.spec.bucket_capacity == MAX_BUCKET_CAPACITY:
             self.bucket_cap *= 2
         else:
@@ -264,6 +265,7 @@ class RefTable:
             self.num_buckets *= 2
         self.slots = [None] * self.capacity
         self.rows = [None] * self.capacity
+        self.pins = {}
         moved: Dict[int, int] = {}
         for old, entry in enumerate(old_slots):
             if entry is None:
@@ -272,6 +274,9 @@ class RefTable:
             self.slots[new] = RefEntry(entry.key, entry.s0, entry.s1)
             self.rows[new] = old_rows[old]
             moved[old] = new
+            # CHOICE: pins follow their slot's key; pins of empty slots are dropped.
+            if old_pins.get(old, 0) > 0:
+                self.pins[new] = old_pins[old]
         return moved
 
 
@@ -360,7 +365,7 @@ class RefScoredHashTable:
             bucket = table.bucket_slots(key)
             target = next((s for s in bucket if table.slots[s] is None), None)
             if target is None and table.spec.policy != NO_EVICTION:
-                victims = [s for s in bucket if s not in protected[t]]
+                victims = [s for s in bucket if s not in protected[t] and table.pins.get(s, 0) == 0]
                 if victims:
                     target = min(victims, key=lambda s: table.eviction_rank(s, nows[t]))
                     old = table.slots[target]
@@ -533,6 +538,25 @@ class RefScoredHashTable:
             if rows is not None:
                 table.rows[s] = tuple(float(v) for v in rows[i])
         return None
+
+    def pin_slots(self, slots: Sequence[int], table_ids=None) -> None:
+        """One more pin on each slot (-1 skipped): a pinned slot is never a victim."""
+        for t, s in zip(self._table_ids(slots, table_ids), slots):
+            if s >= 0:
+                pins = self.tables[t].pins
+                pins[s] = pins.get(s, 0) + 1
+
+    def unpin_slots(self, slots: Sequence[int], table_ids=None) -> None:
+        """One pin less on each slot (-1 skipped); the caller never removes more than it added."""
+        for t, s in zip(self._table_ids(slots, table_ids), slots):
+            if s >= 0:
+                pins = self.tables[t].pins
+                assert pins.get(s, 0) > 0, f"unpin of slot {s} of table {t} without a pin"
+                pins[s] -= 1
+
+    def pin_counts(self, table_id: int = 0) -> List[int]:
+        table = self.tables[table_id]
+        return [table.pins.get(s, 0) for s in range(table.capacity)]
 
     def read_rows(self, table_id: int, slots: Sequence[int]) -> List[Row]:
         width = self.tables[table_id].spec.row_width

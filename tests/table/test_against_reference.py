@@ -351,6 +351,21 @@ class TableMachine(RuleBasedStateMachine):
             self._apply("pop_evicted_keys", lambda tbl: tbl.pop_evicted_keys(t), self._same)
 
     @rule(data=st.data())
+    def pin_or_unpin(self, data: Any) -> None:
+        """Pins (slots never evicted): on occupied slots, or off slots that hold pins."""
+        t = data.draw(st.integers(0, len(self.specs) - 1), label="table")
+        counts = self.model.pin_counts(t)
+        pinned = [s for s, c in enumerate(counts) if c > 0]
+        if pinned and data.draw(st.booleans(), label="unpin"):
+            slots = data.draw(st.lists(st.sampled_from(pinned), max_size=4, unique=True))
+            self._apply("unpin", lambda tbl: tbl.unpin_slots(slots, t), self._same)
+            return
+        occupied = self.model.export(t).slots
+        if occupied:
+            slots = data.draw(st.lists(st.sampled_from(occupied + [-1]), max_size=6))
+            self._apply("pin", lambda tbl: tbl.pin_slots(slots, t), self._same)
+
+    @rule(data=st.data())
     def sometimes_clear(self, data: Any) -> None:
         if data.draw(st.integers(0, 7), label="clear?") == 0:
             arg = data.draw(st.sampled_from([None] + list(range(len(self.specs)))), label="clear")
@@ -364,6 +379,7 @@ class TableMachine(RuleBasedStateMachine):
         for t in range(len(self.specs)):
             self._apply(f"size({t})", lambda tbl, t=t: tbl.size(t), self._same)
             self._apply(f"capacity({t})", lambda tbl, t=t: tbl.capacity(t), self._same)
+            self._apply(f"pin_counts({t})", lambda tbl, t=t: tbl.pin_counts(t), self._same)
             exported = self._apply(f"export({t})", lambda tbl, t=t: tbl.export(t), self._same)
             self._same_layout(t)
             if self.specs[t].row_width == 0 or not exported.slots:

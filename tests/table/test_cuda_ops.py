@@ -4,8 +4,9 @@ The CPU kernels are the oracle here (they are themselves checked against the pur
 model in test_against_reference.py). Both devices start from the same state and run the same random
 op sequence with explicit call scores, so the contract makes every output deterministic; after every
 op the outputs must be equal and so must the whole state (keys and words of occupied slots,
-digests, sizes). The CUDA engine groups keys by bucket and keeps input order, so slots agree exactly,
-not just contents. Every test needs a GPU; the CPU side of each behaviour is covered by the
+digests, sizes). These tests run the bucket-ordered CUDA engine (``DEMB_DETERMINISM_MODE=1``, set
+by an autouse fixture), which groups keys by bucket and keeps input order, so slots agree exactly,
+not just contents; the key-parallel default engine is tested in test_parallel_engine.py. Every test needs a GPU; the CPU side of each behaviour is covered by the
 reference-model tests.
 
 Sanitizers (run on the H200; memcheck reports no memory errors, racecheck no hazards)::
@@ -37,6 +38,13 @@ pytestmark = [
 
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, COMPOUND = range(6)
 INT64_MIN = -(2**63)
+
+
+@pytest.fixture(autouse=True)
+def deterministic_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slot-for-slot comparisons need the bucket-ordered engine (the ops read the variable)."""
+    monkeypatch.setenv("DEMB_DETERMINISM_MODE", "1")
+
 
 # (capacity, bucket_cap, policy) per logical table. Small buckets so calls fill and evict; the
 # 40-slot single bucket is a "whole region" table whose slots are not 16-aligned.

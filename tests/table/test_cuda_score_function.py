@@ -11,7 +11,15 @@ import math
 
 import pytest
 import torch
-from test_cuda_ops import COMPOUND, LFU, TIMESTAMP, Twin, assert_same, assert_same_state
+from test_cuda_ops import (  # noqa: F401 (deterministic_engine: the autouse fixture)
+    COMPOUND,
+    LFU,
+    TIMESTAMP,
+    Twin,
+    assert_same,
+    assert_same_state,
+    deterministic_engine,
+)
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy as S
 from dynamicemb_core.ops import table_ops as ops

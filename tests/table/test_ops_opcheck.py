@@ -68,13 +68,18 @@ def _samples(device: torch.device) -> Dict[str, List[Tuple[Any, ...]]]:
     cur = torch.tensor([9, 9], **i64)
     words = torch.arange(12, **i64).reshape(6, 2)
     evict = (keys, tids, *s[:6], fns, s.sizes, cur)
+    pins = torch.zeros(s.table_keys.numel(), dtype=torch.int32, device=device)
+    pins[::3] = 1
+    # deterministic=True: opcheck compares runs, and the key-parallel CUDA engine may give new
+    # keys of one bucket other slots in another run (test_parallel_engine.py covers it)
+    det = (True, None, True)
     values = torch.randn(32, 3, device=device)
     slots = torch.tensor([0, -1, 5, 5], **i64)
     return {
         "find": [(keys, tids, *s, cur, False), (keys, tids, *s, cur, True)],
-        "insert": [(*evict, None), (*evict, words)],
-        "find_or_insert": [evict],
-        "insert_and_evict": [(*evict, None), (*evict, words)],
+        "insert": [(*evict, None, *det), (*evict, words, True, pins, True)],
+        "find_or_insert": [(*evict, *det), (*evict, True, pins, True)],
+        "insert_and_evict": [(*evict, None, *det), (*evict, words, True, pins, True)],
         "erase": [(keys, tids, *s)],
         "export_if": [
             (*s, torch.tensor([INT64_MIN, INT64_MIN], **i64), 0),

@@ -84,6 +84,18 @@ inline void check_input_scores_arg(const char* op, const at::Tensor& s, int64_t 
                    ": input_scores must be (n, 2) = (", n, ", 2), got ", s.sizes());
 }
 
+/// pins: (total_slots,) int32 pin counts, one per global slot (a slot with a count > 0 is never a
+/// victim). Returns the contiguous data pointer, or null when the op was given none.
+inline const int32_t* check_pins_arg(const char* op, const c10::optional<at::Tensor>& pins,
+                                     int64_t total_slots, const at::Device& device) {
+  if (!pins.has_value()) return nullptr;
+  check_table_arg(*pins, op, "pins", at::kInt, 1, device);
+  DEMB_CHECK_VALUE(pins->size(0) == total_slots && pins->is_contiguous(), "dynamicemb.", op,
+                   ": pins must be a contiguous (", total_slots,
+                   ",) int32 tensor, one count per slot, got ", pins->sizes());
+  return pins->data_ptr<int32_t>();
+}
+
 /// values (capacity, width), contiguous, and slots (n,) int64 on the same device.
 inline void check_rows_args(const char* op, const at::Tensor& values, const at::Tensor& slots) {
   DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,

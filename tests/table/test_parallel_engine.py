@@ -1,0 +1,395 @@
+"""The key-parallel CUDA insert engine (csrc/cuda/table_upsert_parallel.cuh): what holds whatever the
+schedule, and the per-slot pins both engines respect.
+
+Two kinds of checks:
+
+* Invariants on large, contended calls (many keys per bucket, duplicates, several tables), run on
+  every device of the ``device`` fixture: on CPU they check the deterministic rules (CI), on CUDA the
+  key-parallel engine (DEMB_DETERMINISM_MODE=0). Every key is present at most once; every returned slot holds its
+  key; present keys keep their slots and rows; evicted keys are reported once each, with their rows;
+  the resident count equals the reference model's; a victim never ranks above a key that survived
+  unprotected and unpinned in its bucket; NO_EVICTION grows instead of evicting; pinned slots are
+  never victims.
+* The state machine of test_against_reference.py on CUDA with the parallel engine, comparing
+  contents instead of slots: from the same state a call must evict the same slots (the k
+  lowest-ranked unprotected, unpinned slots of each bucket) with the same keys, scores and rows,
+  place the same keys, and leave the same contents; only which new key sits in which of those
+  slots may differ. After each call the model adopts the real table's slots (a permutation inside
+  each bucket), so the next call starts from the same state again. Where a bucket gets more new
+  keys than it can take, only how many got in is compared, and the model adopts the real state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import reference_model as ref
+import torch
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+from reference_harness import assert_same
+from test_against_reference import TableMachine
+
+from dynamicemb_core.config import DynamicEmbScoreStrategy
+from dynamicemb_core.table import ScoredHashTable, TableSpec
+
+_CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture
+def parallel_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key-parallel engine on CUDA (opt-in for now: DEMB_DETERMINISM_MODE=0)."""
+    monkeypatch.setenv("DEMB_DETERMINISM_MODE", "0")
+
+
+# ----------------------------------------------------------------------------------------------
+# Invariants on contended calls
+# ----------------------------------------------------------------------------------------------
+def _row_of(keys: torch.Tensor, width: int) -> torch.Tensor:
+    """The row a key is written with: a function of the key, so a row shows whose it is."""
+    return (
+        keys.to(torch.float64)
+        .unsqueeze(1)
+        .repeat(1, width)
+        .add(torch.arange(width, dtype=torch.float64, device=keys.device))
+        .to(torch.float32)
+    )
+
+
+def _resident(table: ScoredHashTable, t: int) -> Tuple[List[int], List[int], List[List[int]]]:
+    res = table.export(t)
+    return res.keys.tolist(), res.slots.tolist(), res.scores.tolist()
+
+
+class _Checker:
+    """Follows one ScoredHashTable through insert_and_evict calls and checks every invariant."""
+
+    def __init__(self, table: ScoredHashTable, width: int) -> None:
+        self.table = table
+        self.width = width
+        self.alive: Dict[Tuple[int, int], int] = {}  # (t, key) -> slot
+
+    def call(self, keys: torch.Tensor, tids: torch.Tensor, score: int) -> Any:
+        table, dev = self.table, keys.device
+        before = {t: dict(zip(*_resident(table, t)[:2])) for t in range(table.num_tables)}
+        before_scores = {
+            t: {k: s[0] for k, s in zip(*_resident(table, t)[::2])} for t in range(table.num_tables)
+        }
+        res = table.insert_and_evict(keys, tids, rows=_row_of(keys, self.width), score=score)
+        slots, is_new = res.slots.tolist(), res.is_new.tolist()
+        pairs = list(zip(tids.tolist(), keys.tolist()))
+        # one slot per (table, key) in the call; present keys kept theirs and are not new
+        slot_of: Dict[Tuple[int, int], int] = {}
+        for p, s, n in zip(pairs, slots, is_new):
+            assert slot_of.setdefault(p, s) == s, f"{p} got two slots"
+            if p[1] in before[p[0]]:
+                assert s == before[p[0]][p[1]] and not n, f"present {p} moved to {s} / new={n}"
+            else:
+                assert n == (s >= 0), f"absent {p}: slot {s}, is_new {n}"
+        after = {t: _resident(table, t) for t in range(table.num_tables)}
+        for t, (ks, _, _) in after.items():
+            assert len(set(ks)) == len(ks), f"table {t}: a key is present twice"
+            assert int(table.size(t)) == len(ks), f"table {t}: size {table.size(t)} != {len(ks)}"
+        where = {t: dict(zip(ks, ss)) for t, (ks, ss, _) in after.items()}
+        for (t, k), s in slot_of.items():  # every returned slot holds its key
+            if s >= 0:
+                assert where[t].get(k) == s, (
+                    f"({t}, {k}) returned slot {s}, lives at {where[t].get(k)}"
+                )
+        # evicted: each once, a key that was present and is gone now, with the slot and row it had
+        ev = res.evicted
+        ev_pairs = list(zip(ev.table_ids.tolist(), ev.keys.tolist()))
+        assert len(set(ev_pairs)) == len(ev_pairs), "a key was reported evicted twice"
+        if ev_pairs:
+            rows = ev.rows.tolist()
+            want = _row_of(ev.keys, self.width).tolist()
+            assert rows == want, "an evicted key's reported row is not its row"
+        for (t, k), s in zip(ev_pairs, ev.slots.tolist()):
+            assert before[t].get(k) == s, f"evicted ({t}, {k}) was not at slot {s}"
+            assert k not in where[t], f"evicted ({t}, {k}) is still present"
+        gone = {(t, k) for t in before for k in before[t] if k not in where[t]}
+        assert gone == set(ev_pairs), "keys vanished without being reported (or vice versa)"
+        # every resident key's row is its own row (present keys kept theirs, new ones got theirs)
+        for t, (ks, ss, _) in after.items():
+            if ks:
+                got = table.read_rows(t, torch.tensor(ss, device=dev)).tolist()
+                assert got == _row_of(torch.tensor(ks, device=dev), self.width).tolist()
+        # victims rank no higher than a surviving, unprotected, unpinned key of their bucket
+        written = {p for p in pairs}
+        for (t, k), s in zip(ev_pairs, ev.slots.tolist()):
+            cap = table.bucket_capacity(t)
+            pins = table.pin_counts(t).tolist()
+            victim = before_scores[t][k]
+            for other, os_ in before[t].items():
+                if os_ // cap != s // cap or (t, other) in written or other not in where[t]:
+                    continue
+                if pins[os_] > 0:
+                    continue
+                assert before_scores[t][other] >= victim, (
+                    f"table {t}: evicted {k} (score {victim}) while {other} "
+                    f"(score {before_scores[t][other]}) stayed"
+                )
+        return res
+
+
+def pairs_of(keys: torch.Tensor, tids: torch.Tensor) -> List[Tuple[int, int]]:
+    return list(zip(tids.tolist(), keys.tolist()))
+
+
+def _specs(policy: DynamicEmbScoreStrategy, tables: int, capacity: int) -> List[TableSpec]:
+    return [
+        TableSpec(
+            f"t{i}",
+            row_width=4,
+            init_capacity=capacity,
+            max_capacity=capacity,
+            bucket_capacity=16,
+            score_strategy=policy,
+        )
+        for i in range(tables)
+    ]
+
+
+@pytest.mark.parametrize(
+    "policy", [DynamicEmbScoreStrategy.STEP, DynamicEmbScoreStrategy.LFU], ids=["step", "lfu"]
+)
+def test_contended_inserts_keep_every_invariant(
+    device: torch.device, parallel_engine: None, policy: DynamicEmbScoreStrategy
+) -> None:
+    """Batches of 4096 keys (half repeats) into 2 tables of 256 slots in 16-slot buckets: about
+    130 keys per bucket per call, so every bucket is fought over, evicts and refuses keys."""
+    gen = torch.Generator().manual_seed(7)
+    table = ScoredHashTable(_specs(policy, 2, 256), device=device)
+    checker = _Checker(table, 4)
+    model = ref.RefScoredHashTable(
+        [
+            ref.RefSpec(
+                name=f"t{i}",
+                policy=ref.STEP if policy == DynamicEmbScoreStrategy.STEP else ref.LFU,
+                order=("STEP",) if policy == DynamicEmbScoreStrategy.STEP else ("LFU",),
+                row_width=4,
+                init_capacity=256,
+                max_capacity=256,
+                bucket_capacity=16,
+            )
+            for i in range(2)
+        ]
+    )
+    for step in range(6):
+        keys = torch.randint(0, 3000, (2048,), generator=gen)
+        keys = torch.cat([keys, keys[torch.randperm(2048, generator=gen)]])
+        tids = torch.randint(0, 2, (4096,), generator=gen)
+        got = checker.call(keys.to(device), tids.to(device), score=step + 1)
+        expected = model.insert_and_evict(keys.tolist(), tids.tolist(), score=step + 1)
+        # More new keys than free slots: which ones win depends on the schedule, but not how many
+        # are placed, nor which keys are evicted (the lowest-ranked unprotected of each bucket).
+        placed = {p for p, s in zip(pairs_of(keys, tids), got.slots.tolist()) if s >= 0}
+        assert len(placed) == len(
+            {p for p, s in zip(pairs_of(keys, tids), expected.slots) if s >= 0}
+        )
+        got_ev = sorted(
+            zip(
+                got.evicted.table_ids.tolist(),
+                got.evicted.slots.tolist(),
+                got.evicted.keys.tolist(),
+            )
+        )
+        assert_same(got_ev, sorted((e.table_id, e.slot, e.key) for e in expected.evicted))
+        for t in range(2):
+            assert int(table.size(t)) == model.size(t)
+        _adopt_state(model, table)
+
+
+def test_no_eviction_grows_instead_of_evicting(device: torch.device, parallel_engine: None) -> None:
+    """3000 distinct keys into a 64-slot NO_EVICTION table in one call: all placed, none evicted."""
+    table = ScoredHashTable(
+        [
+            TableSpec(
+                "ne",
+                row_width=2,
+                init_capacity=64,
+                max_capacity=64,
+                bucket_capacity=16,
+                score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+            )
+        ],
+        device=device,
+    )
+    keys = torch.randperm(100_000, generator=torch.Generator().manual_seed(3))[:3000].to(device)
+    res = table.insert_and_evict(keys, score=5)
+    assert bool((res.slots >= 0).all()) and bool(res.is_new.all())
+    assert res.evicted.keys.numel() == 0
+    assert int(table.size()) == 3000 and table.capacity() >= 6000
+    assert bool(table.find(keys).found.all())
+    assert table.export(0).keys.unique().numel() == 3000
+
+
+@pytest.mark.parametrize("deterministic", ["0", "1"])
+def test_pinned_slots_are_never_victims(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch, deterministic: str
+) -> None:
+    """Pin 15 of the 16 slots of a one-bucket table: new keys all fight for the one unpinned slot;
+    after unpinning, the pinned keys are evictable again. Both CUDA engines, and CPU."""
+    monkeypatch.setenv("DEMB_DETERMINISM_MODE", deterministic)
+    table = ScoredHashTable(
+        [
+            TableSpec(
+                "p",
+                row_width=1,
+                init_capacity=16,
+                max_capacity=16,
+                bucket_capacity=16,
+                score_strategy=DynamicEmbScoreStrategy.STEP,
+            )
+        ],
+        device=device,
+    )
+    first = table.insert_and_evict(torch.arange(16, device=device), score=1).slots
+    table.pin_slots(first[:15])
+    table.pin_slots(first[:3])  # two pins on three slots
+    res = table.insert_and_evict(torch.arange(100, 140, device=device), score=2)
+    assert res.evicted.keys.tolist() == [15]
+    assert int((res.slots >= 0).sum()) == 1  # one key placed, the rest refused (slot -1)
+    winner = int(torch.arange(100, 140, device=device)[res.slots >= 0][0])  # the schedule's pick
+    assert bool(table.find(torch.arange(15, device=device)).found.all())
+    assert table.pin_counts(0)[first[:3]].tolist() == [2, 2, 2]
+    table.unpin_slots(first[:15])
+    res = table.insert_and_evict(torch.arange(200, 213, device=device), score=3)
+    # the 12 unpinned old keys and the one key placed by the call before; 0..2 still pinned
+    assert sorted(res.evicted.keys.tolist()) == list(range(3, 15)) + [winner]
+    assert bool(table.find(torch.arange(3, device=device)).found.all())
+    with pytest.raises(ValueError, match="fewer pins"):
+        table.unpin_slots(first[3:4])
+    with pytest.raises(ValueError, match="outside"):
+        table.pin_slots(torch.tensor([16], device=device))
+
+
+def test_pins_follow_keys_when_a_table_grows(device: torch.device, parallel_engine: None) -> None:
+    table = ScoredHashTable(
+        [TableSpec("g", init_capacity=32, max_capacity=256, bucket_capacity=16)], device=device
+    )
+    keys = torch.arange(10, device=device)
+    slots = table.insert(keys)
+    table.pin_slots(slots[:4])
+    table.insert(torch.arange(100, 160, device=device))  # past the load factor: doubles
+    assert table.capacity() > 32
+    now = table.find(keys).slots
+    counts = table.pin_counts(0)
+    assert counts[now[:4]].tolist() == [1, 1, 1, 1]
+    assert int(counts.sum()) == 4
+
+
+# ----------------------------------------------------------------------------------------------
+# The state machine, contents instead of slots
+# ----------------------------------------------------------------------------------------------
+def _adopt_slots(
+    model: ref.RefScoredHashTable, real: ScoredHashTable, pre_rows: Optional[List[List[Any]]]
+) -> None:
+    """Move the model's entries to the slots the real table gave the same keys.
+
+    Both must hold the same keys; each key's real slot must lie in its bucket. Rows: a row this
+    call wrote (the model's row at the key's slot changed) follows its key; otherwise a slot keeps
+    the row it had before the call (``pre_rows``, the model's rows then), as it does in the real
+    table. Pins stay with their slots: a call never moves a pinned key."""
+    for t, table in enumerate(model.tables):
+        res = real.export(t)
+        keys, slots = res.keys.tolist(), res.slots.tolist()
+        at = {e.key: s for s, e in enumerate(table.slots) if e is not None}
+        assert sorted(at) == sorted(keys), f"table {t}: different keys"
+        pre = pre_rows[t] if pre_rows is not None else table.rows
+        new_slots: List[Any] = [None] * table.capacity
+        new_rows: List[Any] = list(pre)
+        for k, s in zip(keys, slots):
+            assert s in table.bucket_slots(k), f"table {t}: key {k} at slot {s}, not in its bucket"
+            m = at[k]
+            new_slots[s] = table.slots[m]
+            if table.rows[m] != pre[m]:
+                new_rows[s] = table.rows[m]
+        table.slots, table.rows = new_slots, new_rows
+
+
+class ContentsMachine(TableMachine):
+    """TableMachine for the key-parallel engine: inserting calls compare contents, not slots."""
+
+    def _same_insert(self, got: ref.RefInsertResult, expected: ref.RefInsertResult) -> None:
+        """Evicted items exactly; the placed keys exactly unless some key found no slot (then
+        which ones did depends on the schedule: only how many)."""
+        if -1 in expected.slots:
+            assert_same(sum(s >= 0 for s in got.slots), sum(s >= 0 for s in expected.slots))
+            assert_same(got.is_new, [n and s >= 0 for n, s in zip(got.is_new, got.slots)])
+        else:
+            assert_same([s >= 0 for s in got.slots], [s >= 0 for s in expected.slots])
+            assert_same(got.is_new, expected.is_new)
+        key = lambda e: (e.table_id, e.slot)  # noqa: E731
+        got_ev, exp_ev = sorted(got.evicted, key=key), sorted(expected.evicted, key=key)
+        assert_same(
+            [(e.table_id, e.slot, e.key, e.scores) for e in got_ev],
+            [(e.table_id, e.slot, e.key, e.scores) for e in exp_ev],
+        )
+        for g, e in zip(got_ev, exp_ev):
+            if e.row is not None and self.specs[e.table_id].row_width > 0:
+                assert_same(g.row, e.row)
+
+    def _apply(self, what: str, call: Any, compare: Any) -> Any:
+        capacities = [self.model.capacity(t) for t in range(len(self.specs))]
+        pre_rows = [list(table.rows) for table in self.model.tables]
+        expected = call(self.model)
+        grew = [self.model.capacity(t) for t in range(len(self.specs))] != capacities
+        subject = self.subjects[0]
+        got = call(subject)
+        if what in ("insert", "find_or_insert", "insert_and_evict", "flood"):
+            if grew:  # rehashed in another order: ties may pick other victims; adopt the state
+                _adopt_state(self.model, subject.table)
+                return expected
+            slots = got if what == "insert" else got.slots
+            want = expected if what == "insert" else expected.slots
+            if what == "insert":
+                assert_same(sum(s >= 0 for s in slots), sum(s >= 0 for s in want))
+            else:
+                self._same_insert(got, expected)
+            if -1 in want:  # oversubscribed buckets: the schedule chose which keys got in
+                _adopt_state(self.model, subject.table)
+            else:
+                _adopt_slots(self.model, subject.table, pre_rows)
+            return expected
+        try:
+            compare(got, expected)
+        except AssertionError as err:
+            raise AssertionError(f"{what} on {subject.device}: {err}") from None
+        return expected
+
+
+def _adopt_state(model: ref.RefScoredHashTable, real: ScoredHashTable) -> None:
+    """After a call that grew a table (rehashed in the engine's order), the model takes the real
+    table's keys, scores and rows as they are; the invariant checks go on from there."""
+    for t, table in enumerate(model.tables):
+        res = real.export(t)
+        keys, slots = res.keys.tolist(), res.slots.tolist()
+        assert len(set(keys)) == len(keys)
+        scores = res.scores.tolist()
+        table.slots = [None] * table.capacity
+        rows = real.read_rows(t, res.slots).tolist() if table.spec.row_width else []
+        old_rows = table.rows
+        table.rows = [None] * table.capacity
+        for i, (k, s, sc) in enumerate(zip(keys, slots, scores)):
+            s0, s1 = table.internal_scores(sc[: table.spec.num_scores])
+            table.slots[s] = ref.RefEntry(k, s0, s1)
+            table.rows[s] = tuple(rows[i]) if rows else old_rows[s] if s < len(old_rows) else None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="the key-parallel engine runs on CUDA only")
+def test_parallel_engine_matches_reference_contents(parallel_engine: None) -> None:
+    run_state_machine_as_test(
+        lambda: ContentsMachine(["cuda"]), settings=settings.get_profile("demb-table")
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="the key-parallel engine runs on CUDA only")
+def test_parallel_engine_matches_reference_contents_long(parallel_engine: None) -> None:
+    run_state_machine_as_test(
+        lambda: ContentsMachine(["cuda"]), settings=settings.get_profile("demb-table-slow")
+    )
