@@ -4,7 +4,7 @@
 
 One :class:`~dynamicemb_core.table.ScoredHashTable` holds one logical table per strategy (TIMESTAMP,
 STEP, CUSTOMIZED, LFU, NO_EVICTION, and the compound (TIMESTAMP, LFU) ranked by a score function),
-each starting at 32 slots and allowed 64 (NO_EVICTION: unbounded). The first batch inserts a few
+each starting at 32 slots and allowed 64 (NO_EVICTION: 1024). The first batch inserts a few
 "hot" keys three times each (LFU counts every occurrence) plus fresh keys; every later batch inserts
 only fresh keys. The tables fill, double to 64 and then evict. After each batch the demo prints
 size, capacity and the number of keys evicted; at the end, what each table exports.
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["DEMO_TABLES", "DemoTable", "batch_keys", "decayed_lfu_score", "main", "run"]
 
 _S = DynamicEmbScoreStrategy
+# NO_EVICTION never evicts: it grows up to its max_capacity, which the demo sets high.
+NO_EVICTION_MAX = 1024
 _ROW_WIDTH = 4  # elements per value row: small enough to print
 _SHOWN_ROWS = 5  # export rows printed per table
 
@@ -100,7 +102,7 @@ def run(batches: int = 4, hot: int = 8, fresh: int = 24, device: str = "cpu") ->
             name=t.name,
             row_width=_ROW_WIDTH,
             init_capacity=32,
-            max_capacity=64,
+            max_capacity=NO_EVICTION_MAX if t.strategy == _S.NO_EVICTION else 64,
             bucket_capacity=16,
             score_strategy=t.strategy,
             score_function=t.score_function,
@@ -109,7 +111,8 @@ def run(batches: int = 4, hot: int = 8, fresh: int = 24, device: str = "cpu") ->
     ]
     table = ScoredHashTable(specs, device=device)
     print(
-        f"{len(specs)} tables in one ScoredHashTable on {device}: init_capacity 32, max_capacity 64, "
+        f"{len(specs)} tables in one ScoredHashTable on {device}: init_capacity 32, max_capacity 64 "
+        f"({NO_EVICTION_MAX} for no_eviction), "
         f"bucket_capacity 16; batch 0 = {hot} hot keys x{HOT_REPEATS} + {fresh} fresh keys, "
         f"later batches = {fresh} fresh keys\n"
     )

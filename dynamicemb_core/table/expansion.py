@@ -5,12 +5,19 @@ slot order, insert them with their own score words into an empty region twice as
 each value row from its old slot to its new one. Keys of old bucket ``b`` land in new buckets ``b``
 or ``b + num_buckets``, so no new bucket receives more keys than an old one held and the rehash
 never evicts. Other tables' local slots are untouched; only the flat arrays are spliced.
+
+Whether a table may double at all is one rule, :meth:`GrowthGuard.refusal`: never at or past
+``max_capacity`` (NO_EVICTION included), and never when the doubling's new buffers would not fit in
+the free memory of the table's device (CUDA: ``mem_get_info``; host: ``MemAvailable``). A
+NO_EVICTION table that cannot grow warns once and leaves the keys it cannot place unplaced (the
+caller applies ``safe_check_mode``); its stored keys are untouched.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Set
 
 import torch
 from torch import Tensor
@@ -18,8 +25,17 @@ from torch import Tensor
 from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table.host_memory import host_zeros
+from dynamicemb_core.types import DynamicEmbWarning
 
-__all__ = ["Doubled", "double_table", "needs_growth", "region_state"]
+__all__ = [
+    "Doubled",
+    "GrowthGuard",
+    "double_table",
+    "doubling_bytes",
+    "free_bytes",
+    "needs_growth",
+    "region_state",
+]
 
 INT64_MIN = -(2**63)
 # NO_EVICTION tables grow at this load factor whatever max_load_factor says (docs/table_design.md).
@@ -39,12 +55,95 @@ def needs_growth(
     Args:
         size: keys in the table now.
         incoming: distinct keys of the call for this table (present or not: an upper bound).
-        capacity: slots now; max_capacity: the cap (ignored for NO_EVICTION).
+        capacity: slots now; max_capacity: the cap (NO_EVICTION included).
         max_load_factor: the table's; NO_EVICTION uses NO_EVICTION_LOAD_FACTOR.
     """
     load_factor = NO_EVICTION_LOAD_FACTOR if no_eviction else max_load_factor
-    may_grow = no_eviction or capacity < max_capacity
+    may_grow = capacity < max_capacity
     return may_grow and incoming > 0 and size + incoming > load_factor * capacity
+
+
+# Bytes of hash state per slot: key (8), digest (1), two score words (16).
+_STATE_BYTES = 8 + 1 + 16
+
+
+def doubling_bytes(capacity: int, total_slots: int, row_bytes: int) -> int:
+    """New memory one doubling allocates while the old buffers are still alive.
+
+    The table's region at twice its capacity (hash state and value rows), and the flat state of
+    every table spliced around it (``total_slots + capacity`` slots of hash state).
+    """
+    return 2 * capacity * (_STATE_BYTES + row_bytes) + (total_slots + capacity) * _STATE_BYTES
+
+
+def free_bytes(device: torch.device) -> Optional[int]:
+    """Memory the table's device can still give: CUDA's free memory, the host's ``MemAvailable``;
+    None where it cannot be read (then only ``max_capacity`` bounds growth)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+    return None
+
+
+class GrowthGuard:
+    """The rule for whether a table may double, and the one warning per table when it may not."""
+
+    def __init__(self) -> None:
+        self._warned: Set[str] = set()
+
+    @staticmethod
+    def refusal(
+        capacity: int, max_capacity: int, needed_bytes: int, device: torch.device
+    ) -> Optional[str]:
+        """None when the table may double; otherwise why not (for the warning)."""
+        if capacity >= max_capacity:
+            return f"it is at max_capacity ({max_capacity} slots)"
+        free = free_bytes(device)
+        if free is not None and needed_bytes > free:
+            return (
+                f"doubling needs {needed_bytes} bytes and {free} are free on {device} (no "
+                "allocation was tried)"
+            )
+        return None
+
+    def allow(
+        self,
+        name: str,
+        capacity: int,
+        max_capacity: int,
+        needed_bytes: int,
+        device: torch.device,
+        no_eviction: bool,
+    ) -> bool:
+        """True when the table may double. Warns once per table when it may not and that matters:
+        a NO_EVICTION table (its keys go unplaced), or any table short of memory below its cap."""
+        reason = self.refusal(capacity, max_capacity, needed_bytes, device)
+        if reason is None:
+            return True
+        at_cap = capacity >= max_capacity
+        if (no_eviction or not at_cap) and name not in self._warned:
+            self._warned.add(name)
+            effect = (
+                "new keys that find their bucket full are not placed and follow safe_check_mode"
+                if no_eviction
+                else "it evicts instead of growing"
+            )
+            warnings.warn(
+                f"table {name!r} cannot grow beyond {capacity} slots: {reason}; {effect} (its "
+                "stored keys are kept). Raise max_capacity, free memory, or use an evicting "
+                "score_strategy. Warned once per table.",
+                DynamicEmbWarning,
+                stacklevel=5,
+            )
+        return False
 
 
 def region_state(state: TableState, t: int, begin: int, end: int) -> TableState:

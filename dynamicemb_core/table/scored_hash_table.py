@@ -99,6 +99,7 @@ class ScoredHashTable:
         self._custom_scores = [0] * len(specs)
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
         self._growth_listeners: List[GrowthListener] = []
+        self._growth = expansion.GrowthGuard()  # may a table double (cap, memory); warns once
         self._placement_epoch = 0
         self._cur_scores_host: List[int] = []  # the values of _cur_scores_dev
         self._cur_scores_dev = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -185,8 +186,15 @@ class ScoredHashTable:
         return self._cur_scores_dev
 
     # -- growth ------------------------------------------------------------------------------------
-    def _double(self, t: int) -> Tuple[Tensor, Tensor]:
+    def _double(self, t: int) -> Optional[Tuple[Tensor, Tensor]]:
+        """Double table ``t``; None when :class:`expansion.GrowthGuard` refuses (cap, memory)."""
         spec = self.specs[t]
+        row_bytes = spec.row_width * self._values[t].element_size()
+        needed = expansion.doubling_bytes(self.capacity(t), self._offsets[-1], row_bytes)
+        if not self._growth.allow(
+            spec.name, self.capacity(t), spec.max_capacity, needed, self.device, spec.no_eviction
+        ):
+            return None
         begin, end = self._offsets[t], self._offsets[t + 1]
         done = expansion.double_table(
             self._state,
@@ -407,13 +415,20 @@ class ScoredHashTable:
             failed = (slots < 0) & self._no_eviction[tids]
             if not bool(failed.any()):
                 return slots, is_new
+            grown = []
             for t in torch.unique(tids[failed]).tolist():
                 capacity = self.capacity(t)
-                old_slots, new_slots = self._double(t)
+                doubled = self._double(t)
+                if doubled is None:  # cannot grow: its keys stay unplaced (safe_check_mode)
+                    continue
+                grown.append(t)
                 remap = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
-                remap[old_slots] = new_slots
+                remap[doubled[0]] = doubled[1]
                 moved = (tids == t) & (slots >= 0)
                 slots[moved] = remap[slots[moved]]
+            if not grown:
+                return slots, is_new
+            failed &= torch.isin(tids, torch.tensor(grown, device=self.device))
             idx = failed.nonzero().squeeze(1)
             sub_words = None if words is None else words[idx]
             sub_slots, sub_new, _ = self._run_insert(keys[idx], tids[idx], cur, sub_words, evicting)

@@ -398,7 +398,7 @@ class RefScoredHashTable:
             table = self.tables[t]
             no_eviction = table.spec.policy == NO_EVICTION
             load_factor = 0.5 if no_eviction else table.spec.max_load_factor
-            below_cap = no_eviction or table.capacity < table.spec.max_capacity
+            below_cap = table.capacity < table.spec.max_capacity  # NO_EVICTION too
             if table.size + k > load_factor * table.capacity and below_cap:
                 table.double()
 
@@ -420,13 +420,16 @@ class RefScoredHashTable:
             internal = [self.tables[t].internal_scores(u) for t, u in zip(tids, user_scores)]
         slots, is_new, evicted = self._upsert(pairs, nows, internal)
 
-        # NO_EVICTION: keys that found a full bucket trigger a doubling and a retry.
+        # NO_EVICTION: keys that found a full bucket trigger a doubling and a retry, up to
+        # max_capacity (then they stay unplaced).
         while True:
             retry = sorted(
                 {
                     t
                     for (t, _), s in zip(pairs, slots)
-                    if s == -1 and self.tables[t].spec.policy == NO_EVICTION
+                    if s == -1
+                    and self.tables[t].spec.policy == NO_EVICTION
+                    and self.tables[t].capacity < self.tables[t].spec.max_capacity
                 }
             )
             if not retry:

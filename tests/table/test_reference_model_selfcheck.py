@@ -103,12 +103,19 @@ def test_score_function_nan_is_evicted_first() -> None:
 
 
 def test_no_eviction_doubles_at_half_load_and_retries_full_buckets() -> None:
-    m = _one(ref.NO_EVICTION, max_capacity=16)
+    m = _one(ref.NO_EVICTION, init_capacity=16, max_capacity=64)
     m.insert(list(range(8)), score=0)
     assert m.capacity() == 16
     m.insert([8], score=0)  # 8 + 1 > 0.5 * 16
     assert m.capacity() == 32 and m.size() == 9
     assert sorted(m.export(0).keys) == list(range(9))
+
+
+def test_no_eviction_stops_growing_at_max_capacity() -> None:
+    m = _one(ref.NO_EVICTION, init_capacity=16, max_capacity=16)
+    m.insert(list(range(8)), score=0)
+    m.insert([8], score=0)  # past half load, but at the cap: no doubling
+    assert m.capacity() == 16 and m.size() == 9
 
 
 def test_expansion_stops_at_max_capacity_and_keeps_keys() -> None:
