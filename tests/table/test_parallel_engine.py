@@ -209,7 +209,7 @@ def test_no_eviction_grows_instead_of_evicting(device: torch.device, parallel_en
                 "ne",
                 row_width=2,
                 init_capacity=64,
-                max_capacity=64,
+                max_capacity=8192,  # NO_EVICTION grows up to max_capacity (issue 17)
                 bucket_capacity=16,
                 score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
             )
