@@ -14,6 +14,17 @@ Semantics follow ``torchrec.distributed.model_tracker.ModelDeltaTrackerTrec``:
 - ``delete_on_read`` drops batches every consumer has read; ``auto_compact`` merges them once per step.
 - ``ID_ONLY`` records keys; ``EMBEDDING`` also records each key's embedding as first looked up in the
   window (UpdateMode.FIRST), which needs unpooled lookups, as in TorchRec.
+- ``MOMENTUM_LAST`` records, at each lookup, the norm of the key's first optimizer state (Adam's first
+  moment, Adagrad's accumulator, row-wise Adagrad's scalar) and keeps the latest per key
+  (UpdateMode.LAST). As in TorchRec the value is read at lookup time, so it reflects the updates of the
+  batches before the one looking the key up.
+- ``MOMENTUM_DIFF`` (and its older name ``ROWWISE_ADAGRAD``) records the row-wise Adagrad accumulator
+  at the key's first lookup in the window (UpdateMode.FIRST); :meth:`get_unique` reports how much it
+  has grown since (the accumulator now minus then). Needs EXACT_ROWWISE_ADAGRAD, as in TorchRec.
+
+One difference from TorchRec, where rows are shard-local positions: :meth:`get_latest` cannot return
+one dense tensor per table indexed by id (a hash table has no such tensor); it returns, per table, the
+stored keys (or the keys asked for) with their current first optimizer state.
 
 Recording goes through TorchRec's own hook, ``register_post_lookup_tracker_fn`` of a sharded collection,
 where the installed torchrec has it; local ``BatchedDynamicEmbeddingTables`` modules (and sharded ones on a
@@ -43,7 +54,19 @@ __all__ = ["DynamicEmbDeltaTracker"]
 
 logger = logging.getLogger(__name__)
 
-_UPDATE_MODE = {TrackingMode.ID_ONLY: UpdateMode.NONE, TrackingMode.EMBEDDING: UpdateMode.FIRST}
+_UPDATE_MODE = {
+    TrackingMode.ID_ONLY: UpdateMode.NONE,
+    TrackingMode.EMBEDDING: UpdateMode.FIRST,
+    TrackingMode.MOMENTUM_LAST: UpdateMode.LAST,
+    TrackingMode.MOMENTUM_DIFF: UpdateMode.FIRST,
+    TrackingMode.ROWWISE_ADAGRAD: UpdateMode.FIRST,
+}
+_OPTIMIZER_STATE_MODES = (
+    TrackingMode.MOMENTUM_LAST,
+    TrackingMode.MOMENTUM_DIFF,
+    TrackingMode.ROWWISE_ADAGRAD,
+)
+_ROWWISE_MODES = (TrackingMode.MOMENTUM_DIFF, TrackingMode.ROWWISE_ADAGRAD)
 
 
 class DynamicEmbDeltaTracker(_TrackerBase):
@@ -54,7 +77,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):
         consumers: names of the readers, each with its own read position (default: ``["default"]``).
         delete_on_read: drop batches once every consumer has read them.
         auto_compact: merge unread batches once per step instead of at read time.
-        mode: ``TrackingMode.ID_ONLY`` or ``TrackingMode.EMBEDDING``.
+        mode: any of TorchRec's ``TrackingMode`` members (see the module docstring).
         fqns_to_skip: module-path components whose tables are not tracked.
         use_torchrec_hooks: record through sharded collections' ``register_post_lookup_tracker_fn`` where
             available (False: always use forward hooks on the dynamic modules).
@@ -93,6 +116,8 @@ class DynamicEmbDeltaTracker(_TrackerBase):
         self.feature_to_fqn: Dict[str, str] = {}
         self.tracked_fqns: List[str] = []
         self._modules: Dict[str, nn.Module] = {}
+        self._table_index: Dict[str, int] = {}
+        self._fqn_to_features: Dict[str, List[str]] = {}
         self._handles: List[Any] = []
         self._install(use_torchrec_hooks)
 
@@ -130,9 +155,9 @@ class DynamicEmbDeltaTracker(_TrackerBase):
                 collection = clean_fqn(fqn)
                 for kernel in kernels:
                     covered.add(id(kernel.emb_module))
-                    for config in kernel.config.embedding_tables:
+                    for t, config in enumerate(kernel.config.embedding_tables):
                         table_fqn = f"{collection}.{config.name}" if collection else config.name
-                        self._add_table(table_fqn, kernel.emb_module)
+                        self._add_table(table_fqn, kernel.emb_module, t, list(config.feature_names))
                         for feature in config.feature_names:
                             self.feature_to_fqn[feature] = table_fqn
                 hook(self.record_lookup)
@@ -150,12 +175,17 @@ class DynamicEmbDeltaTracker(_TrackerBase):
                 fqns = [
                     f"{collection}.{name}" if collection else name for name in module.table_names
                 ]
-                for table_fqn in fqns:
-                    self._add_table(table_fqn, module)
+                for t, table_fqn in enumerate(fqns):
+                    features = [
+                        f"{module.table_names[t]}.feature{f}"
+                        for f, owner in enumerate(module.feature_table_map)
+                        if owner == t
+                    ]
+                    self._add_table(table_fqn, module, t, features)
                 self._handles.append(module.register_forward_hook(self._forward_hook(fqns)))
         logger.info("delta tracker: tracking %s", self.tracked_fqns)
 
-    def _add_table(self, table_fqn: str, module: Any) -> None:
+    def _add_table(self, table_fqn: str, module: Any, index: int, features: List[str]) -> None:
         if (
             self._mode == TrackingMode.EMBEDDING
             and module.pooling_mode != DynamicEmbPoolingMode.NONE
@@ -164,9 +194,27 @@ class DynamicEmbDeltaTracker(_TrackerBase):
                 f"DynamicEmbDeltaTracker: table '{table_fqn}' is pooled ({module.pooling_mode.name}); "
                 f"TrackingMode.EMBEDDING needs unpooled lookups (pooling NONE / EmbeddingCollection)"
             )
+        if self._mode in _OPTIMIZER_STATE_MODES:
+            from dynamicemb_core.optim import OptimizerKind
+
+            kind = module._kind
+            if self._mode in _ROWWISE_MODES and kind is not OptimizerKind.ROWWISE_ADAGRAD:
+                raise ValueError(
+                    f"DynamicEmbDeltaTracker: table '{table_fqn}': TrackingMode.{self._mode.name} "
+                    f"reads the row-wise Adagrad accumulator; the table's optimizer is {kind.name} "
+                    f"(use EXACT_ROWWISE_ADAGRAD)"
+                )
+            if kind is OptimizerKind.SGD or not module.table_options[index].training:
+                raise ValueError(
+                    f"DynamicEmbDeltaTracker: table '{table_fqn}': TrackingMode.{self._mode.name} "
+                    f"reads optimizer state, and the table keeps none (optimizer {kind.name}, "
+                    f"training={module.table_options[index].training})"
+                )
         if table_fqn not in self.tracked_fqns:
             self.tracked_fqns.append(table_fqn)
         self._modules[table_fqn] = module
+        self._table_index[table_fqn] = index
+        self._fqn_to_features[table_fqn] = features
 
     def _forward_hook(
         self, fqns: List[str]
@@ -224,12 +272,17 @@ class DynamicEmbDeltaTracker(_TrackerBase):
         per_table: Dict[int, List[Tuple[int, int]]] = {}
         for f, t in enumerate(module.feature_table_map):
             per_table.setdefault(t, []).append((bounds[f], bounds[f + 1]))
-        with_states = self._mode == TrackingMode.EMBEDDING
+        with_rows = self._mode == TrackingMode.EMBEDDING
         for t, ranges in per_table.items():
             ids = torch.cat([indices[lo:hi] for lo, hi in ranges])
-            states = torch.cat([output[lo:hi] for lo, hi in ranges]) if with_states else None
-            if ids.numel():
-                self._append(fqns[t], ids, states)
+            if not ids.numel():
+                continue
+            if with_rows:
+                self._append(fqns[t], ids, torch.cat([output[lo:hi] for lo, hi in ranges]))
+            elif self._mode in _OPTIMIZER_STATE_MODES:
+                self._append(fqns[t], ids, self._tracked_state(fqns[t], ids))
+            else:
+                self._append(fqns[t], ids, None)
 
     def record_lookup(
         self,
@@ -238,30 +291,124 @@ class DynamicEmbDeltaTracker(_TrackerBase):
         emb_module: Optional[nn.Module] = None,
         raw_ids: Optional[torch.Tensor] = None,
     ) -> None:
-        """TorchRec's post-lookup hook: record the looked-up keys (and rows) of the KJT's dynamic features.
+        """TorchRec's post-lookup hook: record the lookup as the tracking mode asks.
 
         Args:
             kjt: the KeyedJaggedTensor the lookup served (raw keys for dynamic tables).
             states: the lookup's output, (n, D) row per id in EMBEDDING mode.
-            emb_module, raw_ids: unused (part of TorchRec's signature).
+            emb_module: unused: the optimizer state is read from the tracked table itself.
+            raw_ids: unused (part of TorchRec's signature).
         """
-        per_fqn_ids: Dict[str, List[torch.Tensor]] = {}
-        per_fqn_states: Dict[str, List[torch.Tensor]] = {}
-        with_states = self._mode == TrackingMode.EMBEDDING
-        rows = states.reshape(kjt.values().numel(), -1) if with_states else None
+        if self._mode == TrackingMode.ID_ONLY:
+            self.record_ids(kjt)
+        elif self._mode == TrackingMode.EMBEDDING:
+            self.record_embeddings(kjt, states)
+        elif self._mode == TrackingMode.MOMENTUM_LAST:
+            self.record_momentum(emb_module, kjt)
+        else:
+            self.record_rowwise_optim_state(emb_module, kjt)
+
+    def _per_table_ids(
+        self, kjt: Any
+    ) -> Dict[str, Tuple[List[torch.Tensor], List[Tuple[int, int]]]]:
+        """Per tracked table: the KJT's ids of its features and their ranges in ``kjt.values()``."""
+        out: Dict[str, Tuple[List[torch.Tensor], List[Tuple[int, int]]]] = {}
         offset = 0
-        for key in kjt.keys():
-            ids = kjt[key].values()
+        for key, count in zip(kjt.keys(), kjt.length_per_key()):
             fqn = self.feature_to_fqn.get(key)
-            if fqn is not None and ids.numel():
-                per_fqn_ids.setdefault(fqn, []).append(ids)
-                if rows is not None:
-                    per_fqn_states.setdefault(fqn, []).append(rows[offset : offset + ids.numel()])
-            offset += ids.numel()
-        for fqn, ids in per_fqn_ids.items():
-            self._append(
-                fqn, torch.cat(ids), torch.cat(per_fqn_states[fqn]) if with_states else None
+            if fqn is not None and count:
+                ids, ranges = out.setdefault(fqn, ([], []))
+                ids.append(kjt[key].values())
+                ranges.append((offset, offset + count))
+            offset += count
+        return out
+
+    def record_ids(self, kjt: Any) -> None:
+        """Record the ids of the KJT's tracked features, per table."""
+        for fqn, (ids, _) in self._per_table_ids(kjt).items():
+            self._append(fqn, torch.cat(ids), None)
+
+    def record_embeddings(self, kjt: Any, embeddings: torch.Tensor) -> None:
+        """Record the ids and their looked-up rows (``embeddings``: one row per id of ``kjt``)."""
+        n = kjt.values().numel()
+        if embeddings.numel() % max(n, 1) != 0:
+            raise ValueError(
+                f"DynamicEmbDeltaTracker.record_embeddings: {n} ids and {embeddings.numel()} "
+                f"embedding elements do not make one row per id"
             )
+        rows = embeddings.reshape(n, -1)
+        for fqn, (ids, ranges) in self._per_table_ids(kjt).items():
+            self._append(fqn, torch.cat(ids), torch.cat([rows[lo:hi] for lo, hi in ranges]))
+
+    def record_momentum(self, emb_module: Optional[nn.Module], kjt: Any) -> None:
+        """Record the ids with the norm of their first optimizer state, read from the table now.
+
+        ``emb_module`` (TorchRec's TBE) is not needed: each table's state is read from the table.
+        """
+        for fqn, (ids, _) in self._per_table_ids(kjt).items():
+            keys = torch.cat(ids)
+            self._append(fqn, keys, self._momentum_norm(fqn, keys))
+
+    def record_rowwise_optim_state(self, emb_module: Optional[nn.Module], kjt: Any) -> None:
+        """Record the ids with their row-wise Adagrad accumulator, read from the table now."""
+        for fqn, (ids, _) in self._per_table_ids(kjt).items():
+            keys = torch.cat(ids)
+            self._append(fqn, keys, self._rowwise_accumulator(fqn, keys))
+
+    # ---- optimizer state ------------------------------------------------------------------------
+    def _first_state(self, fqn: str, keys: torch.Tensor) -> torch.Tensor:
+        """(n, w) the first optimizer state block of each key's stored row (zeros when not stored):
+        Adam's first moment or Adagrad's accumulator (w = dim), row-wise Adagrad's scalar (w = 1)."""
+        from dynamicemb_core.optim import OptimizerKind
+
+        module: Any = self._modules[fqn]
+        t = self._table_index[fqn]
+        dim = int(module.dims[t])
+        width = 1 if module._kind is OptimizerKind.ROWWISE_ADAGRAD else dim
+        tier = module.tables[t]
+        found, rows, _ = tier.find(0, keys.to(tier.device))
+        state = rows[:, dim : dim + width].to(torch.float32)
+        return torch.where(found[:, None], state, torch.zeros_like(state)).to(keys.device)
+
+    def _momentum_norm(self, fqn: str, keys: torch.Tensor) -> torch.Tensor:
+        return self._first_state(fqn, keys).norm(dim=1)
+
+    def _rowwise_accumulator(self, fqn: str, keys: torch.Tensor) -> torch.Tensor:
+        return self._first_state(fqn, keys)[:, 0]
+
+    def _tracked_state(self, fqn: str, keys: torch.Tensor) -> torch.Tensor:
+        if self._mode == TrackingMode.MOMENTUM_LAST:
+            return self._momentum_norm(fqn, keys)
+        return self._rowwise_accumulator(fqn, keys)
+
+    def get_latest(self, ids: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, UniqueRows]:
+        """Per tracked table, keys with their current first optimizer state (see ``_first_state``).
+
+        TorchRec returns one dense state tensor per table, indexed by row; a dynamic table has no
+        such tensor, so this returns the keys asked for in ``ids`` (``{fqn: keys}``), or every stored
+        key of each tracked table when ``ids`` is None.
+        """
+        out: Dict[str, UniqueRows] = {}
+        for fqn in self.tracked_fqns:
+            if ids is not None:
+                if fqn not in ids:
+                    continue
+                keys = ids[fqn].to(torch.int64)
+            else:
+                module: Any = self._modules[fqn]
+                tier = module.tables[self._table_index[fqn]]
+                parts = [k for k, _, _ in tier.export(0)]
+                keys = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+            out[fqn] = UniqueRows(ids=keys, states=self._first_state(fqn, keys))
+        return out
+
+    def fqn_to_feature_names(self) -> Dict[str, List[str]]:
+        """Per tracked table, the features that look it up (TorchRec's mapping).
+
+        A local ``BatchedDynamicEmbeddingTables`` has no feature names; its features are named
+        ``"<table>.feature<i>"`` by their position in ``feature_table_map``.
+        """
+        return {fqn: list(self._fqn_to_features[fqn]) for fqn in self.tracked_fqns}
 
     # ---- batch index and compaction --------------------------------------------------------------
     def step(self) -> None:
@@ -317,6 +464,10 @@ class DynamicEmbDeltaTracker(_TrackerBase):
         self.per_consumer_batch_idx[consumer] = end
         if self._delete_on_read:
             self.store.delete(up_to_idx=min(self.per_consumer_batch_idx.values()))
+        if self._mode in _ROWWISE_MODES:  # growth of the accumulator since the first lookup
+            for fqn, unique in rows.items():
+                if unique.states is not None and unique.ids.numel():
+                    unique.states = self._rowwise_accumulator(fqn, unique.ids) - unique.states
         return rows
 
     def get_unique_ids(self, consumer: Optional[str] = None) -> Dict[str, torch.Tensor]:

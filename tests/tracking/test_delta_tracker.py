@@ -111,9 +111,7 @@ def test_embedding_mode_refuses_pooled_tables():
         DynamicEmbDeltaTracker(make_model(), mode=TrackingMode.EMBEDDING)
 
 
-def test_unsupported_mode_and_unknown_consumer():
-    with pytest.raises(NotImplementedError, match="MOMENTUM_LAST"):
-        DynamicEmbDeltaTracker(make_model(), mode=TrackingMode.MOMENTUM_LAST)
+def test_unknown_consumer():
     tracker = DynamicEmbDeltaTracker(make_model(), consumers=["a"])
     with pytest.raises(ValueError, match="unknown consumer 'b'"):
         tracker.get_unique_ids("b")
