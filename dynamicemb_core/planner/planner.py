@@ -16,6 +16,7 @@ after TorchRec's broadcast, so options (which may hold callables) are never pick
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections import Counter
 from typing import Dict, List, Optional, Union
@@ -47,6 +48,8 @@ from dynamicemb_core.planner.table_options import prepare_table_options
 
 __all__ = ["DynamicEmbeddingShardingPlanner", "default_topology", "validate_constraints"]
 
+logger = logging.getLogger(__name__)
+
 
 def validate_constraints(
     eb_configs: List[BaseEmbeddingConfig],
@@ -73,6 +76,20 @@ def validate_constraints(
         raise ValueError(
             f"constraints: table(s) {unknown} are not in eb_configs (tables: {sorted(names)})"
         )
+
+
+def _log_sizing(config: BaseEmbeddingConfig, options: DynamicEmbTableOptions, world: int) -> None:
+    """Say each dynamic table's slots and the sizing rule (docs/sizing.md): hash buckets fill
+    unevenly, so a table whose num_embeddings equals its distinct ids still evicts some of them."""
+    logger.info(
+        "table %r: %s slots per rank (num_embeddings %d over %d rank(s)); if num_embeddings is "
+        "the number of distinct ids the table must keep, some will be evicted anyway (buckets "
+        "fill unevenly): give it 1.5x to 2x those ids (docs/sizing.md)",
+        config.name,
+        options.max_capacity,
+        config.num_embeddings,
+        world,
+    )
 
 
 def default_topology(world_size: int, compute_device: Optional[str] = None) -> Topology:
@@ -151,6 +168,7 @@ class DynamicEmbeddingShardingPlanner:
         }
         for name, options in prepared.items():
             constraints[name].dynamicemb_options = options
+            _log_sizing(configs[name], options, world_size)
         self._constraints = constraints
         self._dynamic_options = prepared
         self._world_size = world_size
