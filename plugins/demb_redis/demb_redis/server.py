@@ -194,11 +194,14 @@ class LocalRedisCluster:
 
     Args:
         masters: number of master nodes (Redis needs at least 3).
+        appendonly: run every node with the AOF on, so a node killed and restarted
+            (:meth:`restart_node`) comes back with every write it acknowledged.
     """
 
-    def __init__(self, masters: int = 3) -> None:
+    def __init__(self, masters: int = 3, appendonly: bool = False) -> None:
         self.servers: List[LocalRedisServer] = []
         self.masters = masters
+        self.appendonly = appendonly
 
     @property
     def url(self) -> str:
@@ -206,10 +209,12 @@ class LocalRedisCluster:
         return self.servers[0].url
 
     def start(self, timeout_s: float = 20.0) -> "LocalRedisCluster":
-        """Start the nodes, assign the 16384 slots, and wait until the cluster reports ok."""
+        """Start the nodes, assign the 16384 slots, and wait until every node reports ok."""
         for _ in range(self.masters):
             server = LocalRedisServer(extra_args=["--cluster-enabled", "yes"])
             server.extra_args += ["--cluster-config-file", os.path.join(server.dir, "nodes.conf")]
+            if self.appendonly:
+                server.extra_args += ["--appendonly", "yes"]
             self.servers.append(server.start())
         nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
         subprocess.run(
@@ -226,29 +231,55 @@ class LocalRedisCluster:
             capture_output=True,
             timeout=timeout_s,
         )
+        return self.wait_ok(timeout_s)
+
+    def wait_ok(self, timeout_s: float = 20.0) -> "LocalRedisCluster":
+        """Wait until every node reports ``cluster_state:ok`` (all slots served)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            info = subprocess.run(
-                ["redis-cli", "-p", str(self.servers[0].port), "cluster", "info"],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-            ).stdout
-            if "cluster_state:ok" in info:
+            if all(self._node_ok(s.port, timeout_s) for s in self.servers):
                 return self
             time.sleep(0.1)
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
         raise TimeoutError(
             f"Redis Cluster on {nodes} did not reach cluster_state:ok in {timeout_s}s"
         )
 
-    @staticmethod
-    def _node_ok(port: int, timeout_s: float) -> bool:
-        info = subprocess.run(
-            ["redis-cli", "-p", str(port), "cluster", "info"],
+    def restart_node(self, index: int, timeout_s: float = 20.0) -> "LocalRedisCluster":
+        """Restart node ``index`` on its port and directory (killing it first if it runs); it
+        reloads its ``nodes.conf`` (and AOF) and rejoins; returns once every node reports ok."""
+        self.servers[index].restart(timeout_s)
+        return self.wait_ok(timeout_s)
+
+    def node_for_slot(self, slot: int) -> int:
+        """Index in :attr:`servers` of the master serving hash ``slot``."""
+        out = subprocess.run(
+            ["redis-cli", "-p", str(self.servers[0].port), "cluster", "slots"],
             capture_output=True,
             text=True,
-            timeout=timeout_s,
-        ).stdout
+            timeout=10,
+            check=True,
+        ).stdout.split()
+        # flat output: start, end, host, port, node id, [more nodes], start, end, ...
+        ports = {s.port: i for i, s in enumerate(self.servers)}
+        for i in range(len(out) - 3):
+            if out[i].isdigit() and out[i + 1].isdigit() and out[i + 2] == "127.0.0.1":
+                start, end, port = int(out[i]), int(out[i + 1]), int(out[i + 3])
+                if start <= slot <= end and port in ports:
+                    return ports[port]
+        raise LookupError(f"no node of the cluster serves slot {slot}")
+
+    @staticmethod
+    def _node_ok(port: int, timeout_s: float) -> bool:
+        try:
+            info = subprocess.run(
+                ["redis-cli", "-p", str(port), "cluster", "info"],
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+            ).stdout
+        except subprocess.TimeoutExpired:
+            return False
         return "cluster_state:ok" in info
 
     def stop(self) -> None:

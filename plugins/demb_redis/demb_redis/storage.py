@@ -165,9 +165,14 @@ class RedisStorage(Storage):
                 ) from exc
             except _TRANSIENT as exc:
                 if attempt == self.retries:
+                    server = f"Redis at {_redact(self.url)}"
+                    if self.cluster:
+                        server = (
+                            f"the Redis Cluster node serving it (cluster at {_redact(self.url)})"
+                        )
                     raise RedisStorageError(
-                        f"demb-redis: {op} on {where}(model {self.model!r}) failed: Redis at "
-                        f"{_redact(self.url)} did not answer after {attempt + 1} attempts over "
+                        f"demb-redis: {op} on {where}(model {self.model!r}) failed: {server} "
+                        f"did not answer after {attempt + 1} attempts over "
                         f"{time.monotonic() - start:.2f}s ({type(exc).__name__}: {_short(exc)}). No data was "
                         f"returned in its place. Check that the server is up and reachable, or raise "
                         f"retries / socket_timeout in external_storage_options"

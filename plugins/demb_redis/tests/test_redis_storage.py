@@ -200,30 +200,28 @@ def test_hung_server_times_out_after_bounded_retries() -> None:
         assert found.all() and torch.equal(bits(got), bits(rows))
 
 
-def test_redis_cluster_keeps_each_table_in_its_hash_tag_slot() -> None:
-    from demb_redis.server import LocalRedisCluster
-
-    with LocalRedisCluster(masters=3) as cluster:
-        tables = [StorageTableSpec(f"tbl{i}", dim=4, row_width=8) for i in range(6)]
-        storage = RedisStorage(tables, url=cluster.url, model="m", cluster=True, chunk_size=100)
-        per_table = {}
-        for t, spec in enumerate(tables):
-            rows, scores = make_rows(spec, 300, seed=t)
-            storage.insert(t, torch.arange(300) * (t + 1), rows, scores)
-            per_table[t] = rows
-        for t in range(len(tables)):
-            found, got, _ = storage.find(t, torch.arange(300) * (t + 1))
-            assert found.all() and torch.equal(bits(got), bits(per_table[t]))
-            assert storage.size(t) == 300
-        # each table's hash sits whole on the one node that owns its {model:table} slot
-        holders = {}
-        for server in cluster.servers:
-            node = redis.Redis.from_url(server.url)
-            for key in node.keys("demb:*"):
-                holders.setdefault(key, []).append(server.port)
-                assert node.hlen(key) == 300
-        assert sorted(holders) == sorted(f"demb:{{m:tbl{i}}}:rows".encode() for i in range(6))
-        assert all(len(ports) == 1 for ports in holders.values())
-        assert len({p for ports in holders.values() for p in ports}) > 1  # spread over nodes
-        storage.clear()
-        assert all(storage.size(t) == 0 for t in range(len(tables)))
+def test_redis_cluster_keeps_each_table_in_its_hash_tag_slot(redis_cluster) -> None:
+    cluster = redis_cluster  # shared by the session (conftest)
+    tables = [StorageTableSpec(f"tbl{i}", dim=4, row_width=8) for i in range(6)]
+    storage = RedisStorage(tables, url=cluster.url, model="m", cluster=True, chunk_size=100)
+    per_table = {}
+    for t, spec in enumerate(tables):
+        rows, scores = make_rows(spec, 300, seed=t)
+        storage.insert(t, torch.arange(300) * (t + 1), rows, scores)
+        per_table[t] = rows
+    for t in range(len(tables)):
+        found, got, _ = storage.find(t, torch.arange(300) * (t + 1))
+        assert found.all() and torch.equal(bits(got), bits(per_table[t]))
+        assert storage.size(t) == 300
+    # each table's hash sits whole on the one node that owns its {model:table} slot
+    holders = {}
+    for server in cluster.servers:
+        node = redis.Redis.from_url(server.url)
+        for key in node.keys("demb:{m:tbl*"):
+            holders.setdefault(key, []).append(server.port)
+            assert node.hlen(key) == 300
+    assert sorted(holders) == sorted(f"demb:{{m:tbl{i}}}:rows".encode() for i in range(6))
+    assert all(len(ports) == 1 for ports in holders.values())
+    assert len({p for ports in holders.values() for p in ports}) > 1  # spread over nodes
+    storage.clear()
+    assert all(storage.size(t) == 0 for t in range(len(tables)))
