@@ -199,6 +199,15 @@ class _InferenceCollection(nn.Module):
         result = load_tables(path, module.embeddings.handles(collection), show_progress=False)
         module._refuse_unplaced(result, "from_dump")
         module.embeddings._sync_state()
+        # a key placed by evicting another one loaded earlier is not "unplaced": count what stayed
+        held = module.embeddings.table_sizes()
+        rows = {n: sum(e.num_rows for e in grouped[(collection, n)]) for n in names}
+        short = {n: (held[n], rows[n]) for n in names if held[n] != rows[n]}
+        if short:
+            raise ValueError(
+                f"from_dump: tables hold fewer keys than the dump {short} ((held, dumped)); serve "
+                "with the trainer's capacity (max_capacity per shard) or a larger shard_capacity"
+            )
         return module
 
     @classmethod

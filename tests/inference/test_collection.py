@@ -114,3 +114,34 @@ def test_from_dump_refuses_a_table_of_another_dim(tmp_path) -> None:
         InferenceEmbeddingBagCollection.from_dump(
             str(tmp_path), missing, dict(opts, item=H.options(4))
         )
+
+
+def test_from_dump_refuses_to_drop_keys(tmp_path) -> None:
+    trained = H.trained_tables(P.SUM, steps=6)
+    DynamicEmbDump(str(tmp_path), trained)
+    tiny = {"user": 32, "item": 32, "ad": 32}  # one bucket each: most keys find no slot
+    with pytest.raises(ValueError, match="found no free slot"):
+        InferenceEmbeddingBagCollection.from_dump(
+            str(tmp_path), H.configs(), H.options_by_name(trained), shard_capacity=tiny
+        )
+    # from two writer ranks, the second file's keys can evict the first's: counted, refused too
+    H.write_sharded_dump(str(tmp_path / "two"), trained, 2, "roundrobin")
+    with pytest.raises(ValueError, match="no free slot|fewer keys than the dump"):
+        InferenceEmbeddingBagCollection.from_dump(
+            str(tmp_path / "two"), H.configs(), H.options_by_name(trained), shard_capacity=tiny
+        )
+
+
+def test_replay_of_another_layout_writes_nothing() -> None:
+    from dynamicemb_core.checkpoint import IncompatibleDeltaError, get_score, incremental_dump
+
+    trained = H.trained_tables(P.SUM)
+    served = InferenceEmbeddingBagCollection(
+        H.configs(), H.options_by_name(trained, max_capacity=1024, init_capacity=1024)
+    )
+    threshold = get_score(trained)
+    H.train(trained, range(60, 62))
+    delta = incremental_dump(trained, threshold)
+    with pytest.raises(IncompatibleDeltaError, match="current_capacity expected 1024"):
+        served.replay(delta)
+    assert served.embeddings.table_sizes() == {"user": 0, "item": 0, "ad": 0}
