@@ -133,13 +133,14 @@ def plot(history: History, path: str, info: RunInfo) -> None:
 
     names = list(history.records[0].tables)
     steps = [r.step for r in history.records]
-    colors = plt.get_cmap("tab10").colors
+    # matplotlib's default colour cycle ("C0", "C1", ...): one colour per table
+    colors = [f"C{i % 10}" for i in range(len(names))]
     n = len(names)
     fig = plt.figure(figsize=(max(4.2 * n, 10), 9))
     grid = fig.add_gridspec(3, n, height_ratios=[1, 1, 1.1])
     first_occ = first_ev = None
     for col, name in enumerate(names):
-        color = colors[col % len(colors)]
+        color = colors[col]
         last = history.records[-1].tables[name]
         ax_occ = fig.add_subplot(grid[0, col], sharey=first_occ)
         first_occ = first_occ or ax_occ
