@@ -47,6 +47,7 @@ def _model(rows: int, dim: int, device: str, training: bool = True) -> torch.nn.
         DynamicEmbTableOptions,
     )
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+    from dynamicemb_core.optim import optimizer_kind, row_width
 
     capacity = 2 * rows
     opts = DynamicEmbTableOptions(
@@ -56,6 +57,10 @@ def _model(rows: int, dim: int, device: str, training: bool = True) -> torch.nn.
         bucket_capacity=128,
         training=training,
         score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
+        # every row in device memory (a zero budget would keep the rows on the host)
+        local_hbm_for_values=capacity
+        * row_width(optimizer_kind(EmbOptimType.EXACT_ROWWISE_ADAGRAD), dim, training)
+        * 4,
     )
     module = BatchedDynamicEmbeddingTables(
         [opts],

@@ -112,10 +112,15 @@ def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device
 def ours_module(args, optimizer, device) -> torch.nn.Module:
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+    from dynamicemb_core.optim import optimizer_kind, row_width
 
     cap = 1 << int(np.ceil(np.log2(args.num_ids / 0.5)))  # load factor <= 0.5: no eviction
+    # a budget holding every row: the whole table in device memory (0 would put it on the host)
+    hbm = cap * row_width(optimizer_kind(optimizer), args.dim, True) * 4
     opts = [
-        DynamicEmbTableOptions(dim=args.dim, max_capacity=cap, init_capacity=cap)
+        DynamicEmbTableOptions(
+            dim=args.dim, max_capacity=cap, init_capacity=cap, local_hbm_for_values=hbm
+        )
         for _ in range(args.tables)
     ]
     module = BatchedDynamicEmbeddingTables(

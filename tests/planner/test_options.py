@@ -124,3 +124,13 @@ def test_equality_and_hash_follow_the_grouping_key() -> None:
         external_storage=storage
     )
     assert (a == "not options") is False
+
+
+def test_evicted_item_mode_is_a_flag() -> None:
+    # the replay PR's type: DISCARD is the empty flag, retention kinds combine with |
+    import enum
+
+    assert issubclass(EvictedItemMode, enum.Flag)
+    assert not EvictedItemMode.DISCARD
+    assert EvictedItemMode.DISCARD | EvictedItemMode.RETAIN_KEY is EvictedItemMode.RETAIN_KEY
+    assert EvictedItemMode.RETAIN_KEY in EvictedItemMode.RETAIN_KEY
