@@ -120,3 +120,27 @@ def _train_every_split(rank: int, world: int) -> None:
 
 def test_every_split_plans_and_trains_like_the_twin() -> None:
     run_workers(_train_every_split)
+
+
+def test_all_host_hybrid_table_trains_like_a_device_table(monkeypatch) -> None:
+    """What a zero budget builds on CUDA (a hybrid table with no device rows), built here on CPU:
+    trained side by side with a plain table, it stores the same rows."""
+    import dynamicemb_core.lookup.batched_tables as batched
+    from dynamicemb_core.storage import HybridStorage
+    from tests.storage.test_tiers import _module, _opts, _train_and_compare
+
+    plain_build = batched.build_tier
+    monkeypatch.setattr(
+        batched,
+        "build_tier",
+        lambda options, spec, device: HybridStorage(
+            [spec], device, table_options=[options], hbm_bytes=[0]
+        ),
+    )
+    tiered = _module("cpu", _opts(init_capacity=256))
+    monkeypatch.setattr(batched, "build_tier", plain_build)
+    storage = tiered.tables[0]
+    assert isinstance(storage, HybridStorage) and storage.device_rows(0) == 0
+    _train_and_compare("cpu", tiered)
+    assert storage.table.capacity(0) > 256  # grew, every row still on the host
+    assert storage.device_rows(0) == 0
