@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Dict
 
-import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
