@@ -289,7 +289,9 @@ def _leave_process_group() -> None:
 
     DMP's modules (and DDP's reducer inside them) hold the group through reference cycles; left to
     interpreter exit, gloo's threads were destroyed during finalization and intermittently aborted a
-    rank ("terminate called without an active exception", SIGABRT) after a successful run.
+    rank ("terminate called without an active exception", SIGABRT) after a successful run. That
+    is PyTorch's gloo backend (docs/torchrec.md, "Ending a distributed program"); every program
+    that trains with several processes should end the same way.
     """
     gc.collect()
     dist.barrier()
