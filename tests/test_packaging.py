@@ -330,6 +330,38 @@ def test_readme_quick_start_is_two_dev_commands():
         assert re.search(rf"^\s*{command.split()[1]}\)", dev, re.M), f"./dev has no '{command}'"
 
 
+def _readme_dev_commands() -> List[List[str]]:
+    """Every `./dev ...` line of README.md's ```bash blocks, split into words, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+        for line in block.splitlines():
+            words = line.split("#", 1)[0].split()
+            if words[:1] == ["./dev"]:
+                commands.append(words)
+    return commands
+
+
+def test_readme_dev_commands_name_what_exists():
+    """Each README command as written: a ./dev verb, a `python -m dynamicemb_core` command, a
+    nox session, a pytest path (running them all is ./dev test's and CI's job)."""
+    from dynamicemb_core.__main__ import _COMMANDS
+
+    commands = _readme_dev_commands()
+    assert len(commands) >= 8, commands
+    dev = (REPO / "dev").read_text()
+    noxfile = (REPO / "noxfile.py").read_text()
+    for words in commands:
+        verb = words[1]
+        assert re.search(rf"^\s*{re.escape(verb)}\)", dev, re.M), f"./dev has no {verb!r}: {words}"
+        if words[1:4] == ["python", "-m", "dynamicemb_core"]:
+            assert words[4] in _COMMANDS, words
+        if verb == "nox" and "-s" in words:
+            session = words[words.index("-s") + 1]
+            assert re.search(rf"^def {session}\(", noxfile, re.M), words
+        if verb == "pytest":
+            assert (REPO / words[2]).exists(), words
+
+
 def test_ci_runs_readme_test_command_verbatim_as_last_command():
     test_command = _quick_start_commands()[1]
     lines = _code_lines(REPO / ".ci" / "run")
