@@ -158,14 +158,7 @@ def plot(history: History, path: str, info: RunInfo) -> None:
         ax_ev.plot(steps, per_step, color=color, marker=".", drawstyle="steps-pre")
         ax_ev.set_xlabel("step")
         ax_ev.grid(alpha=0.3)
-        ax_ev.text(
-            0.02,
-            0.95,
-            f"{last.evictions} evicted in all",
-            transform=ax_ev.transAxes,
-            va="top",
-            fontsize=9,
-        )
+        ax_ev.set_title(f"{last.evictions} evicted in all", fontsize=9)  # never over the data
         if col == 0:
             ax_occ.set_ylabel("occupancy (% of slots)")
             ax_ev.set_ylabel("evictions per step")

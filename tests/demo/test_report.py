@@ -85,7 +85,9 @@ def test_plot_has_a_column_per_table_and_a_loss_panel(tmp_path: Path) -> None:
     titles = [t for t, _, _ in axes if t]
     assert titles == [
         "t_user_id\n1000 keys / 1000 slots at the end",
+        "1250 evicted in all",
         "t_item_id\n400 keys / 1000 slots at the end",
+        "0 evicted in all",
     ]
     assert axes[-1][1] == "loss (BCE, interval mean)"
     # one colour per table (occupancy and evictions share it), distinct between tables
