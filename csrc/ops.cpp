@@ -89,4 +89,31 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("rowwise_adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float weight_decay, int weight_decay_mode, bool check=True) -> ()");
   // FBGEMM ADAM on rows [w | m(D) | v(D)] at slots, in place; step >= 1 is the global step.
   m.def("adam_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float beta1, float beta2, float weight_decay, int step, bool check=True) -> ()");
+
+  // ---------------------------------------------------------------------------------------------
+  // Grouped value ops: one call for all tables of a group (csrc/include/dynamicemb/grouped.h).
+  // values: the group's flat float32 buffer; meta: (T, 4) int64 [value_offset, row_width, capacity,
+  // dim] per table, on values' device; a row is addressed by (table id, slot), slot < 0 = none.
+  // Kernels in csrc/{cpu,cuda}/grouped.*; check as above (CUDA: one sync when true).
+  // ---------------------------------------------------------------------------------------------
+  // Deduplicate (table id, key) pairs -> (unique keys (u,), their table ids (u,), inverse (n,),
+  // counts (u,), unique keys per table (T,) on the CPU: read back with u, in the same copy).
+  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // (n, width) rows at (table_ids, slots): each row's first min(width, row_width) elements, zeros after.
+  m.def("grouped_gather(Tensor values, Tensor meta, Tensor table_ids, Tensor slots, int width, bool check=True) -> Tensor");
+  // Write rows[i, :row_width(t)] at (table_ids[i], slots[i]); slot < 0 skipped; the last duplicate wins.
+  m.def("grouped_scatter(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor rows, bool check=True) -> ()");
+  // Pool bags of feature-major offsets (F*B+1,) over the unique keys' slots (u,): feature f reads
+  // table feature_tables[f] and fills columns [d_offsets[f], d_offsets[f+1]) of the (B, total_dim)
+  // output; mode 0 SUM, 1 MEAN.
+  m.def("grouped_pooled_gather(Tensor values, Tensor meta, Tensor slots, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int mode, int batch_size, int total_dim, bool check=True) -> Tensor");
+  // Adjoint: -> (num_unique, width) gradient per unique key, zero beyond its table's dim. mode 0 SUM
+  // and 1 MEAN read grad_out (B, total_dim) by bag; 2 NONE reads grad_out (n, D) row i for index i.
+  m.def("grouped_reduce_grads(Tensor grad_out, Tensor meta, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int mode, int batch_size, int num_unique, int width, bool check=True) -> Tensor");
+  // In place: optimizer (0 SGD, 1 ADAGRAD, 2 ROWWISE_ADAGRAD, 3 ADAM) on the rows at (table_ids,
+  // slots) with grads (n, >= dim); the formulas of the per-table updates.
+  m.def("grouped_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grads, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True) -> ()");
+  // grouped_reduce_grads (width max_dim, the group's widest dim) then grouped_update on the unique
+  // keys (table_ids, slots (u,)) in one op.
+  m.def("grouped_reduce_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grad_out, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int pool_mode, int batch_size, int max_dim, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True) -> ()");
 }

@@ -113,6 +113,121 @@ def _adam_update_fake(
     _check_update(values, slots, grads)
 
 
+def _segmented_unique_fake(
+    keys: Tensor, table_ids: Tensor, num_tables: int
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    torch._check(keys.dim() == 1, lambda: "segmented_unique: keys must be 1-D")
+    u = torch.library.get_ctx().new_dynamic_size()
+    counts = torch.empty(num_tables, dtype=torch.int64, device="cpu")
+    return (
+        keys.new_empty(u),
+        keys.new_empty(u),
+        keys.new_empty(keys.shape[0]),
+        keys.new_empty(u),
+        counts,
+    )
+
+
+def _grouped_gather_fake(
+    values: Tensor, meta: Tensor, table_ids: Tensor, slots: Tensor, width: int, check: bool = True
+) -> Tensor:
+    torch._check(values.dim() == 1, lambda: "grouped_gather: values must be 1-D")
+    return values.new_empty(slots.shape[0], width)
+
+
+def _grouped_scatter_fake(
+    values: Tensor,
+    meta: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    rows: Tensor,
+    check: bool = True,
+) -> None:
+    torch._check(rows.dim() == 2, lambda: "grouped_scatter: rows must be (n, k)")
+
+
+def _grouped_pooled_gather_fake(
+    values: Tensor,
+    meta: Tensor,
+    slots: Tensor,
+    inverse: Tensor,
+    offsets: Tensor,
+    weights: Optional[Tensor],
+    feature_tables: Tensor,
+    d_offsets: Tensor,
+    mode: int,
+    batch_size: int,
+    total_dim: int,
+    check: bool = True,
+) -> Tensor:
+    torch._check(values.dim() == 1, lambda: "grouped_pooled_gather: values must be 1-D")
+    return values.new_empty(batch_size, total_dim)
+
+
+def _grouped_reduce_grads_fake(
+    grad_out: Tensor,
+    meta: Tensor,
+    inverse: Tensor,
+    offsets: Tensor,
+    weights: Optional[Tensor],
+    feature_tables: Tensor,
+    d_offsets: Tensor,
+    mode: int,
+    batch_size: int,
+    num_unique: int,
+    width: int,
+    check: bool = True,
+) -> Tensor:
+    torch._check(grad_out.dim() == 2, lambda: "grouped_reduce_grads: grad_out must be 2-D")
+    return grad_out.new_empty(num_unique, width, dtype=torch.float32)
+
+
+def _grouped_update_fake(
+    values: Tensor,
+    meta: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    grads: Tensor,
+    optimizer: int,
+    lr: float,
+    eps: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    weight_decay_mode: int,
+    step: int,
+    check: bool = True,
+) -> None:
+    torch._check(grads.dim() == 2, lambda: "grouped_update: grads must be (n, k)")
+
+
+def _grouped_reduce_update_fake(
+    values: Tensor,
+    meta: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    grad_out: Tensor,
+    inverse: Tensor,
+    offsets: Tensor,
+    weights: Optional[Tensor],
+    feature_tables: Tensor,
+    d_offsets: Tensor,
+    pool_mode: int,
+    batch_size: int,
+    max_dim: int,
+    optimizer: int,
+    lr: float,
+    eps: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    weight_decay_mode: int,
+    step: int,
+    check: bool = True,
+) -> None:
+    torch._check(grad_out.dim() == 2, lambda: "grouped_reduce_update: grad_out must be 2-D")
+
+
 FAKE_KERNELS = {
     "unique": _unique_fake,
     "pooled_gather": _pooled_gather_fake,
@@ -122,4 +237,11 @@ FAKE_KERNELS = {
     "adagrad_update": _adagrad_update_fake,
     "rowwise_adagrad_update": _rowwise_adagrad_update_fake,
     "adam_update": _adam_update_fake,
+    "segmented_unique": _segmented_unique_fake,
+    "grouped_gather": _grouped_gather_fake,
+    "grouped_scatter": _grouped_scatter_fake,
+    "grouped_pooled_gather": _grouped_pooled_gather_fake,
+    "grouped_reduce_grads": _grouped_reduce_grads_fake,
+    "grouped_update": _grouped_update_fake,
+    "grouped_reduce_update": _grouped_reduce_update_fake,
 }

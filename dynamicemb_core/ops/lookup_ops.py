@@ -9,6 +9,8 @@ Each wrapper documents shapes, dtypes and devices and calls the registered op. T
 - ``sgd_reduce_update``: ``reduce_grads`` and ``sgd_update`` fused (the CPU backward's SGD path).
 - ``sgd_update``, ``adagrad_update``, ``rowwise_adagrad_update``, ``adam_update``: fused in-place
   optimizer steps on value rows addressed by slot.
+- the grouped ops (``segmented_unique``, ``grouped_*``): the same jobs for all tables of a group in
+  one call, rows addressed by ``(table id, slot)`` in one flat buffer described by a (T, 4) ``meta``.
 
 ``check`` (keyword-only, all but ``unique``): True, the default, checks the data before writing
 (offsets start at 0, end at n and never decrease; inverse in [0, u); slots below capacity) and
@@ -25,13 +27,22 @@ from typing import Any, Optional, Tuple
 import torch
 
 __all__ = [
+    "OPTIMIZER_CODES",
     "POOL_MEAN",
+    "POOL_NONE",
     "POOL_SUM",
     "adagrad_update",
     "adam_update",
+    "grouped_gather",
+    "grouped_pooled_gather",
+    "grouped_reduce_grads",
+    "grouped_reduce_update",
+    "grouped_scatter",
+    "grouped_update",
     "pooled_gather",
     "reduce_grads",
     "rowwise_adagrad_update",
+    "segmented_unique",
     "sgd_reduce_update",
     "sgd_update",
     "unique",
@@ -195,4 +206,234 @@ def adam_update(
     """In place FBGEMM ADAM on rows ``[w (D) | m (D) | v (D)]`` at ``slots``; ``step`` >= 1."""
     _ops().adam_update.default(
         values, slots, grads, lr, eps, beta1, beta2, weight_decay, step, check
+    )
+
+
+# ---- grouped value ops (one call for all tables of a group; csrc/include/dynamicemb/grouped.h) ----
+
+# Pooling code of the grouped reduction for a sequence output (one gradient row per index).
+POOL_NONE = 2
+
+# grouped_update's optimizer codes, by OptimizerKind value.
+OPTIMIZER_CODES = {
+    "exact_sgd": 0,
+    "exact_adagrad": 1,
+    "exact_row_wise_adagrad": 2,
+    "adam": 3,
+}
+
+
+def segmented_unique(
+    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Deduplicate ``(table id, key)`` pairs of all tables at once.
+
+    Args:
+        keys, table_ids: (n,) int64 on one device; ids in ``[0, num_tables)``.
+
+    Returns:
+        ``(unique_keys (u,), unique_table_ids (u,), inverse (n,), counts (u,), table_counts (T,))``:
+        int64; the first four on ``keys.device`` with ``unique_keys[inverse] == keys`` and
+        ``unique_table_ids[inverse] == table_ids``; ``table_counts`` (unique keys per table) on the
+        CPU, read back with u in one copy (one device sync on CUDA for the whole batch). Order:
+        first occurrence on CPU, by (table id, key) on CUDA.
+    """
+    return _ops().segmented_unique.default(keys, table_ids, num_tables)
+
+
+def grouped_gather(
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    table_ids: torch.Tensor,
+    slots: torch.Tensor,
+    width: int,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """(n, width) float32: row ``(table_ids[i], slots[i])``'s first ``min(width, row_width)``
+    elements, zeros after them and for slots < 0."""
+    return _ops().grouped_gather.default(values, meta, table_ids, slots, width, check)
+
+
+def grouped_scatter(
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    table_ids: torch.Tensor,
+    slots: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    check: bool = True,
+) -> None:
+    """In place: write ``rows[i, :row_width(t)]`` at ``(table_ids[i], slots[i])`` (slot < 0 skipped)."""
+    _ops().grouped_scatter.default(values, meta, table_ids, slots, rows, check)
+
+
+def grouped_pooled_gather(
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    slots: torch.Tensor,
+    inverse: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    feature_tables: torch.Tensor,
+    d_offsets: torch.Tensor,
+    mode: int,
+    batch_size: int,
+    total_dim: int,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """Pool every feature's bags from the group's rows into one (B, total_dim) float32 output.
+
+    Args:
+        values, meta: the group (see module docs of csrc/include/dynamicemb/grouped.h).
+        slots: (u,) int64 slot of each unique key (in its table; < 0 reads as zeros).
+        inverse: (n,) int64 unique key of each index.
+        offsets: (F*B+1,) int64 feature-major bag boundaries.
+        weights: optional (n,) float32 per-sample weights.
+        feature_tables: (F,) int64 table of each feature; d_offsets: (F+1,) int64 first output
+            column of each feature (steps by the feature's table dim); total_dim = d_offsets[-1].
+        mode: POOL_SUM or POOL_MEAN.
+    """
+    return _ops().grouped_pooled_gather.default(
+        values,
+        meta,
+        slots,
+        inverse,
+        offsets,
+        weights,
+        feature_tables,
+        d_offsets,
+        mode,
+        batch_size,
+        total_dim,
+        check,
+    )
+
+
+def grouped_reduce_grads(
+    grad_out: torch.Tensor,
+    meta: torch.Tensor,
+    inverse: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    feature_tables: torch.Tensor,
+    d_offsets: torch.Tensor,
+    mode: int,
+    batch_size: int,
+    num_unique: int,
+    width: int,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """(num_unique, width) float32 gradient per unique key, zero beyond its table's dim.
+
+    The adjoint of :func:`grouped_pooled_gather` for POOL_SUM / POOL_MEAN (``grad_out`` (B,
+    total_dim)); with POOL_NONE, ``grad_out`` is the (n, D) sequence gradient and index ``i``
+    contributes its own row ``i``.
+    """
+    return _ops().grouped_reduce_grads.default(
+        grad_out,
+        meta,
+        inverse,
+        offsets,
+        weights,
+        feature_tables,
+        d_offsets,
+        mode,
+        batch_size,
+        num_unique,
+        width,
+        check,
+    )
+
+
+def grouped_update(
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    table_ids: torch.Tensor,
+    slots: torch.Tensor,
+    grads: torch.Tensor,
+    optimizer: int,
+    lr: float,
+    eps: float = 0.0,
+    beta1: float = 0.0,
+    beta2: float = 0.0,
+    weight_decay: float = 0.0,
+    weight_decay_mode: int = 0,
+    step: int = 1,
+    *,
+    check: bool = True,
+) -> None:
+    """In place: the optimizer (OPTIMIZER_CODES) on the rows at ``(table_ids, slots)`` with
+    ``grads`` (n, >= dim); slots < 0 skipped. The formulas of :func:`sgd_update` and siblings."""
+    _ops().grouped_update.default(
+        values,
+        meta,
+        table_ids,
+        slots,
+        grads,
+        optimizer,
+        lr,
+        eps,
+        beta1,
+        beta2,
+        weight_decay,
+        weight_decay_mode,
+        step,
+        check,
+    )
+
+
+def grouped_reduce_update(
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    table_ids: torch.Tensor,
+    slots: torch.Tensor,
+    grad_out: torch.Tensor,
+    inverse: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: Optional[torch.Tensor],
+    feature_tables: torch.Tensor,
+    d_offsets: torch.Tensor,
+    mode: int,
+    batch_size: int,
+    max_dim: int,
+    optimizer: int,
+    lr: float,
+    eps: float = 0.0,
+    beta1: float = 0.0,
+    beta2: float = 0.0,
+    weight_decay: float = 0.0,
+    weight_decay_mode: int = 0,
+    step: int = 1,
+    *,
+    check: bool = True,
+) -> None:
+    """:func:`grouped_reduce_grads` then :func:`grouped_update` on the unique keys in one op (the
+    training backward): the CPU kernel applies each key's sum as soon as it is formed. ``max_dim``:
+    the group's widest embedding dim (the width of the reduction on CUDA)."""
+    _ops().grouped_reduce_update.default(
+        values,
+        meta,
+        table_ids,
+        slots,
+        grad_out,
+        inverse,
+        offsets,
+        weights,
+        feature_tables,
+        d_offsets,
+        mode,
+        batch_size,
+        max_dim,
+        optimizer,
+        lr,
+        eps,
+        beta1,
+        beta2,
+        weight_decay,
+        weight_decay_mode,
+        step,
+        check,
     )

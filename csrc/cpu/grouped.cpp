@@ -1,0 +1,523 @@
+// CPU kernels of the grouped value ops: every op serves all tables of a group in one call, rows
+// addressed by (table id, slot) through the (T, 4) metadata described in dynamicemb/grouped.h.
+// Schemas: the "grouped" section of csrc/ops.cpp. CUDA twins: csrc/cuda/grouped.cu. The CPU
+// kernels always check their data (it costs them no synchronisation) and raise before writing.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "dynamicemb/check.h"
+#include "dynamicemb/grouped.h"
+#include "dynamicemb/grouped_checks.h"
+#include "dynamicemb/hashing.h"
+
+namespace dynamicemb {
+namespace {
+
+using namespace grouped;
+
+constexpr int64_t kPrefetchAhead = 8;
+
+inline void prefetch_row(const float* row, int64_t n) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < n * 4; b += 64) __builtin_prefetch(p + b, 1, 3);
+}
+
+/// A host view of meta with range checks of (table id, slot) pairs.
+struct MetaView {
+  const int64_t* m;
+  int64_t T;
+  int64_t numel;  // elements of the values buffer
+  // numel < 0: no values buffer to bound the rows by (the reduction reads dims only).
+  MetaView(const at::Tensor& meta, int64_t numel_, const char* op)
+      : m(meta.data_ptr<int64_t>()), T(meta.size(0)), numel(numel_) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t off = m[t * kMetaColumns + kMetaOffset], w = m[t * kMetaColumns + kMetaWidth];
+      const int64_t cap = m[t * kMetaColumns + kMetaCapacity], d = m[t * kMetaColumns + kMetaDim];
+      DEMB_CHECK_VALUE(off >= 0 && w >= 0 && cap >= 0 && d >= 0 && d <= w &&
+                           (numel < 0 || off + w * cap <= numel),
+                       op, ": meta row ", t, " = [", off, ", ", w, ", ", cap, ", ", d,
+                       "] does not describe rows inside values (", numel, " elements)");
+    }
+  }
+  int64_t offset(int64_t t) const { return m[t * kMetaColumns + kMetaOffset]; }
+  int64_t width(int64_t t) const { return m[t * kMetaColumns + kMetaWidth]; }
+  int64_t capacity(int64_t t) const { return m[t * kMetaColumns + kMetaCapacity]; }
+  int64_t dim(int64_t t) const { return m[t * kMetaColumns + kMetaDim]; }
+};
+
+/// Raises IndexError for the first (table id, slot) outside the group; slots < 0 are allowed.
+void check_rows(const MetaView& mv, const int64_t* tids, const int64_t* slots, int64_t n,
+                const char* op) {
+  for (int64_t i = 0; i < n; ++i) {
+    DEMB_CHECK_INDEX(tids[i] >= 0 && tids[i] < mv.T, op, ": table_ids[", i, "]=", tids[i],
+                     " out of range [0, ", mv.T, ")");
+    DEMB_CHECK_INDEX(slots[i] < mv.capacity(tids[i]), op, ": slots[", i, "]=", slots[i],
+                     " out of range for table ", tids[i], " (capacity ", mv.capacity(tids[i]), ")");
+  }
+}
+
+at::Tensor grouped_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
+                              const at::Tensor& table_ids, const at::Tensor& slots, int64_t width,
+                              bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_gather";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  DEMB_CHECK_VALUE(width >= 0, op, ": width must be >= 0, got ", width);
+  const MetaView mv(meta, values.numel(), op);
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const int64_t n = sl.numel();
+  const int64_t* t_p = tid.data_ptr<int64_t>();
+  const int64_t* s_p = sl.data_ptr<int64_t>();
+  check_rows(mv, t_p, s_p, n, op);
+  auto out = at::empty({n, width}, values.options());
+  const float* v = values.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float* dst = o + i * width;
+      const int64_t t = t_p[i], s = s_p[i];
+      const int64_t take = s < 0 ? 0 : std::min(width, mv.width(t));
+      if (take > 0) std::copy(v + mv.offset(t) + s * mv.width(t), v + mv.offset(t) + s * mv.width(t) + take, dst);
+      std::fill(dst + take, dst + width, 0.0f);
+    }
+  });
+  return out;
+}
+
+void grouped_scatter_cpu(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
+                         const at::Tensor& slots, const at::Tensor& rows,
+                         bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_scatter";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  check_float_rows(rows, slots.numel(), values.device(), "rows", op);
+  const MetaView mv(meta, values.numel(), op);
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto r = rows.contiguous();
+  const int64_t n = sl.numel(), R = r.size(1);
+  const int64_t* t_p = tid.data_ptr<int64_t>();
+  const int64_t* s_p = sl.data_ptr<int64_t>();
+  check_rows(mv, t_p, s_p, n, op);
+  for (int64_t i = 0; i < n; ++i) {
+    DEMB_CHECK_VALUE(s_p[i] < 0 || mv.width(t_p[i]) <= R, op, ": rows have ", R,
+                     " columns, table ", t_p[i], " needs ", mv.width(t_p[i]));
+  }
+  float* v = values.data_ptr<float>();
+  const float* src = r.data_ptr<float>();
+  // Serial: duplicate (table, slot) pairs then write in order, the last one winning.
+  for (int64_t i = 0; i < n; ++i) {
+    if (s_p[i] < 0) continue;
+    const int64_t t = t_p[i];
+    std::copy(src + i * R, src + i * R + mv.width(t), v + mv.offset(t) + s_p[i] * mv.width(t));
+  }
+}
+
+/// Per index: its bag, that bag's feature, and the bags' validity (offsets from 0 to n, in order).
+std::vector<int64_t> bag_of_indices(const int64_t* off, int64_t num_bags, int64_t n, const char* op) {
+  DEMB_CHECK_VALUE(off[0] == 0 && off[num_bags] == n, op, ": offsets must start at 0 and end at n=",
+                   n, ", got [", off[0], ", ...,", off[num_bags], "]");
+  std::vector<int64_t> bag_of(n);
+  for (int64_t b = 0; b < num_bags; ++b) {
+    DEMB_CHECK_VALUE(off[b] <= off[b + 1], op, ": offsets must be non-decreasing; offsets[", b,
+                     "]=", off[b], " > offsets[", b + 1, "]=", off[b + 1]);
+    for (int64_t i = off[b]; i < off[b + 1]; ++i) bag_of[i] = b;
+  }
+  return bag_of;
+}
+
+/// The bag layout shared by the pooled gather and the reduction, checked.
+struct Bags {
+  at::Tensor inv, off, ft, dofs, w;
+  const int64_t *inv_p, *off_p, *ft_p, *dofs_p;
+  const float* w_p;
+  int64_t n, num_bags, F, B;
+};
+
+Bags bag_layout(const MetaView& mv, const at::Tensor& inverse, const at::Tensor& offsets,
+                const std::optional<at::Tensor>& weights, const at::Tensor& feature_tables,
+                const at::Tensor& d_offsets, int64_t mode, int64_t batch_size, int64_t num_unique,
+                const char* op) {
+  check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
+  Bags b;
+  b.inv = inverse.contiguous();
+  b.off = offsets.contiguous();
+  b.ft = feature_tables.contiguous();
+  b.dofs = d_offsets.contiguous();
+  b.w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  b.inv_p = b.inv.data_ptr<int64_t>();
+  b.off_p = b.off.data_ptr<int64_t>();
+  b.ft_p = b.ft.data_ptr<int64_t>();
+  b.dofs_p = b.dofs.data_ptr<int64_t>();
+  b.w_p = b.w.defined() ? b.w.data_ptr<float>() : nullptr;
+  b.n = b.inv.numel();
+  b.num_bags = b.off.numel() - 1;
+  b.F = b.ft.numel();
+  b.B = batch_size;
+  for (int64_t f = 0; f < b.F; ++f) {
+    DEMB_CHECK_INDEX(b.ft_p[f] >= 0 && b.ft_p[f] < mv.T, op, ": feature_tables[", f, "]=",
+                     b.ft_p[f], " out of range [0, ", mv.T, ")");
+    DEMB_CHECK_VALUE(b.dofs_p[f + 1] - b.dofs_p[f] == mv.dim(b.ft_p[f]) || mode == kPoolNone, op,
+                     ": d_offsets must step by each feature's table dim; feature ", f, " steps ",
+                     b.dofs_p[f + 1] - b.dofs_p[f], ", its table's dim is ", mv.dim(b.ft_p[f]));
+  }
+  for (int64_t i = 0; i < b.n; ++i) {
+    DEMB_CHECK_INDEX(b.inv_p[i] >= 0 && b.inv_p[i] < num_unique, op, ": inverse[", i, "]=",
+                     b.inv_p[i], " out of range [0, ", num_unique, ")");
+  }
+  return b;
+}
+
+at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
+                                     const at::Tensor& slots, const at::Tensor& inverse,
+                                     const at::Tensor& offsets,
+                                     const std::optional<at::Tensor>& weights,
+                                     const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                                     int64_t mode, int64_t batch_size, int64_t total_dim,
+                                     bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_pooled_gather";
+  check_group(values, meta, op);
+  DEMB_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op, ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong && slots.dim() == 1, op,
+                  ": slots must be (u,) int64, got ", slots.sizes(), " ", slots.scalar_type());
+  const MetaView mv(meta, values.numel(), op);
+  const auto sl = slots.contiguous();
+  const int64_t u = sl.numel();
+  const Bags b = bag_layout(mv, inverse, offsets, weights, feature_tables, d_offsets, mode,
+                            batch_size, u, op);
+  DEMB_CHECK_VALUE(b.dofs_p[b.F] == total_dim, op, ": total_dim ", total_dim,
+                   " differs from d_offsets[-1]=", b.dofs_p[b.F]);
+  const int64_t* s_p = sl.data_ptr<int64_t>();
+  bag_of_indices(b.off_p, b.num_bags, b.n, op);  // validates offsets before they are followed
+  // Every unique key's slot must lie in the table of the features that read it.
+  for (int64_t bag = 0; bag < b.num_bags; ++bag) {
+    const int64_t t = b.ft_p[bag / b.B];
+    for (int64_t i = b.off_p[bag]; i < b.off_p[bag + 1]; ++i) {
+      DEMB_CHECK_INDEX(s_p[b.inv_p[i]] < mv.capacity(t), op, ": slot ", s_p[b.inv_p[i]],
+                       " of index ", i, " out of range for table ", t, " (capacity ",
+                       mv.capacity(t), ")");
+    }
+  }
+  auto out = at::empty({b.B, total_dim}, values.options());
+  const float* v = values.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, b.num_bags, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc;
+    for (int64_t bag = begin; bag < end; ++bag) {
+      const int64_t f = bag / b.B, s = bag % b.B, t = b.ft_p[f];
+      const int64_t D = mv.dim(t), W = mv.width(t);
+      const float* base = v + mv.offset(t);
+      acc.assign(D, 0.0f);
+      const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
+      for (int64_t i = lo; i < hi; ++i) {
+        if (i + kPrefetchAhead < hi) {
+          const int64_t ahead = s_p[b.inv_p[i + kPrefetchAhead]];
+          if (ahead >= 0) prefetch_row(base + ahead * W, D);
+        }
+        const int64_t slot = s_p[b.inv_p[i]];
+        if (slot < 0) continue;
+        const float w = b.w_p ? b.w_p[i] : 1.0f;
+        const float* row = base + slot * W;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * row[d];
+      }
+      const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
+      float* dst = o + s * total_dim + b.dofs_p[f];
+      for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * scale;
+    }
+  });
+  return out;
+}
+
+// The reduction shared by grouped_reduce_grads and grouped_reduce_update: calls sink(k, acc, D)
+// once per unique key k with acc the sum of scale * (the gradient row of each of its positions),
+// positions in input order (deterministic). keep(k) false skips key k.
+template <typename Keep, typename Sink>
+void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Tensor& inverse,
+                    const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                    const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
+                    int64_t batch_size, int64_t num_unique, const char* op, Keep keep, Sink sink) {
+  DEMB_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
+  const Bags b = bag_layout(mv, inverse, offsets, weights, feature_tables, d_offsets, mode,
+                            batch_size, num_unique, op);
+  DEMB_CHECK_TYPE(grad_out.scalar_type() == at::kFloat, op, ": grad_out must be float32, got ",
+                  grad_out.scalar_type());
+  DEMB_CHECK_VALUE(grad_out.dim() == 2, op, ": grad_out must be 2-D, got ", grad_out.sizes());
+  if (mode == kPoolNone) {
+    DEMB_CHECK_VALUE(grad_out.size(0) == b.n, op, ": grad_out must have one row per index (",
+                     b.n, "), got ", grad_out.sizes());
+  } else {
+    DEMB_CHECK_VALUE(grad_out.size(0) == b.B && grad_out.size(1) == b.dofs_p[b.F], op,
+                     ": grad_out must be (B, d_offsets[-1]) = (", b.B, ", ", b.dofs_p[b.F],
+                     "), got ", grad_out.sizes());
+  }
+  const auto g = grad_out.contiguous();
+  const int64_t G = g.size(1);
+  const float* g_p = g.data_ptr<float>();
+  const auto bag_of = bag_of_indices(b.off_p, b.num_bags, b.n, op);
+  for (int64_t f = 0; mode == kPoolNone && f < b.F; ++f) {
+    DEMB_CHECK_VALUE(mv.dim(b.ft_p[f]) <= G, op, ": grad_out has ", G, " columns, table ",
+                     b.ft_p[f], " has dim ", mv.dim(b.ft_p[f]));
+  }
+  std::vector<int64_t> start(num_unique + 1, 0);
+  for (int64_t i = 0; i < b.n; ++i) ++start[b.inv_p[i] + 1];
+  for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
+  std::vector<int64_t> pos(b.n), fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < b.n; ++i) pos[fill[b.inv_p[i]]++] = i;
+  at::parallel_for(0, num_unique, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc;
+    for (int64_t k = begin; k < end; ++k) {
+      if (start[k] == start[k + 1] || !keep(k)) continue;
+      const int64_t D = mv.dim(b.ft_p[bag_of[pos[start[k]]] / b.B]);
+      acc.assign(D, 0.0f);
+      float* __restrict__ a = acc.data();
+      for (int64_t j = start[k]; j < start[k + 1]; ++j) {
+        const int64_t i = pos[j];
+        const int64_t bag = bag_of[i];
+        float scale = b.w_p ? b.w_p[i] : 1.0f;
+        if (mode == kPoolMean) scale /= float(b.off_p[bag + 1] - b.off_p[bag]);
+        const float* __restrict__ src =
+            mode == kPoolNone ? g_p + i * G
+                              : g_p + (bag % b.B) * G + b.dofs_p[bag / b.B];
+        for (int64_t d = 0; d < D; ++d) a[d] += scale * src[d];
+      }
+      sink(k, static_cast<const float*>(a), D);
+    }
+  });
+}
+
+at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor& meta,
+                                    const at::Tensor& inverse, const at::Tensor& offsets,
+                                    const std::optional<at::Tensor>& weights,
+                                    const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                                    int64_t mode, int64_t batch_size, int64_t num_unique,
+                                    int64_t width, bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_reduce_grads";
+  DEMB_CHECK_VALUE(width >= 0, op, ": width must be >= 0, got ", width);
+  check_meta(meta, grad_out.device(), op);
+  // No values here: the metadata's dims are all the reduction reads (offsets unchecked).
+  const MetaView mv(meta, -1, op);
+  for (int64_t t = 0; t < mv.T; ++t) {
+    DEMB_CHECK_VALUE(mv.dim(t) <= width, op, ": width ", width, " is below table ", t, "'s dim ",
+                     mv.dim(t));
+  }
+  auto out = at::zeros({num_unique, width}, grad_out.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
+                 batch_size, num_unique, op, [](int64_t) { return true; },
+                 [&](int64_t k, const float* acc, int64_t D) { std::copy(acc, acc + D, o + k * width); });
+  return out;
+}
+
+/// Applies optimizer ``opt`` to one row ``w`` (its state after the first D elements) with ``g``.
+inline void update_row(int64_t opt, float* __restrict__ w, const float* __restrict__ g, int64_t D,
+                       const UpdateParams& p) {
+  if (opt == kSgd) {
+    for (int64_t d = 0; d < D; ++d) sgd_element(w[d], g[d], p);
+  } else if (opt == kAdagrad) {
+    float* __restrict__ m = w + D;
+    for (int64_t d = 0; d < D; ++d) adagrad_element(w[d], m[d], g[d], p);
+  } else if (opt == kRowwiseAdagrad) {
+    float sum_sq = 0.0f;
+    for (int64_t d = 0; d < D; ++d) sum_sq += rowwise_square(w[d], g[d], p);
+    float* m = w + D;
+    m[0] = rowwise_accumulator(m[0], sum_sq, D);
+    for (int64_t d = 0; d < D; ++d) rowwise_element(w[d], g[d], m[0], p);
+  } else {
+    float* __restrict__ m = w + D;
+    float* __restrict__ v = w + 2 * D;
+    for (int64_t d = 0; d < D; ++d) adam_element(w[d], m[d], v[d], g[d], p);
+  }
+}
+
+void check_optimizer(const MetaView& mv, int64_t optimizer, int64_t weight_decay_mode,
+                     int64_t step, const char* op) {
+  DEMB_CHECK_VALUE(optimizer >= kSgd && optimizer <= kAdam, op,
+                   ": optimizer must be 0 (SGD), 1 (ADAGRAD), 2 (ROWWISE_ADAGRAD) or 3 (ADAM), got ",
+                   optimizer);
+  DEMB_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2, op,
+                   ": weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLE), got ",
+                   weight_decay_mode);
+  DEMB_CHECK_VALUE(optimizer != kAdam || step >= 1, op,
+                   ": step must be >= 1 for ADAM (bias correction), got ", step);
+  for (int64_t t = 0; t < mv.T; ++t) {
+    const int64_t need = mv.dim(t) + state_width(optimizer, mv.dim(t));
+    DEMB_CHECK_VALUE(mv.width(t) >= need, op, ": table ", t, "'s row_width ", mv.width(t),
+                     " is too small for dim ", mv.dim(t), " and its optimizer state (needs ",
+                     need, ")");
+  }
+}
+
+void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
+                        const at::Tensor& slots, const at::Tensor& grads, int64_t optimizer,
+                        double lr, double eps, double beta1, double beta2, double weight_decay,
+                        int64_t weight_decay_mode, int64_t step,
+                        bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_update";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  check_float_rows(grads, slots.numel(), values.device(), "grads", op);
+  const MetaView mv(meta, values.numel(), op);
+  check_optimizer(mv, optimizer, weight_decay_mode, step, op);
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto g = grads.contiguous();
+  const int64_t n = sl.numel(), G = g.size(1);
+  const int64_t* t_p = tid.data_ptr<int64_t>();
+  const int64_t* s_p = sl.data_ptr<int64_t>();
+  check_rows(mv, t_p, s_p, n, op);
+  for (int64_t i = 0; i < n; ++i) {
+    DEMB_CHECK_VALUE(s_p[i] < 0 || mv.dim(t_p[i]) <= G, op, ": grads have ", G,
+                     " columns, table ", t_p[i], " has dim ", mv.dim(t_p[i]));
+  }
+  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
+  float* v = values.data_ptr<float>();
+  const float* g_p = g.data_ptr<float>();
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetchAhead < end && s_p[i + kPrefetchAhead] >= 0) {
+        const int64_t t = t_p[i + kPrefetchAhead];
+        prefetch_row(v + mv.offset(t) + s_p[i + kPrefetchAhead] * mv.width(t), mv.width(t));
+      }
+      if (s_p[i] < 0) continue;
+      const int64_t t = t_p[i];
+      update_row(optimizer, v + mv.offset(t) + s_p[i] * mv.width(t), g_p + i * G, mv.dim(t), p);
+    }
+  });
+}
+
+// Reduction and update fused: each key's gradient is applied as soon as it is summed, so the
+// (u, D) gradient is never materialised; the rows come out bit-identical to
+// grouped_reduce_grads followed by grouped_update.
+void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
+                               const at::Tensor& table_ids, const at::Tensor& slots,
+                               const at::Tensor& grad_out, const at::Tensor& inverse,
+                               const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                               const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                               int64_t mode, int64_t batch_size, int64_t max_dim,
+                               int64_t optimizer, double lr, double eps, double beta1,
+                               double beta2, double weight_decay, int64_t weight_decay_mode,
+                               int64_t step, bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_reduce_update";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  const MetaView mv(meta, values.numel(), op);
+  check_optimizer(mv, optimizer, weight_decay_mode, step, op);
+  for (int64_t t = 0; t < mv.T; ++t) {
+    DEMB_CHECK_VALUE(mv.dim(t) <= max_dim, op, ": max_dim ", max_dim, " is below table ", t,
+                     "'s dim ", mv.dim(t));
+  }
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const int64_t u = sl.numel();
+  const int64_t* t_p = tid.data_ptr<int64_t>();
+  const int64_t* s_p = sl.data_ptr<int64_t>();
+  check_rows(mv, t_p, s_p, u, op);
+  {
+    // Each key's table must be the table of the features reading it (checked before any write).
+    check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
+    const auto inv = inverse.contiguous();
+    const auto off = offsets.contiguous();
+    const auto ft = feature_tables.contiguous();
+    const int64_t* inv_p = inv.data_ptr<int64_t>();
+    const int64_t* off_p = off.data_ptr<int64_t>();
+    const int64_t* ft_p = ft.data_ptr<int64_t>();
+    const int64_t num_bags = off.numel() - 1;
+    bag_of_indices(off_p, num_bags, inv.numel(), op);
+    for (int64_t bag = 0; bag < num_bags; ++bag) {
+      for (int64_t i = off_p[bag]; i < off_p[bag + 1]; ++i) {
+        DEMB_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < u, op, ": inverse[", i, "]=", inv_p[i],
+                         " out of range [0, ", u, ")");
+        DEMB_CHECK_VALUE(t_p[inv_p[i]] == ft_p[bag / batch_size], op, ": index ", i,
+                         " reads unique key ", inv_p[i], " of table ", t_p[inv_p[i]],
+                         " from a feature of table ", ft_p[bag / batch_size]);
+      }
+    }
+  }
+  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
+  float* v = values.data_ptr<float>();
+  reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
+                 batch_size, u, op, [&](int64_t k) { return s_p[k] >= 0; },
+                 [&](int64_t k, const float* g, int64_t D) {
+                   const int64_t t = t_p[k];
+                   update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p);
+                 });
+}
+
+// Deduplicates (table id, key) pairs with an open-addressing hash set, in one serial pass: pairs
+// come out in order of first occurrence (deterministic, as the per-table unique).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented_unique_cpu(
+    const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
+  const char* op = "segmented_unique";
+  check_segmented_unique(keys, table_ids, num_tables, op);
+  const auto k = keys.contiguous();
+  const auto tid = table_ids.contiguous();
+  const int64_t n = k.numel();
+  const int64_t* kp = k.data_ptr<int64_t>();
+  const int64_t* tp = tid.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    DEMB_CHECK_INDEX(tp[i] >= 0 && tp[i] < num_tables, op, ": table_ids[", i, "]=", tp[i],
+                     " out of range [0, ", num_tables, ")");
+  }
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  const uint64_t mask = static_cast<uint64_t>(cap - 1);
+  std::vector<int64_t> slot_of(cap, -1);
+  auto inverse = at::empty({n}, k.options());
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  std::vector<int64_t> uniq, utid, counts;
+  uniq.reserve(n);
+  utid.reserve(n);
+  counts.reserve(n);
+  auto table_counts = at::zeros({num_tables}, k.options());
+  int64_t* tc = table_counts.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t h = (hash_key(kp[i]) ^ (static_cast<uint64_t>(tp[i]) * 0x9E3779B97F4A7C15ULL)) & mask;
+    while (true) {
+      const int64_t u = slot_of[h];
+      if (u < 0) {
+        slot_of[h] = static_cast<int64_t>(uniq.size());
+        inv[i] = slot_of[h];
+        uniq.push_back(kp[i]);
+        utid.push_back(tp[i]);
+        counts.push_back(1);
+        ++tc[tp[i]];
+        break;
+      }
+      if (uniq[u] == kp[i] && utid[u] == tp[i]) {
+        inv[i] = u;
+        ++counts[u];
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+  }
+  const int64_t m = static_cast<int64_t>(uniq.size());
+  auto out_keys = at::empty({m}, k.options());
+  auto out_tids = at::empty({m}, k.options());
+  auto out_counts = at::empty({m}, k.options());
+  std::copy(uniq.begin(), uniq.end(), out_keys.data_ptr<int64_t>());
+  std::copy(utid.begin(), utid.end(), out_tids.data_ptr<int64_t>());
+  std::copy(counts.begin(), counts.end(), out_counts.data_ptr<int64_t>());
+  return {out_keys, out_tids, inverse, out_counts, table_counts};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("segmented_unique", &segmented_unique_cpu);
+  m.impl("grouped_gather", &grouped_gather_cpu);
+  m.impl("grouped_scatter", &grouped_scatter_cpu);
+  m.impl("grouped_pooled_gather", &grouped_pooled_gather_cpu);
+  m.impl("grouped_reduce_grads", &grouped_reduce_grads_cpu);
+  m.impl("grouped_update", &grouped_update_cpu);
+  m.impl("grouped_reduce_update", &grouped_reduce_update_cpu);
+}
+
+}  // namespace dynamicemb

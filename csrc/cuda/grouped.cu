@@ -1,0 +1,561 @@
+// CUDA kernels of the grouped value ops; same schemas (csrc/ops.cpp, "grouped" section) and the
+// same semantics as csrc/cpu/grouped.cpp. One warp per row or bag (lanes stride over the dim); the
+// per-table metadata (T, 4) is read from device memory by each warp, so every op is one launch
+// (or a fixed few) whatever the number of tables.
+//
+// check=true runs the data checks first (one device synchronisation); with check=false the kernels
+// skip rows whose table id or slot is out of range and trust offsets and inverse.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "dynamicemb/check.h"
+#include "dynamicemb/grouped.h"
+#include "dynamicemb/grouped_checks.h"
+
+namespace dynamicemb {
+namespace {
+
+using namespace grouped;
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 4;
+constexpr int64_t kChunk = 64;
+
+inline int64_t blocks_for(int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+
+__device__ inline float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+struct DeviceMeta {
+  const int64_t* m;
+  int64_t T;
+  __device__ int64_t offset(int64_t t) const { return m[t * kMetaColumns + kMetaOffset]; }
+  __device__ int64_t width(int64_t t) const { return m[t * kMetaColumns + kMetaWidth]; }
+  __device__ int64_t capacity(int64_t t) const { return m[t * kMetaColumns + kMetaCapacity]; }
+  __device__ int64_t dim(int64_t t) const { return m[t * kMetaColumns + kMetaDim]; }
+  __device__ bool valid(int64_t t, int64_t s) const {
+    return t >= 0 && t < T && s >= 0 && s < capacity(t);
+  }
+};
+
+// ---- data checks (check=true): one readback of a small flags tensor ----
+
+/// Raises IndexError when a (table id, slot) pair is outside the group (slots < 0 are allowed).
+void check_rows_cuda(const at::Tensor& meta, const at::Tensor& tids, const at::Tensor& slots,
+                     const char* op) {
+  if (tids.numel() == 0) return;
+  const int64_t T = meta.size(0);
+  const auto bad_tid = (tids < 0) | (tids >= T);
+  const auto caps = meta.select(1, kMetaCapacity).index_select(0, tids.clamp(0, T - 1));
+  const auto bad_slot = slots >= caps;
+  const auto flags = at::stack({bad_tid.any(), bad_slot.any()}).cpu();
+  const bool* f = flags.data_ptr<bool>();
+  if (f[0]) {
+    const int64_t i = bad_tid.nonzero().select(0, 0).item<int64_t>();
+    DEMB_CHECK_INDEX(false, op, ": table_ids[", i, "]=", tids.select(0, i).item<int64_t>(),
+                     " out of range [0, ", T, ")");
+  }
+  if (f[1]) {
+    const int64_t i = bad_slot.nonzero().select(0, 0).item<int64_t>();
+    DEMB_CHECK_INDEX(false, op, ": slots[", i, "]=", slots.select(0, i).item<int64_t>(),
+                     " out of range for table ", tids.select(0, i).item<int64_t>(), " (capacity ",
+                     caps.select(0, i).item<int64_t>(), ")");
+  }
+}
+
+/// Raises unless offsets run from 0 to n without decreasing, inverse lies in [0, u) and every
+/// feature's table is in the group.
+void check_bags_cuda(const at::Tensor& meta, const at::Tensor& inverse, const at::Tensor& offsets,
+                     const at::Tensor& feature_tables, int64_t u, const char* op) {
+  const int64_t n = inverse.numel(), T = meta.size(0);
+  const auto zero = at::zeros({}, offsets.options().dtype(at::kBool));
+  const auto bad_order = offsets.numel() > 1 ? (offsets.narrow(0, 1, offsets.numel() - 1) <
+                                                offsets.narrow(0, 0, offsets.numel() - 1)).any()
+                                             : zero;
+  const auto bad_inv = n > 0 ? ((inverse < 0) | (inverse >= u)).any() : zero;
+  const auto bad_ft = feature_tables.numel() > 0
+                          ? ((feature_tables < 0) | (feature_tables >= T)).any().to(offsets.device())
+                          : zero;
+  const auto ends = at::stack({offsets.select(0, 0), offsets.select(0, offsets.numel() - 1)});
+  const auto flags = at::cat({at::stack({bad_order, bad_inv, bad_ft}).to(at::kLong), ends}).cpu();
+  const int64_t* f = flags.data_ptr<int64_t>();
+  DEMB_CHECK_VALUE(f[3] == 0 && f[4] == n, op, ": offsets must start at 0 and end at n=", n,
+                   ", got [", f[3], ", ...,", f[4], "]");
+  DEMB_CHECK_VALUE(!f[0], op, ": offsets must be non-decreasing");
+  DEMB_CHECK_INDEX(!f[1], op, ": inverse out of range [0, ", u, ")");
+  DEMB_CHECK_INDEX(!f[2], op, ": feature_tables out of range [0, ", T, ")");
+}
+
+// ---- gather / scatter: one warp per row ----
+
+__global__ void gather_kernel(const float* __restrict__ values, DeviceMeta meta,
+                              const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
+                              int64_t n, int64_t width, float* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (i >= n) return;
+  const int64_t t = tids[i], s = slots[i];
+  const bool ok = meta.valid(t, s);
+  const int64_t W = ok ? meta.width(t) : 0;
+  const int64_t take = ok ? (width < W ? width : W) : 0;
+  const float* src = ok ? values + meta.offset(t) + s * W : values;
+  for (int64_t d = threadIdx.x; d < width; d += kWarp) out[i * width + d] = d < take ? src[d] : 0.0f;
+}
+
+__global__ void scatter_kernel(float* __restrict__ values, DeviceMeta meta,
+                               const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
+                               int64_t n, const float* __restrict__ rows, int64_t R) {
+  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (i >= n) return;
+  const int64_t t = tids[i], s = slots[i];
+  if (!meta.valid(t, s)) return;
+  const int64_t W = meta.width(t);
+  const int64_t take = R < W ? R : W;
+  float* dst = values + meta.offset(t) + s * W;
+  for (int64_t d = threadIdx.x; d < take; d += kWarp) dst[d] = rows[i * R + d];
+}
+
+at::Tensor grouped_gather_cuda(const at::Tensor& values, const at::Tensor& meta,
+                               const at::Tensor& table_ids, const at::Tensor& slots, int64_t width,
+                               bool check) {
+  const char* op = "grouped_gather";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  DEMB_CHECK_VALUE(width >= 0, op, ": width must be >= 0, got ", width);
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  if (check) check_rows_cuda(meta, tid, sl, op);
+  const int64_t n = sl.numel();
+  auto out = at::empty({n, width}, values.options());
+  if (n == 0 || width == 0) return out;
+  gather_kernel<<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, width, out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+void grouped_scatter_cuda(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
+                          const at::Tensor& slots, const at::Tensor& rows, bool check) {
+  const char* op = "grouped_scatter";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  check_float_rows(rows, slots.numel(), values.device(), "rows", op);
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto r = rows.contiguous();
+  const int64_t n = sl.numel();
+  if (check) {
+    check_rows_cuda(meta, tid, sl, op);
+    if (n > 0) {
+      const auto widths = meta.select(1, kMetaWidth).index_select(0, tid);
+      const bool narrow = ((sl >= 0) & (widths > r.size(1))).any().item<bool>();
+      DEMB_CHECK_VALUE(!narrow, op, ": rows have ", r.size(1),
+                       " columns, fewer than a written table's row_width");
+    }
+  }
+  if (n == 0) return;
+  scatter_kernel<<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, r.data_ptr<float>(), r.size(1));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---- pooled gather: one warp per bag ----
+
+__global__ void pooled_kernel(const float* __restrict__ values, DeviceMeta meta,
+                              const int64_t* __restrict__ slots, const int64_t* __restrict__ inverse,
+                              const int64_t* __restrict__ offsets, const float* __restrict__ weights,
+                              const int64_t* __restrict__ ft, const int64_t* __restrict__ dofs,
+                              int64_t num_bags, int64_t B, int64_t total_dim, int64_t mode,
+                              float* __restrict__ out) {
+  const int64_t bag = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (bag >= num_bags) return;
+  const int64_t f = bag / B, s = bag % B, t = ft[f];
+  const int64_t D = meta.dim(t), W = meta.width(t), cap = meta.capacity(t);
+  const float* base = values + meta.offset(t);
+  const int64_t lo = offsets[bag], hi = offsets[bag + 1];
+  const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
+  float* dst = out + s * total_dim + dofs[f];
+  for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+    float acc = 0.0f;
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t slot = slots[inverse[i]];
+      if (slot < 0 || slot >= cap) continue;
+      const float w = weights ? weights[i] : 1.0f;
+      acc += w * base[slot * W + d];
+    }
+    dst[d] = acc * scale;
+  }
+}
+
+at::Tensor grouped_pooled_gather_cuda(const at::Tensor& values, const at::Tensor& meta,
+                                      const at::Tensor& slots, const at::Tensor& inverse,
+                                      const at::Tensor& offsets,
+                                      const std::optional<at::Tensor>& weights,
+                                      const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                                      int64_t mode, int64_t batch_size, int64_t total_dim,
+                                      bool check) {
+  const char* op = "grouped_pooled_gather";
+  check_group(values, meta, op);
+  DEMB_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op,
+                   ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
+  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong && slots.dim() == 1, op,
+                  ": slots must be (u,) int64, got ", slots.sizes(), " ", slots.scalar_type());
+  check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
+  check_on_device(inverse, values.device(), "inverse", op);
+  check_on_device(slots, values.device(), "slots", op);
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto sl = slots.contiguous();
+  const auto inv = inverse.contiguous();
+  const auto off = offsets.contiguous();
+  const auto ft = feature_tables.contiguous();
+  const auto dofs = d_offsets.contiguous();
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  if (check) check_bags_cuda(meta, inv, off, ft, sl.numel(), op);
+  const int64_t num_bags = off.numel() - 1;
+  // Columns of a feature whose bags are all empty are written too (zeros): no fill needed.
+  auto out = at::empty({batch_size, total_dim}, values.options());
+  if (num_bags == 0 || total_dim == 0) return out.zero_();
+  pooled_kernel<<<blocks_for(num_bags), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+      sl.data_ptr<int64_t>(), inv.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
+      w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(), dofs.data_ptr<int64_t>(),
+      num_bags, batch_size, total_dim, mode, out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// ---- reduction: deterministic two passes over the key-sorted positions (as lookup.cu's) ----
+
+__global__ void bag_of_kernel(const int64_t* __restrict__ offsets, int64_t num_bags,
+                              int64_t* __restrict__ bag_of) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= num_bags) return;
+  for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
+}
+
+__device__ inline int64_t key_of_chunk(const int64_t* chunk_start, int64_t num_unique, int64_t c) {
+  int64_t lo = 0, hi = num_unique;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (chunk_start[mid] <= c) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+__global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, DeviceMeta meta,
+                                  const int64_t* __restrict__ perm, const int64_t* __restrict__ starts,
+                                  const int64_t* __restrict__ chunk_start,
+                                  const int64_t* __restrict__ bag_of, const int64_t* __restrict__ offsets,
+                                  const float* __restrict__ weights, const int64_t* __restrict__ ft,
+                                  const int64_t* __restrict__ dofs, int64_t B, int64_t num_unique,
+                                  int64_t max_chunks, int64_t width, int64_t mode,
+                                  float* __restrict__ partial) {
+  const int64_t c = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (c >= max_chunks || c >= chunk_start[num_unique]) return;
+  const int64_t k = key_of_chunk(chunk_start, num_unique, c);
+  const int64_t lo = starts[k] + (c - chunk_start[k]) * kChunk;
+  const int64_t hi = min(starts[k + 1], lo + kChunk);
+  const int64_t D = meta.dim(ft[bag_of[perm[lo]] / B]);
+  for (int64_t d = threadIdx.x; d < width; d += kWarp) {
+    float acc = 0.0f;
+    if (d < D) {
+      for (int64_t j = lo; j < hi; ++j) {
+        const int64_t i = perm[j];
+        const int64_t bag = bag_of[i];
+        float scale = weights ? weights[i] : 1.0f;
+        if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
+        const float* src = mode == kPoolNone ? grad + i * G : grad + (bag % B) * G + dofs[bag / B];
+        acc += scale * src[d];
+      }
+    }
+    partial[c * width + d] = acc;
+  }
+}
+
+__global__ void key_sums_kernel(const float* __restrict__ partial,
+                                const int64_t* __restrict__ chunk_start, int64_t num_unique,
+                                int64_t width, float* __restrict__ out) {
+  const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (k >= num_unique) return;
+  for (int64_t d = threadIdx.x; d < width; d += kWarp) {
+    float acc = 0.0f;
+    for (int64_t c = chunk_start[k]; c < chunk_start[k + 1]; ++c) acc += partial[c * width + d];
+    out[k * width + d] = acc;
+  }
+}
+
+at::Tensor reduce_cuda(const at::Tensor& grad_out, const at::Tensor& meta, const at::Tensor& inverse,
+                       const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                       const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
+                       int64_t batch_size, int64_t num_unique, int64_t width, bool check,
+                       const char* op) {
+  check_meta(meta, grad_out.device(), op);
+  check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
+  check_on_device(inverse, grad_out.device(), "inverse", op);
+  DEMB_CHECK_VALUE(num_unique >= 0 && width >= 0, op, ": num_unique and width must be >= 0");
+  DEMB_CHECK_TYPE(grad_out.scalar_type() == at::kFloat, op, ": grad_out must be float32, got ",
+                  grad_out.scalar_type());
+  DEMB_CHECK_VALUE(grad_out.dim() == 2, op, ": grad_out must be 2-D, got ", grad_out.sizes());
+  const at::cuda::CUDAGuard guard(grad_out.device());
+  const auto g = grad_out.contiguous();
+  const auto inv = inverse.contiguous();
+  const auto off = offsets.contiguous();
+  const auto ft = feature_tables.contiguous();
+  const auto dofs = d_offsets.contiguous();
+  const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
+  if (mode == kPoolNone) {
+    DEMB_CHECK_VALUE(g.size(0) == inv.numel(), op, ": grad_out must have one row per index (",
+                     inv.numel(), "), got ", g.sizes());
+  } else {
+    DEMB_CHECK_VALUE(g.size(0) == batch_size, op, ": grad_out must have B=", batch_size,
+                     " rows, got ", g.sizes());
+  }
+  if (check) {
+    check_bags_cuda(meta, inv, off, ft, num_unique, op);
+    if (ft.numel() > 0) {
+      const auto dims = meta.select(1, kMetaDim).index_select(0, ft);
+      const int64_t widest = dims.max().item<int64_t>();
+      DEMB_CHECK_VALUE(widest <= width, op, ": width ", width, " is below a table's dim ", widest);
+    }
+  }
+  const int64_t n = inv.numel(), num_bags = off.numel() - 1;
+  auto out = at::empty({num_unique, width}, g.options());
+  if (n == 0 || num_unique == 0 || width == 0) return out.zero_();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const auto sorted = at::sort(inv, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const auto& sorted_keys = std::get<0>(sorted);
+  const auto perm = std::get<1>(sorted).contiguous();
+  const auto starts = at::searchsorted(sorted_keys, at::arange(num_unique + 1, inv.options()));
+  const auto counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
+  auto chunk_start = at::zeros({num_unique + 1}, inv.options());
+  chunk_start.narrow(0, 1, num_unique)
+      .copy_(at::cumsum(at::floor_divide(counts + (kChunk - 1), kChunk), 0));
+  const int64_t max_chunks = n / kChunk + num_unique;
+  auto partial = at::empty({max_chunks, width}, g.options());
+  auto bag_of = at::empty({n}, inv.options());
+  const int threads = 256;
+  bag_of_kernel<<<(num_bags + threads - 1) / threads, threads, 0, stream>>>(
+      off.data_ptr<int64_t>(), num_bags, bag_of.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  chunk_sums_kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+      g.data_ptr<float>(), g.size(1), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+      perm.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(),
+      bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(), w.defined() ? w.data_ptr<float>() : nullptr,
+      ft.data_ptr<int64_t>(), dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width,
+      mode, partial.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  key_sums_kernel<<<blocks_for(num_unique), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+      partial.data_ptr<float>(), chunk_start.data_ptr<int64_t>(), num_unique, width,
+      out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor grouped_reduce_grads_cuda(const at::Tensor& grad_out, const at::Tensor& meta,
+                                     const at::Tensor& inverse, const at::Tensor& offsets,
+                                     const std::optional<at::Tensor>& weights,
+                                     const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                                     int64_t mode, int64_t batch_size, int64_t num_unique,
+                                     int64_t width, bool check) {
+  return reduce_cuda(grad_out, meta, inverse, offsets, weights, feature_tables, d_offsets, mode,
+                     batch_size, num_unique, width, check, "grouped_reduce_grads");
+}
+
+// ---- optimizer updates: one warp per row ----
+
+__global__ void update_kernel(float* __restrict__ values, DeviceMeta meta,
+                              const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
+                              const float* __restrict__ grads, int64_t n, int64_t G,
+                              int64_t optimizer, UpdateParams p) {
+  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (i >= n) return;
+  const int64_t t = tids[i], s = slots[i];
+  if (!meta.valid(t, s)) return;
+  const int64_t D = meta.dim(t);
+  float* w = values + meta.offset(t) + s * meta.width(t);
+  const float* g = grads + i * G;
+  if (optimizer == kSgd) {
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) sgd_element(w[d], g[d], p);
+  } else if (optimizer == kAdagrad) {
+    float* m = w + D;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) adagrad_element(w[d], m[d], g[d], p);
+  } else if (optimizer == kRowwiseAdagrad) {
+    float local = 0.0f;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) local += rowwise_square(w[d], g[d], p);
+    const float sum_sq = warp_sum(local);
+    float* m = w + D;
+    const float new_m = rowwise_accumulator(m[0], sum_sq, D);
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) rowwise_element(w[d], g[d], new_m, p);
+    __syncwarp();
+    if (threadIdx.x == 0) m[0] = new_m;
+  } else {
+    float* m = w + D;
+    float* v = w + 2 * D;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) adam_element(w[d], m[d], v[d], g[d], p);
+  }
+}
+
+void check_optimizer_args(int64_t optimizer, int64_t weight_decay_mode, int64_t step, const char* op) {
+  DEMB_CHECK_VALUE(optimizer >= kSgd && optimizer <= kAdam, op,
+                   ": optimizer must be 0 (SGD), 1 (ADAGRAD), 2 (ROWWISE_ADAGRAD) or 3 (ADAM), got ",
+                   optimizer);
+  DEMB_CHECK_VALUE(weight_decay_mode >= 0 && weight_decay_mode <= 2, op,
+                   ": weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLE), got ",
+                   weight_decay_mode);
+  DEMB_CHECK_VALUE(optimizer != kAdam || step >= 1, op,
+                   ": step must be >= 1 for ADAM (bias correction), got ", step);
+}
+
+/// check=true: every table's row holds its dim and optimizer state (reads meta back).
+void check_widths_cuda(const at::Tensor& meta, int64_t optimizer, const char* op) {
+  const auto m = meta.cpu();
+  const int64_t* p = m.data_ptr<int64_t>();
+  for (int64_t t = 0; t < m.size(0); ++t) {
+    const int64_t dim = p[t * kMetaColumns + kMetaDim], w = p[t * kMetaColumns + kMetaWidth];
+    const int64_t need = dim + state_width(optimizer, dim);
+    DEMB_CHECK_VALUE(w >= need, op, ": table ", t, "'s row_width ", w, " is too small for dim ",
+                     dim, " and its optimizer state (needs ", need, ")");
+  }
+}
+
+void launch_update(at::Tensor& values, const at::Tensor& meta, const at::Tensor& tid,
+                   const at::Tensor& sl, const at::Tensor& g, int64_t optimizer,
+                   const UpdateParams& p) {
+  const int64_t n = sl.numel();
+  if (n == 0) return;
+  update_kernel<<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), g.data_ptr<float>(), n, g.size(1),
+      optimizer, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
+                         const at::Tensor& slots, const at::Tensor& grads, int64_t optimizer,
+                         double lr, double eps, double beta1, double beta2, double weight_decay,
+                         int64_t weight_decay_mode, int64_t step, bool check) {
+  const char* op = "grouped_update";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  check_float_rows(grads, slots.numel(), values.device(), "grads", op);
+  check_optimizer_args(optimizer, weight_decay_mode, step, op);
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto g = grads.contiguous();
+  if (check) {
+    check_widths_cuda(meta, optimizer, op);
+    check_rows_cuda(meta, tid, sl, op);
+    if (sl.numel() > 0) {
+      const auto dims = meta.select(1, kMetaDim).index_select(0, tid.clamp(0, meta.size(0) - 1));
+      const bool narrow = ((sl >= 0) & (dims > g.size(1))).any().item<bool>();
+      DEMB_CHECK_VALUE(!narrow, op, ": grads have ", g.size(1), " columns, fewer than a table's dim");
+    }
+  }
+  launch_update(values, meta, tid, sl, g, optimizer,
+                make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step));
+}
+
+// The GPU form of the fused op is the reduction then the update (the (u, width) gradient lives in
+// the caching allocator for one launch); the CPU kernel is the truly fused one.
+void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
+                                const at::Tensor& table_ids, const at::Tensor& slots,
+                                const at::Tensor& grad_out, const at::Tensor& inverse,
+                                const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                                const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                                int64_t mode, int64_t batch_size, int64_t max_dim,
+                                int64_t optimizer, double lr, double eps, double beta1,
+                                double beta2, double weight_decay, int64_t weight_decay_mode,
+                                int64_t step, bool check) {
+  const char* op = "grouped_reduce_update";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  check_optimizer_args(optimizer, weight_decay_mode, step, op);
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  if (check) {
+    check_widths_cuda(meta, optimizer, op);
+    check_rows_cuda(meta, tid, sl, op);
+  }
+  DEMB_CHECK_VALUE(max_dim >= 0, op, ": max_dim must be >= 0, got ", max_dim);
+  const auto grads = reduce_cuda(grad_out, meta, inverse, offsets, weights, feature_tables,
+                                 d_offsets, mode, batch_size, sl.numel(), max_dim, check, op);
+  launch_update(values, meta, tid, sl, grads, optimizer,
+                make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step));
+}
+
+// ---- segmented unique: sort by (table id, key) with two stable radix sorts, one readback ----
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented_unique_cuda(
+    const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
+  const char* op = "segmented_unique";
+  check_segmented_unique(keys, table_ids, num_tables, op);
+  const at::cuda::CUDAGuard guard(keys.device());
+  const auto k = keys.contiguous();
+  const auto t = table_ids.contiguous();
+  const int64_t n = k.numel();
+  const auto opts = k.options();
+  if (n == 0) {
+    return {k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), k.new_empty({0}),
+            at::zeros({num_tables}, opts.device(at::kCPU))};
+  }
+  const auto by_key = at::sort(k, /*stable=*/true, 0, false);
+  at::Tensor order = std::get<1>(by_key);
+  at::Tensor sk = std::get<0>(by_key);
+  at::Tensor st;
+  if (num_tables > 1) {
+    const auto by_table = at::sort(t.index_select(0, order), /*stable=*/true, 0, false);
+    st = std::get<0>(by_table);
+    order = order.index_select(0, std::get<1>(by_table));
+    sk = k.index_select(0, order);
+  } else {
+    st = t.index_select(0, order);
+  }
+  auto head = at::ones({n}, opts.dtype(at::kBool));
+  if (n > 1) {
+    head.narrow(0, 1, n - 1)
+        .copy_((sk.narrow(0, 1, n - 1) != sk.narrow(0, 0, n - 1)) |
+               (st.narrow(0, 1, n - 1) != st.narrow(0, 0, n - 1)));
+  }
+  const auto group = at::cumsum(head, 0, at::kLong) - 1;
+  auto inverse = at::empty({n}, opts);
+  inverse.scatter_(0, order, group);
+  auto per_table = at::zeros({num_tables}, opts);
+  per_table.index_add_(0, st, head.to(at::kLong));
+  // The one readback: u and the per-table counts, together.
+  const auto host = at::cat({group.narrow(0, n - 1, 1) + 1, per_table}).cpu();
+  const int64_t u = host.data_ptr<int64_t>()[0];
+  auto uk = at::empty({u}, opts);
+  auto ut = at::empty({u}, opts);
+  uk.scatter_(0, group, sk);  // every member of a group carries the same pair
+  ut.scatter_(0, group, st);
+  auto counts = at::zeros({u}, opts);
+  counts.index_add_(0, group, at::ones({n}, opts));
+  return {uk, ut, inverse, counts, host.narrow(0, 1, num_tables).clone()};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("segmented_unique", &segmented_unique_cuda);
+  m.impl("grouped_gather", &grouped_gather_cuda);
+  m.impl("grouped_scatter", &grouped_scatter_cuda);
+  m.impl("grouped_pooled_gather", &grouped_pooled_gather_cuda);
+  m.impl("grouped_reduce_grads", &grouped_reduce_grads_cuda);
+  m.impl("grouped_update", &grouped_update_cuda);
+  m.impl("grouped_reduce_update", &grouped_reduce_update_cuda);
+}
+
+}  // namespace dynamicemb

@@ -1,0 +1,108 @@
+/**
+ * @file grouped.h
+ * @brief The grouped value ops' shared rules: the per-table metadata layout, the optimizer codes and
+ *        the per-element update formulas, used by the CPU (csrc/cpu/grouped.cpp) and CUDA
+ *        (csrc/cuda/grouped.cu) kernels alike.
+ *
+ * A group's value rows live in one flat 1-D buffer. Table ``t`` owns ``capacity`` rows of
+ * ``row_width`` elements starting at element ``value_offset``; a row is ``[embedding (dim) |
+ * optimizer state]`` (dynamicemb_core/optim/layout.py). ``meta`` is a (T, 4) int64 tensor on the
+ * values' device whose row ``t`` is ``[value_offset, row_width, capacity, dim]``. Every grouped op
+ * addresses a row by ``(table id, slot)``, so one launch serves all tables of a group.
+ *
+ * The update formulas are FBGEMM's exact optimizers (fbgemm_gpu/codegen/genscript/optimizers.py),
+ * restated per element here so that both backends compute them from one definition.
+ */
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "dynamicemb/host_device.h"
+
+namespace dynamicemb {
+namespace grouped {
+
+// Columns of meta.
+constexpr int kMetaOffset = 0;
+constexpr int kMetaWidth = 1;
+constexpr int kMetaCapacity = 2;
+constexpr int kMetaDim = 3;
+constexpr int kMetaColumns = 4;
+
+// Pooling code of the grouped reduction beside SUM (0) and MEAN (1) of bag_checks.h: NONE, where
+// index i's gradient is row i of a (n, D) sequence output.
+constexpr int64_t kPoolNone = 2;
+
+// Optimizer codes of grouped_update (dynamicemb_core.ops.lookup_ops.OPTIMIZER_CODES).
+constexpr int64_t kSgd = 0;
+constexpr int64_t kAdagrad = 1;
+constexpr int64_t kRowwiseAdagrad = 2;
+constexpr int64_t kAdam = 3;
+
+struct UpdateParams {
+  float lr, eps, beta1, beta2, weight_decay, bc1, bc2;
+  int64_t weight_decay_mode;  // 0 NONE, 1 L2, 2 DECOUPLE (row-wise Adagrad)
+};
+
+/// Parameters with Adam's bias corrections computed once per call.
+inline UpdateParams make_params(double lr, double eps, double beta1, double beta2,
+                                double weight_decay, int64_t weight_decay_mode, int64_t step) {
+  UpdateParams p{};
+  p.lr = float(lr);
+  p.eps = float(eps);
+  p.beta1 = float(beta1);
+  p.beta2 = float(beta2);
+  p.weight_decay = float(weight_decay);
+  p.weight_decay_mode = weight_decay_mode;
+  p.bc1 = 1.0f - std::pow(float(beta1), float(step));
+  p.bc2 = 1.0f - std::pow(float(beta2), float(step));
+  return p;
+}
+
+/// Optimizer state elements per row for ``dim`` (must match optim/layout.py's state_width).
+DEMB_HOST_DEVICE int64_t state_width(int64_t optimizer, int64_t dim) {
+  if (optimizer == kAdagrad) return dim;
+  if (optimizer == kRowwiseAdagrad) return 1;
+  if (optimizer == kAdam) return 2 * dim;
+  return 0;
+}
+
+/// EXACT_SGD on one element.
+DEMB_HOST_DEVICE void sgd_element(float& w, float g, const UpdateParams& p) { w -= p.lr * g; }
+
+/// EXACT_ADAGRAD on one element with its accumulator ``m``.
+DEMB_HOST_DEVICE void adagrad_element(float& w, float& m, float g, const UpdateParams& p) {
+  m += g * g;
+  w -= p.lr * g / (sqrtf(m) + p.eps);
+}
+
+/// ADAM on one element with its moments ``m``, ``v`` (decoupled weight decay as FBGEMM's).
+DEMB_HOST_DEVICE void adam_element(float& w, float& m, float& v, float g, const UpdateParams& p) {
+  m = p.beta1 * m + (1.0f - p.beta1) * g;
+  v = p.beta2 * v + (1.0f - p.beta2) * g * g;
+  w -= p.lr * (m / p.bc1 / (sqrtf(v / p.bc2) + p.eps) + p.weight_decay * w);
+}
+
+/// Row-wise Adagrad, first pass: one element's contribution to the row's sum of squares.
+DEMB_HOST_DEVICE float rowwise_square(float w, float g, const UpdateParams& p) {
+  const float gd = p.weight_decay_mode == 1 ? g + p.weight_decay * w : g;
+  return gd * gd;
+}
+
+/// Row-wise Adagrad, the row's new accumulator from the old one and the row's sum of squares.
+DEMB_HOST_DEVICE float rowwise_accumulator(float m, float sum_sq, int64_t dim) {
+  return m + (dim > 0 ? sum_sq / float(dim) : 0.0f);
+}
+
+/// Row-wise Adagrad, second pass: one element from the new accumulator.
+DEMB_HOST_DEVICE void rowwise_element(float& w, float g, float new_m, const UpdateParams& p) {
+  const float mult = p.lr / (sqrtf(new_m) + p.eps);
+  float correction = 1.0f;
+  if (p.weight_decay_mode == 1) correction = 1.0f - mult * p.weight_decay;
+  if (p.weight_decay_mode == 2) correction = 1.0f - p.lr * p.weight_decay;
+  w = correction * w - mult * g;
+}
+
+}  // namespace grouped
+}  // namespace dynamicemb

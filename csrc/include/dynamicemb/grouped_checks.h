@@ -1,0 +1,97 @@
+/**
+ * @file grouped_checks.h
+ * @brief Argument checks of the grouped value ops (dtypes, shapes, devices), shared by the CPU and
+ *        CUDA kernels so both raise the same errors for the same bad input. Data checks (slots and
+ *        table ids in range, offsets ordered) need the values and run where the data lives.
+ */
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "dynamicemb/bag_checks.h"
+#include "dynamicemb/check.h"
+#include "dynamicemb/grouped.h"
+
+namespace dynamicemb {
+
+/// ``meta``: a contiguous (T, 4) int64 tensor on ``device``.
+inline void check_meta(const at::Tensor& meta, const at::Device& device, const char* op) {
+  DEMB_CHECK_TYPE(meta.scalar_type() == at::kLong, op, ": meta must be int64, got ",
+                  meta.scalar_type());
+  DEMB_CHECK_VALUE(meta.dim() == 2 && meta.size(1) == grouped::kMetaColumns && meta.is_contiguous(),
+                   op, ": meta must be a contiguous (T, 4) tensor [value_offset, row_width, "
+                   "capacity, dim], got ", meta.sizes());
+  check_on_device(meta, device, "meta", op);
+}
+
+/// ``values``: the group's flat, contiguous float32 buffer; ``meta`` describes it.
+inline void check_group(const at::Tensor& values, const at::Tensor& meta, const char* op) {
+  DEMB_CHECK_TYPE(values.scalar_type() == at::kFloat, op, ": values must be float32, got ",
+                  values.scalar_type());
+  DEMB_CHECK_VALUE(values.dim() == 1 && values.is_contiguous(), op,
+                   ": values must be a contiguous 1-D buffer, got ", values.sizes());
+  check_meta(meta, values.device(), op);
+}
+
+/// ``table_ids`` and ``slots``: (n,) int64 on ``device``.
+inline void check_row_ids(const at::Tensor& table_ids, const at::Tensor& slots,
+                          const at::Device& device, const char* op) {
+  DEMB_CHECK_TYPE(table_ids.scalar_type() == at::kLong && slots.scalar_type() == at::kLong, op,
+                  ": table_ids and slots must be int64, got ", table_ids.scalar_type(), " and ",
+                  slots.scalar_type());
+  DEMB_CHECK_VALUE(table_ids.dim() == 1 && slots.dim() == 1 && table_ids.numel() == slots.numel(),
+                   op, ": table_ids and slots must be (n,) of one length, got ",
+                   table_ids.sizes(), " and ", slots.sizes());
+  check_on_device(table_ids, device, "table_ids", op);
+  check_on_device(slots, device, "slots", op);
+}
+
+/// ``rows``: (n, k) float32 on ``device``.
+inline void check_float_rows(const at::Tensor& rows, int64_t n, const at::Device& device,
+                             const char* name, const char* op) {
+  DEMB_CHECK_TYPE(rows.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ",
+                  rows.scalar_type());
+  DEMB_CHECK_VALUE(rows.dim() == 2 && rows.size(0) == n, op, ": ", name, " must be (", n,
+                   ", k), got ", rows.sizes());
+  check_on_device(rows, device, name, op);
+}
+
+/// The bag layout: ``offsets`` (F*B+1,) feature-major, ``feature_tables`` (F,), ``d_offsets``
+/// (F+1,), ``inverse`` and the optional ``weights`` (n,), all on one device.
+inline void check_group_bags(const at::Tensor& inverse, const at::Tensor& offsets,
+                             const std::optional<at::Tensor>& weights,
+                             const at::Tensor& feature_tables, const at::Tensor& d_offsets,
+                             int64_t mode, int64_t batch_size, const char* op) {
+  DEMB_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean ||
+                       mode == grouped::kPoolNone,
+                   op, ": mode must be 0 (SUM), 1 (MEAN) or 2 (NONE), got ", mode);
+  check_bags(inverse, offsets, weights, kPoolSum, op);
+  DEMB_CHECK_TYPE(feature_tables.scalar_type() == at::kLong && d_offsets.scalar_type() == at::kLong,
+                  op, ": feature_tables and d_offsets must be int64");
+  DEMB_CHECK_VALUE(feature_tables.dim() == 1 && d_offsets.dim() == 1 &&
+                       d_offsets.numel() == feature_tables.numel() + 1,
+                   op, ": feature_tables must be (F,) and d_offsets (F+1,), got ",
+                   feature_tables.sizes(), " and ", d_offsets.sizes());
+  DEMB_CHECK_VALUE(batch_size >= 0 && offsets.numel() == feature_tables.numel() * batch_size + 1, op,
+                   ": offsets must be (F*B+1,) = (", feature_tables.numel() * batch_size + 1,
+                   ",) for F=", feature_tables.numel(), " B=", batch_size, ", got ",
+                   offsets.sizes());
+  check_on_device(feature_tables, inverse.device(), "feature_tables", op);
+  check_on_device(d_offsets, inverse.device(), "d_offsets", op);
+}
+
+inline void check_segmented_unique(const at::Tensor& keys, const at::Tensor& table_ids,
+                                   int64_t num_tables, const char* op) {
+  DEMB_CHECK_TYPE(keys.scalar_type() == at::kLong && table_ids.scalar_type() == at::kLong, op,
+                  ": keys and table_ids must be int64, got ", keys.scalar_type(), " and ",
+                  table_ids.scalar_type());
+  DEMB_CHECK_VALUE(keys.dim() == 1 && table_ids.dim() == 1 && keys.numel() == table_ids.numel(),
+                   op, ": keys and table_ids must be (n,) of one length, got ", keys.sizes(),
+                   " and ", table_ids.sizes());
+  DEMB_CHECK_VALUE(num_tables >= 1, op, ": num_tables must be >= 1, got ", num_tables);
+  check_on_device(table_ids, keys.device(), "table_ids", op);
+}
+
+}  // namespace dynamicemb

@@ -1,0 +1,294 @@
+"""The grouped value ops against the per-table ops and plain torch, on every device, plus opcheck.
+
+A group here is three tables of mixed dims (4, 8, 4) whose rows sit in one flat buffer; every
+grouped op must give what the per-table ops give table by table.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import pytest
+import torch
+from torch.library import opcheck
+
+from dynamicemb_core.ops import lookup_ops
+
+DIMS = [4, 8, 4]
+CAPS = [16, 8, 12]
+STATE = {0: lambda d: 0, 1: lambda d: d, 2: lambda d: 1, 3: lambda d: 2 * d}
+UPDATES = {
+    0: lambda v, s, g, a: lookup_ops.sgd_update(v, s, g, a["lr"]),
+    1: lambda v, s, g, a: lookup_ops.adagrad_update(v, s, g, a["lr"], a["eps"]),
+    2: lambda v, s, g, a: lookup_ops.rowwise_adagrad_update(
+        v, s, g, a["lr"], a["eps"], a["weight_decay"], a["weight_decay_mode"]
+    ),
+    3: lambda v, s, g, a: lookup_ops.adam_update(
+        v, s, g, a["lr"], a["eps"], a["beta1"], a["beta2"], a["weight_decay"], a["step"]
+    ),
+}
+ARGS = {
+    "lr": 0.3,
+    "eps": 1e-3,
+    "beta1": 0.8,
+    "beta2": 0.9,
+    "weight_decay": 0.01,
+    "weight_decay_mode": 1,
+    "step": 3,
+}
+
+
+def _group(device, optimizer: int = 0, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(flat values, meta) of three tables with random positive rows."""
+    g = torch.Generator().manual_seed(seed)
+    rows, meta, offset = [], [], 0
+    for dim, cap in zip(DIMS, CAPS):
+        width = dim + STATE[optimizer](dim)
+        rows.append(torch.rand(cap * width, generator=g) + 0.1)
+        meta.append([offset, width, cap, dim])
+        offset += cap * width
+    return torch.cat(rows).to(device), torch.tensor(meta, dtype=torch.int64, device=device)
+
+
+def _table(values: torch.Tensor, meta: torch.Tensor, t: int) -> torch.Tensor:
+    """Table t's (capacity, row_width) view of the flat buffer."""
+    off, width, cap, _ = meta[t].tolist()
+    return values[off : off + cap * width].view(cap, width)
+
+
+def _batch(device, seed=0, batch=5, feature_tables=(0, 1, 2, 0)):
+    """A feature-major batch over the group: keys' slots, inverse, offsets, weights."""
+    g = torch.Generator().manual_seed(seed)
+    F = len(feature_tables)
+    lengths = torch.randint(0, 4, (F * batch,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    tids = torch.tensor(feature_tables).repeat_interleave(lengths.view(F, batch).sum(1))
+    keys = torch.randint(0, 6, (n,), generator=g)
+    # unique (table, key) pairs; each gets a distinct slot of its table (-1 for one of them)
+    pairs = sorted(set(zip(tids.tolist(), keys.tolist())))
+    index = {p: k for k, p in enumerate(pairs)}
+    inverse = torch.tensor([index[p] for p in zip(tids.tolist(), keys.tolist())], dtype=torch.int64)
+    utids = torch.tensor([t for t, _ in pairs], dtype=torch.int64)
+    slots = torch.empty(len(pairs), dtype=torch.int64)
+    for t in range(len(DIMS)):
+        mine = (utids == t).nonzero().squeeze(1)
+        slots[mine] = torch.randperm(CAPS[t], generator=g)[: mine.numel()]
+    if len(pairs) > 2:
+        slots[2] = -1
+    weights = torch.rand(n, generator=g)
+    d_offsets = torch.tensor([0] + [DIMS[t] for t in feature_tables]).cumsum(0)
+    to = lambda x: x.to(device)  # noqa: E731
+    return (
+        to(slots),
+        to(utids),
+        to(inverse),
+        to(offsets),
+        to(weights),
+        to(torch.tensor(feature_tables)),
+        to(d_offsets),
+        batch,
+    )
+
+
+def _feature_parts(inverse, offsets, weights, f, batch):
+    """One feature's bags: (its indices' inverse, offsets from 0, weights)."""
+    lo, hi = int(offsets[f * batch]), int(offsets[(f + 1) * batch])
+    off = offsets[f * batch : (f + 1) * batch + 1] - lo
+    return inverse[lo:hi], off, weights[lo:hi]
+
+
+def test_segmented_unique_matches_python(device):
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randint(0, 20, (200,), generator=g)
+    tids = torch.randint(0, 3, (200,), generator=g)
+    uk, ut, inv, counts, per_table = lookup_ops.segmented_unique(
+        keys.to(device), tids.to(device), 3
+    )
+    assert per_table.device.type == "cpu"
+    pairs = list(zip(ut.cpu().tolist(), uk.cpu().tolist()))
+    assert len(set(pairs)) == len(pairs) == len(set(zip(tids.tolist(), keys.tolist())))
+    assert torch.equal(uk.cpu()[inv.cpu()], keys) and torch.equal(ut.cpu()[inv.cpu()], tids)
+    expected = torch.bincount(inv.cpu(), minlength=len(pairs))
+    assert torch.equal(counts.cpu(), expected)
+    assert per_table.tolist() == [sum(1 for t, _ in pairs if t == i) for i in range(3)]
+
+
+def test_segmented_unique_cpu_keeps_first_occurrence_order():
+    keys = torch.tensor([5, 3, 5, 7, 3, 5])
+    tids = torch.tensor([0, 0, 1, 1, 0, 0])
+    uk, ut, inv, counts, per_table = lookup_ops.segmented_unique(keys, tids, 2)
+    assert uk.tolist() == [5, 3, 5, 7] and ut.tolist() == [0, 0, 1, 1]
+    assert inv.tolist() == [0, 1, 2, 3, 1, 0] and counts.tolist() == [2, 2, 1, 1]
+    assert per_table.tolist() == [2, 2]
+
+
+def test_segmented_unique_empty_and_bad_ids(device):
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    uk, ut, inv, counts, per_table = lookup_ops.segmented_unique(empty, empty, 2)
+    assert uk.numel() == inv.numel() == 0 and per_table.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="one length"):
+        lookup_ops.segmented_unique(torch.zeros(3, dtype=torch.int64, device=device), empty, 2)
+
+
+def test_grouped_gather_and_scatter_match_per_table(device):
+    values, meta = _group(device, optimizer=1)
+    tids = torch.tensor([0, 1, 2, 1, 0], device=device)
+    slots = torch.tensor([3, 7, -1, 0, 15], device=device)
+    out = lookup_ops.grouped_gather(values, meta, tids, slots, 10)
+    for i, (t, s) in enumerate(zip(tids.tolist(), slots.tolist())):
+        row = torch.zeros(10, device=device)
+        if s >= 0:
+            full = _table(values, meta, t)[s]
+            row[: min(10, full.numel())] = full[:10]
+        assert torch.equal(out[i], row), (i, t, s)
+    rows = torch.randn(5, 16, device=device)
+    before = values.clone()
+    lookup_ops.grouped_scatter(values, meta, tids, slots, rows)
+    expected = before.clone()
+    for i, (t, s) in enumerate(zip(tids.tolist(), slots.tolist())):
+        if s >= 0:
+            view = _table(expected, meta, t)
+            view[s] = rows[i, : view.size(1)]
+    assert torch.equal(values, expected)
+
+
+@pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_grouped_pooled_gather_matches_per_table(device, mode, weighted):
+    values, meta = _group(device)
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B = _batch(device)
+    w = weights if weighted else None
+    out = lookup_ops.grouped_pooled_gather(
+        values, meta, slots, inverse, offsets, w, ft, d_offsets, mode, B, int(d_offsets[-1])
+    )
+    for f, t in enumerate(ft.tolist()):
+        inv_f, off_f, w_f = _feature_parts(inverse, offsets, weights, f, B)
+        rows = _table(values, meta, t)[:, : DIMS[t]]
+        mine = ((slots >= 0) & (utids == t)).unsqueeze(1)
+        emb = torch.where(mine, rows[slots.clamp(0, CAPS[t] - 1)], 0.0)
+        expected = lookup_ops.pooled_gather(emb, inv_f, off_f, w_f if weighted else None, mode)
+        c = int(d_offsets[f])
+        torch.testing.assert_close(out[:, c : c + DIMS[t]], expected)
+
+
+@pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
+def test_grouped_reduce_grads_matches_per_table(device, mode):
+    _, meta = _group(device)
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B = _batch(device, seed=3)
+    u = slots.numel()
+    grad_out = torch.randn(B, int(d_offsets[-1]), device=device)
+    out = lookup_ops.grouped_reduce_grads(
+        grad_out, meta, inverse, offsets, weights, ft, d_offsets, mode, B, u, 8
+    )
+    expected = torch.zeros(u, 8, device=device)
+    for f, t in enumerate(ft.tolist()):
+        inv_f, off_f, w_f = _feature_parts(inverse, offsets, weights, f, B)
+        c = int(d_offsets[f])
+        g = grad_out[:, c : c + DIMS[t]].contiguous()
+        expected[:, : DIMS[t]] += lookup_ops.reduce_grads(g, inv_f, off_f, w_f, mode, u)
+    torch.testing.assert_close(out, expected)
+
+
+def test_grouped_reduce_grads_sequence_rows(device):
+    _, meta = _group(device)
+    slots, utids, inverse, offsets, _, ft, d_offsets, B = _batch(device, seed=4)
+    n, u = inverse.numel(), slots.numel()
+    grad_out = torch.randn(n, 8, device=device)
+    out = lookup_ops.grouped_reduce_grads(
+        grad_out, meta, inverse, offsets, None, ft, d_offsets, lookup_ops.POOL_NONE, B, u, 8
+    )
+    expected = torch.zeros(u, 8, device=device).index_add_(0, inverse, grad_out)
+    dims = meta[utids, 3]
+    expected[torch.arange(8, device=device).unsqueeze(0) >= dims.unsqueeze(1)] = 0
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("optimizer", [0, 1, 2, 3])
+def test_grouped_update_matches_per_table(device, optimizer):
+    values, meta = _group(device, optimizer)
+    expected = values.clone()
+    tids = torch.tensor([0, 1, 2, 1, 0, 2], device=device)
+    slots = torch.tensor([3, 7, -1, 0, 15, 11], device=device)
+    grads = torch.randn(6, 8, device=device)
+    lookup_ops.grouped_update(values, meta, tids, slots, grads, optimizer, **ARGS)
+    for t in range(len(DIMS)):
+        mine = tids == t
+        UPDATES[optimizer](
+            _table(expected, meta, t), slots[mine], grads[mine, : DIMS[t]].contiguous(), ARGS
+        )
+    torch.testing.assert_close(values, expected)
+
+
+@pytest.mark.parametrize("optimizer", [0, 3])
+@pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
+def test_grouped_reduce_update_matches_two_ops(device, optimizer, mode):
+    values, meta = _group(device, optimizer)
+    expected = values.clone()
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B = _batch(device, seed=5)
+    grad_out = torch.randn(B, int(d_offsets[-1]), device=device)
+    bags = (inverse, offsets, weights, ft, d_offsets, mode, B)
+    lookup_ops.grouped_reduce_update(values, meta, utids, slots, grad_out, *bags, 8, optimizer, **ARGS)
+    grads = lookup_ops.grouped_reduce_grads(grad_out, meta, *bags, slots.numel(), 8)
+    lookup_ops.grouped_update(expected, meta, utids, slots, grads, optimizer, **ARGS)
+    torch.testing.assert_close(values, expected)
+
+
+def test_bad_slot_raises_and_writes_nothing(device):
+    values, meta = _group(device)
+    before = values.clone()
+    tids = torch.tensor([0, 1], device=device)
+    slots = torch.tensor([2, CAPS[1]], device=device)  # one past table 1's capacity
+    with pytest.raises(IndexError, match="slots"):
+        lookup_ops.grouped_update(values, meta, tids, slots, torch.ones(2, 8, device=device), 0, 1.0)
+    with pytest.raises(IndexError, match="table_ids"):
+        lookup_ops.grouped_scatter(
+            values, meta, torch.tensor([0, 3], device=device), slots, torch.ones(2, 8, device=device)
+        )
+    assert torch.equal(values, before)
+
+
+def test_bad_meta_and_bags_raise(device):
+    values, meta = _group(device)
+    with pytest.raises(ValueError, match="meta"):
+        lookup_ops.grouped_gather(values, meta[:, :3].contiguous(), meta[:0, 0], meta[:0, 0], 4)
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B = _batch(device)
+    with pytest.raises(ValueError, match="offsets"):
+        lookup_ops.grouped_pooled_gather(
+            values, meta, slots, inverse, offsets[:-1], None, ft, d_offsets, 0, B, 20
+        )
+
+
+def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
+    ops = torch.ops.dynamicemb
+    values, meta = _group(device, optimizer=3)
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B = _batch(device)
+    total = int(d_offsets[-1])
+    grad_out = torch.randn(B, total, device=device)
+    bags = (inverse, offsets, weights, ft, d_offsets)
+    return [
+        (ops.segmented_unique.default, (utids.clone(), utids, 3)),
+        (ops.grouped_gather.default, (values, meta, utids, slots, 6)),
+        (
+            ops.grouped_scatter.default,
+            (values, meta, utids, slots, torch.randn(slots.numel(), 24, device=device)),
+        ),
+        (ops.grouped_pooled_gather.default, (values, meta, slots, *bags, 0, B, total)),
+        (ops.grouped_reduce_grads.default, (grad_out, *([meta] + list(bags)), 1, B, slots.numel(), 8)),
+        (
+            ops.grouped_update.default,
+            (values, meta, utids, slots, torch.randn(slots.numel(), 8, device=device), 3)
+            + (0.1, 1e-3, 0.9, 0.99, 0.0, 0, 2),
+        ),
+        (
+            ops.grouped_reduce_update.default,
+            (values, meta, utids, slots, grad_out, *bags, 0, B, 8, 3)
+            + (0.1, 1e-3, 0.9, 0.99, 0.0, 0, 2),
+        ),
+    ]
+
+
+def test_grouped_ops_pass_opcheck(device):
+    lookup_ops._ops()
+    for op, args in _opcheck_cases(device):
+        opcheck(op, args)
