@@ -17,6 +17,8 @@ Run:
         --batch 4096 --optimizers sgd --warmup 3 --profile   # where a step's time goes
     PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
         --batch 4096 --repeats 12 --split   # forward / backward apart, and where a step syncs
+    PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
+        --batch 4096 --pooling none --table-counts 1,10,26   # upstream DynamicEmb's shape
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device
 
 def ours_module(args, optimizer, device) -> torch.nn.Module:
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
+
+    pooling = DynamicEmbPoolingMode.NONE if args.pooling == "none" else DynamicEmbPoolingMode.SUM
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
     from dynamicemb_core.optim import optimizer_kind, row_width
 
@@ -127,7 +131,7 @@ def ours_module(args, optimizer, device) -> torch.nn.Module:
         opts,
         [f"t{i}" for i in range(args.tables)],
         list(range(args.tables)),
-        DynamicEmbPoolingMode.SUM,
+        pooling,
         optimizer,
         device,
         learning_rate=0.01,
@@ -218,7 +222,7 @@ def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:
         [(args.num_ids, args.dim, loc, cdev) for _ in range(args.tables)],
         optimizer=optimizer,
         learning_rate=0.01,
-        pooling_mode=PoolingMode.SUM,
+        pooling_mode=PoolingMode.NONE if args.pooling == "none" else PoolingMode.SUM,
         **({"device": device} if on_cuda else {}),
     )
 
@@ -268,8 +272,9 @@ def header(args, device: torch.device) -> str:
         f"torchrec {getattr(torchrec, '__version__', '?')}; commit {commit}\n"
         f"Command: `python benchmarks/bench_training.py --device {device.type} --ids {args.ids} "
         f"--num-ids {args.num_ids} --tables {args.tables} --dim {args.dim} --batch {args.batch} "
-        f"--threads {args.threads}{' --small' if args.small else ''}`\n"
-        f"Shape: {args.tables} tables x dim {args.dim}, SUM pooling, ~{args.ids} ids a batch "
+        f"--threads {args.threads} --pooling {args.pooling}{' --small' if args.small else ''}`\n"
+        f"Shape: {args.tables} tables x dim {args.dim}, {args.pooling.upper()} pooling, "
+        f"~{args.ids} ids a batch "
         f"(power law alpha {args.alpha}, {args.num_ids} ids per table), median of {args.repeats} "
         f"steps (ours and the peer alternating) after {args.warmup} warm-up steps each (the "
         f"warm-up inserts the keys).\n"
@@ -291,6 +296,13 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--optimizers", default="sgd,adam")
+    p.add_argument("--pooling", choices=["sum", "none"], default="sum")
+    p.add_argument(
+        "--table-counts",
+        default="",
+        help="comma-separated table counts to run one after another (upstream's 1,10,26); "
+        "default: --tables",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument(
         "--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)"
@@ -313,6 +325,14 @@ def main(argv: List[str] | None = None) -> None:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     device = torch.device(args.device)
+    counts = [int(c) for c in args.table_counts.split(",") if c] or [args.tables]
+    for count in counts:
+        args.tables = count
+        run_shape(args, device, EmbOptimType)
+
+
+def run_shape(args, device: torch.device, EmbOptimType) -> None:
+    """Time ours (and the peer) at ``args.tables`` tables; print the table or the split report."""
     batches = [
         tuple(
             t.to(device)
@@ -326,7 +346,7 @@ def main(argv: List[str] | None = None) -> None:
         if args.split:
             module = ours_module(args, opt, device)
             report = split_steps(module, batches, args.warmup, args.repeats, device)
-            print(f"== {name.upper()}\n{report}")
+            print(f"== {name.upper()}, {args.tables} tables, {args.pooling.upper()}\n{report}")
             continue
         ours = ours_step(args, opt, batches, device)
         if args.profile:

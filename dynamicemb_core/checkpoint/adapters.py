@@ -28,7 +28,10 @@ _Tier = Tuple[Any, int, Optional[Callable[[], None]], Optional[Callable[[torch.T
 def _last_tier(name: str, tier: Any) -> _Tier:
     """``(storage, table_id, flush, drop)`` for one table's tier."""
     from dynamicemb_core.storage import CachedStorage
+    from dynamicemb_core.storage.grouped import TableView
 
+    if isinstance(tier, TableView):
+        return tier.group, tier.table_id, None, None  # a grouped module's table: the group's id
     if isinstance(tier, CachedStorage):
         backing = tier.backing
         if not _is_slot_storage(backing):

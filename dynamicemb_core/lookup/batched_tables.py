@@ -25,9 +25,10 @@ from dynamicemb_core.config import (
 from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.lookup.autograd import LookupFunction, TableLookup
 from dynamicemb_core.lookup.features import split_by_table, validate_inputs
+from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
 from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
 from dynamicemb_core.lookup.steps import advance_steps, start_steps
-from dynamicemb_core.lookup.tiers import build_tier
+from dynamicemb_core.lookup.tiers import build_tier, tier_kind
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
     OptimizerArgs,
@@ -40,6 +41,7 @@ from dynamicemb_core.optim import (
 )
 from dynamicemb_core.optim.args import output_dtype_from
 from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage, TableView
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
 
 __all__ = ["BatchedDynamicEmbeddingTables"]
@@ -60,9 +62,15 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
             weight_decay, weight_decay_mode, initial_accumulator_value).
 
+    When every table lives wholly in device memory (no cache, external storage or host rows), trains
+    and has no admission strategy, the tables form one group (:mod:`dynamicemb_core.lookup.grouped`):
+    one hash table and one value buffer for all of them, one pass per step whatever their number.
+    Otherwise each table has its own storage tier and the step loops over the tables.
+
     Attributes:
         tables: per table, its storage (a :class:`~dynamicemb_core.storage.LookupTier`, which is a
-            plugin ``Storage`` holding that one table as table id 0).
+            plugin ``Storage`` holding that one table as table id 0; for a grouped module, a
+            :class:`~dynamicemb_core.storage.grouped.TableView` of the group).
         optimizer_args: the hyper-parameters; ``set_learning_rate`` changes the rate between steps.
     """
 
@@ -95,8 +103,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self._columns = self._feature_columns()
         self.tables: List[LookupTier] = []
         self._admission: List[Optional[tuple]] = []
-        for t, (name, opts) in enumerate(zip(self.table_names, self.table_options)):
-            spec = StorageTableSpec(
+        specs = [
+            StorageTableSpec(
                 name=name,
                 dim=self.dims[t],
                 row_width=row_width(self._kind, self.dims[t], opts.training),
@@ -104,9 +112,36 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 num_scores=opts.num_scores,
                 capacity=int(opts.max_capacity or 0),
             )
-            self.tables.append(build_tier(opts, spec, self.device))
-            start_steps(self.tables[-1])
-            self._admission.append(self._build_admission(opts))
+            for t, (name, opts) in enumerate(zip(self.table_names, self.table_options))
+        ]
+        self._group: Optional[TableGroup] = None
+        if all(
+            tier_kind(opts, spec, self.device) == "device"
+            and opts.admit_strategy is None
+            and opts.training
+            for opts, spec in zip(self.table_options, specs)
+        ):
+            storage = GroupedDeviceStorage(
+                specs, self.device, dims=self.dims, table_options=self.table_options
+            )
+            self._group = TableGroup(
+                storage,
+                self.feature_table_map,
+                self.pooling_mode is not DynamicEmbPoolingMode.NONE,
+                self._kind,
+                self.optimizer_args,
+                [o.initializer_args for o in self.table_options],
+                [o.eval_initializer_args for o in self.table_options],
+                initial_state_value(self._kind, self.optimizer_args),
+            )
+            self.tables = [TableView(storage, t) for t in range(len(specs))]
+            self._admission = [None] * len(specs)
+        else:
+            for opts, spec in zip(self.table_options, specs):
+                self.tables.append(build_tier(opts, spec, self.device))
+                self._admission.append(self._build_admission(opts))
+        for tier in self.tables:
+            start_steps(tier)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
         self._dummy = torch.zeros(1, device=self.device, requires_grad=True)
         self._step = 0
@@ -216,7 +251,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         stats: List[Dict[str, Any]] = []
         for name, tier in zip(self.table_names, self.tables):
             table: Any = tier.device_table()
-            size = table.size(0) if table is not None else tier.size(0)
+            grouped = isinstance(tier, TableView)
+            size = table.size(0) if table is not None and not grouped else tier.size(0)
             stats.append(
                 {
                     "name": name,
@@ -397,6 +433,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             and per_sample_weights.requires_grad
             and torch.is_grad_enabled()
         )
+        if self._group is not None:
+            return self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights)
         segments = split_by_table(
             indices,
             offsets,
@@ -451,6 +489,56 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         )
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
+    def _grouped_forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor],
+        B: int,
+        learn_weights: bool,
+    ) -> torch.Tensor:
+        """The forward of a grouped module: one pass for all tables (see lookup/grouped.py)."""
+        group = self._group
+        assert group is not None
+        training = self.training
+        step, values, meta, slots, acquired = group.lookup(indices, offsets, B, training)
+        if acquired is not None and acquired.unplaced:
+            failed = acquired.slots < 0
+            per_table = torch.bincount(step.table_ids[failed], minlength=len(self.tables))
+            for t, count in enumerate(per_table.tolist()):
+                self._safe_check(t, int(count))
+        mode: Optional[int] = None
+        if self.pooling_mode is DynamicEmbPoolingMode.SUM:
+            mode = lookup_ops.POOL_SUM
+        elif self.pooling_mode is DynamicEmbPoolingMode.MEAN:
+            mode = lookup_ops.POOL_MEAN
+        if per_sample_weights is not None:
+            step.weights = per_sample_weights.detach().float()
+        if training:
+            # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
+            self._step += 1
+            advance_steps(self.tables)  # STEP scores: this forward wrote the old step
+        out = GroupedLookupFunction.apply(
+            self._dummy,
+            per_sample_weights if learn_weights else None,
+            group,
+            step,
+            (values, meta, slots),
+            mode,
+            self,
+        )
+        return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
+
+    def _grouped_prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
+        """Place the batch's keys of every grouped table (as a training forward would)."""
+        group = self._group
+        assert group is not None
+        if not self.training:
+            return
+        tids = group.table_ids(offsets, indices.numel(), B)
+        keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, len(self.tables))
+        group.storage.acquire_all(keys, utids, counts.tolist(), group.new_rows)
+
     # ---- cache control ------------------------------------------------------------------------
     def prefetch(
         self,
@@ -468,6 +556,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         are shared state, so the GPU runs the calls in the order the host made them.
         """
         B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
+        if self._group is not None:
+            with _ordered_with(forward_stream, self.device):
+                self._grouped_prefetch(indices, offsets, B)
+            return
         segments = split_by_table(indices, offsets, None, self._features_of_table, B, False)
         with _ordered_with(forward_stream, self.device):
             for seg in segments:

@@ -28,7 +28,12 @@ def hash_tables(storage: Any, table_id: int = 0) -> Iterator[Tuple[Any, int]]:
     """``(ScoredHashTable, table id)`` of every hash table of ``storage`` holding ``table_id``.
 
     A device (or hybrid) storage has one; a cache has its own and, behind it, its next tier's when
-    that is a hash-table storage (an external storage keeps its scores itself)."""
+    that is a hash-table storage (an external storage keeps its scores itself). A grouped module's
+    per-table view holds its table as id 0 of the view: the group's table ``view.table_id``."""
+    group = getattr(storage, "group", None)
+    if group is not None:
+        yield from hash_tables(group, int(storage.table_id))
+        return
     table = getattr(storage, "table", None)
     if table is not None and hasattr(table, "advance_step"):
         yield table, table_id

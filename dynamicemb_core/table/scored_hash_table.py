@@ -283,6 +283,54 @@ class ScoredHashTable:
         """Find keys, inserting absent ones (their rows are left as they are)."""
         return self._insert(keys, table_ids, None, None, score, want_evicted=True)
 
+    def find_or_insert_counted(
+        self,
+        keys: Tensor,
+        table_ids: Tensor,
+        table_counts: Sequence[int],
+        sizes: Sequence[int],
+        *,
+        report_evicted: bool = True,
+    ) -> InsertResult:
+        """:meth:`find_or_insert` for a caller that already knows, on the host, how many distinct
+        keys each table receives and how many keys each table holds (a grouped lookup, which
+        read both back with its unique and its previous insert).
+
+        Growth is decided from those numbers, so the call reads nothing back from the device
+        (except for NO_EVICTION tables, whose retry checks for failed keys). The input is trusted:
+        ``keys`` distinct per table, ``table_ids`` (n,) int64 in range on the table's device.
+        With ``report_evicted=False`` the evicted keys are not gathered (the insert then needs no
+        device sync to size them); RETAIN_KEY tables always report theirs.
+        """
+        involved = [t for t, c in enumerate(table_counts) if c]
+        for t in involved:
+            spec = self.specs[t]
+            if expansion.needs_growth(
+                int(sizes[t]),
+                int(table_counts[t]),
+                self.capacity(t),
+                spec.max_capacity,
+                spec.max_load_factor,
+                spec.no_eviction,
+            ):
+                self._double(t)
+        cur = self._cur_scores(None)
+        retain = any(
+            self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
+        )
+        if report_evicted or retain:
+            slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True)
+        else:
+            self._placement_epoch += 1
+            slots, is_new = table_ops.find_or_insert(
+                keys, table_ids, self._state, self._score_fns, cur, check=False
+            )
+            evicted = self._no_evictions(max(s.num_scores for s in self.specs))
+        slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
+        self._collect_evicted(evicted)
+        assert is_new is not None
+        return InsertResult(slots, is_new, evicted)
+
     def insert_and_evict(
         self,
         keys: Tensor,

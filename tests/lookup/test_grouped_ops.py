@@ -228,7 +228,9 @@ def test_grouped_reduce_update_matches_two_ops(device, optimizer, mode):
     slots, utids, inverse, offsets, weights, ft, d_offsets, B = _batch(device, seed=5)
     grad_out = torch.randn(B, int(d_offsets[-1]), device=device)
     bags = (inverse, offsets, weights, ft, d_offsets, mode, B)
-    lookup_ops.grouped_reduce_update(values, meta, utids, slots, grad_out, *bags, 8, optimizer, **ARGS)
+    lookup_ops.grouped_reduce_update(
+        values, meta, utids, slots, grad_out, *bags, 8, optimizer, **ARGS
+    )
     grads = lookup_ops.grouped_reduce_grads(grad_out, meta, *bags, slots.numel(), 8)
     lookup_ops.grouped_update(expected, meta, utids, slots, grads, optimizer, **ARGS)
     torch.testing.assert_close(values, expected)
@@ -240,10 +242,16 @@ def test_bad_slot_raises_and_writes_nothing(device):
     tids = torch.tensor([0, 1], device=device)
     slots = torch.tensor([2, CAPS[1]], device=device)  # one past table 1's capacity
     with pytest.raises(IndexError, match="slots"):
-        lookup_ops.grouped_update(values, meta, tids, slots, torch.ones(2, 8, device=device), 0, 1.0)
+        lookup_ops.grouped_update(
+            values, meta, tids, slots, torch.ones(2, 8, device=device), 0, 1.0
+        )
     with pytest.raises(IndexError, match="table_ids"):
         lookup_ops.grouped_scatter(
-            values, meta, torch.tensor([0, 3], device=device), slots, torch.ones(2, 8, device=device)
+            values,
+            meta,
+            torch.tensor([0, 3], device=device),
+            slots,
+            torch.ones(2, 8, device=device),
         )
     assert torch.equal(values, before)
 
@@ -274,7 +282,10 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
             (values, meta, utids, slots, torch.randn(slots.numel(), 24, device=device)),
         ),
         (ops.grouped_pooled_gather.default, (values, meta, slots, *bags, 0, B, total)),
-        (ops.grouped_reduce_grads.default, (grad_out, *([meta] + list(bags)), 1, B, slots.numel(), 8)),
+        (
+            ops.grouped_reduce_grads.default,
+            (grad_out, *([meta] + list(bags)), 1, B, slots.numel(), 8),
+        ),
         (
             ops.grouped_update.default,
             (values, meta, utids, slots, torch.randn(slots.numel(), 8, device=device), 3)

@@ -21,6 +21,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.storage import CachedStorage, DeviceStorage
+from dynamicemb_core.storage.grouped import TableView
 from dynamicemb_core.table.hashing import buckets_of_tensor
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
@@ -52,7 +53,7 @@ def _pair(device):
     tiered, plain = _module(device, cached=True), _module(device, cached=False)
     storage = tiered.tables[0]
     assert isinstance(storage, CachedStorage) and storage.capacity(0) == CACHE_ROWS
-    assert type(plain.tables[0]) is DeviceStorage
+    assert isinstance(plain.tables[0], TableView)  # the device-only module is grouped
     return tiered, storage, plain
 
 

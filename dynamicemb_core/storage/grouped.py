@@ -1,0 +1,323 @@
+"""GroupedDeviceStorage: the device-only tables of a lookup module as one table state.
+
+Keys and scores of every table live in one :class:`~dynamicemb_core.table.ScoredHashTable` (table
+ids = positions, table-local slots); the value rows of every table live in one flat float32 buffer
+described by a (T, 4) ``meta`` tensor ``[value_offset, row_width, capacity, dim]`` (the layout of
+csrc/include/dynamicemb/grouped.h). The grouped value ops address rows by ``(table id, slot)``, so
+the batched module touches all its tables with one op per step phase instead of one per table.
+
+It is also a plain multi-table :class:`~dynamicemb_core.storage.DeviceStorage` (find / insert /
+export by table id, ``read_rows`` / ``write_rows`` / ``row_blocks``), which is what the checkpoint
+code and the per-table views (:class:`TableView`) use.
+
+Host synchronisations: :meth:`acquire_all` decides growth from host-side sizes (exact after each
+of its own calls, read again only after another call changed the table) and the caller's per-table
+unique counts, inserts with no readback, and reads one small tensor back (new and unplaced counts,
+sizes after the insert) so that new rows are initialised and evictions counted without more syncs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
+from dynamicemb_core.storage.tier import LookupTier, RowInit, RowUpdate, TierRows
+from dynamicemb_core.table.host_memory import host_zeros
+from dynamicemb_core.types import MemoryType, StorageTableSpec
+
+__all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit", "TableView"]
+
+# init(keys (m,), table_ids (m,)) -> (m, max row_width) rows of new keys (embedding, fresh state).
+GroupInit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class GroupAcquire:
+    """What :meth:`GroupedDeviceStorage.acquire_all` did for u unique keys.
+
+    Attributes:
+        slots: (u,) int64 table-local slot of each key, -1 where the key found no room.
+        unplaced: how many slots are -1.
+        fresh_index: (m,) int64 positions of the keys that got initial rows (new or unplaced).
+        fresh_rows: (m, max row_width) those rows (an unplaced key reads its initial row).
+    """
+
+    slots: torch.Tensor
+    unplaced: int
+    fresh_index: torch.Tensor
+    fresh_rows: Optional[torch.Tensor]
+
+
+class GroupedDeviceStorage(DeviceStorage):
+    """Several tables' keys in one hash table and their rows in one flat device buffer.
+
+    Args:
+        tables: the logical tables (row widths include the optimizer state), in table-id order.
+        device: where keys and rows live.
+        dims: each table's embedding dim (the first ``dim`` elements of its rows).
+        table_options: per table, bucket layout, capacities and score strategy.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[StorageTableSpec],
+        device: torch.device | str,
+        *,
+        dims: Sequence[int],
+        table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
+    ) -> None:
+        super().__init__(tables, device, table_options=table_options)
+        for spec in self.tables:
+            if spec.dtype != torch.float32:
+                raise ValueError(
+                    f"GroupedDeviceStorage: table {spec.name!r} stores {spec.dtype}; grouped rows "
+                    "are float32"
+                )
+        if len(dims) != len(self.tables):
+            raise ValueError(
+                f"GroupedDeviceStorage: dims ({len(dims)}) must have one entry per table "
+                f"({len(self.tables)})"
+            )
+        self.dims = [int(d) for d in dims]
+        self.widths = [int(s.row_width) for s in self.tables]
+        self.max_dim = max(self.dims)
+        self.max_width = max(self.widths)
+        self._meta_host: List[List[int]] = []
+        self.values = torch.empty(0)
+        self.meta = torch.empty(0)
+        self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
+        self.table.add_growth_listener(self._move_rows)
+        self._retain = any(
+            o is not None and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY
+            for o in self.table_options
+        )
+        self._sizes: List[int] = [0] * len(self.tables)
+        self._sizes_epoch = self.table.placement_epoch
+
+    def _table_spec(
+        self,
+        spec: StorageTableSpec,
+        options: Optional[DynamicEmbTableOptions],
+        capacity: Optional[int],
+        evicted_item_mode: Optional[EvictedItemMode],
+    ) -> Any:
+        # Keys only: the rows live in the flat buffer, not in the hash table.
+        return table_spec_for(
+            spec, options, row_width=0, capacity=capacity, evicted_item_mode=evicted_item_mode
+        )
+
+    # ---- the flat buffer ----------------------------------------------------------------------
+    def _allocate(self, capacities: Sequence[int]) -> List[List[int]]:
+        """A zeroed buffer and meta for ``capacities``; returns the old meta rows."""
+        old = self._meta_host
+        meta, offset = [], 0
+        for cap, width, dim in zip(capacities, self.widths, self.dims):
+            meta.append([offset, width, int(cap), dim])
+            offset += int(cap) * width
+        self._meta_host = meta
+        self.values = host_zeros(offset, torch.float32, self.device)
+        self.meta = torch.tensor(meta, dtype=torch.int64).to(self.device)
+        return old
+
+    def _region(self, t: int, meta: Optional[List[List[int]]] = None) -> torch.Tensor:
+        off, width, cap, _ = (meta or self._meta_host)[t]
+        return self.values[off : off + cap * width].view(cap, width)
+
+    def _move_rows(self, table_id: int, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
+        """Growth listener: a new buffer with table ``table_id`` at its new capacity."""
+        old_values = self.values
+        old_meta = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
+        for t, (off, width, cap, _) in enumerate(old_meta):
+            before = old_values[off : off + cap * width].view(cap, width)
+            if t == table_id:
+                self._region(t)[new_slots] = before[old_slots]
+            else:
+                self._region(t).copy_(before)
+
+    def table_rows(self, table_id: int) -> torch.Tensor:
+        """Table ``table_id``'s (capacity, row_width) rows, a view of the buffer (replaced on growth)."""
+        return self._region(table_id)
+
+    # ---- DeviceStorage rows ---------------------------------------------------------------------
+    def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
+        tids = torch.full_like(slots, table_id)
+        # Unchecked: a slot outside the table reads as zeros, as slot -1 does.
+        return lookup_ops.grouped_gather(
+            self.values, self.meta, tids, slots, self.widths[table_id], check=False
+        )
+
+    def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        tids = torch.full_like(slots, table_id)
+        rows = rows.to(self.device, torch.float32)
+        lookup_ops.grouped_scatter(self.values, self.meta, tids, slots, rows)
+
+    def row_blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
+        return [(self._region(table_id), 0)]
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        want = MemoryType.HOST if self.device.type == "cpu" else MemoryType.DEVICE
+        return self.values.numel() * 4 if mem_type is want else 0
+
+    # ---- the grouped step -------------------------------------------------------------------
+    def _known_sizes(self) -> List[int]:
+        """Exact sizes: kept from the last acquire_all, read again after any other call."""
+        if self.table.placement_epoch != self._sizes_epoch:
+            self._sizes = [int(s) for s in self.table.state.sizes.tolist()]
+            self._sizes_epoch = self.table.placement_epoch
+        return self._sizes
+
+    def acquire_all(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        table_counts: Sequence[int],
+        init: GroupInit,
+    ) -> GroupAcquire:
+        """Make unique ``(table id, key)`` pairs resident; new keys get ``init`` rows.
+
+        Args:
+            keys, table_ids: (u,) int64 on the device, distinct pairs (segmented_unique's).
+            table_counts: per table, how many of the pairs are its (host ints).
+            init: the rows of new keys.
+        """
+        T = len(self.tables)
+        sizes = self._known_sizes()
+        res = self.table.find_or_insert_counted(
+            keys, table_ids, table_counts, sizes, report_evicted=self._retain
+        )
+        slots, is_new = res.slots, res.is_new
+        unplaced_mask = slots < 0
+        missing = is_new | unplaced_mask
+        placed_new = torch.zeros(T, dtype=torch.int64, device=self.device)
+        placed_new.index_add_(0, table_ids, (is_new & ~unplaced_mask).to(torch.int64))
+        counts = torch.stack([missing.sum(), unplaced_mask.sum()])
+        # The one readback of the step's table work: counts, new keys per table, sizes after.
+        host = torch.cat([counts, placed_new, self.table.state.sizes]).tolist()
+        num_missing, unplaced = int(host[0]), int(host[1])
+        new_per_table, after = host[2 : 2 + T], host[2 + T :]
+        if self._retain:
+            self._count_evicted_by_table(res)
+        else:
+            for t in range(T):
+                self._evicted_counts[t] += sizes[t] + new_per_table[t] - after[t]
+        self._sizes = [int(s) for s in after]
+        self._sizes_epoch = self.table.placement_epoch
+        if num_missing == 0:
+            return GroupAcquire(slots, 0, slots[:0], None)
+        if self.device.type == "cuda":
+            idx = torch.nonzero_static(missing, size=num_missing).squeeze(1)
+        else:
+            idx = missing.nonzero().squeeze(1)
+        fresh = init(keys[idx], table_ids[idx])
+        lookup_ops.grouped_scatter(
+            self.values, self.meta, table_ids[idx], slots[idx], fresh, check=False
+        )
+        return GroupAcquire(slots, unplaced, idx, fresh)
+
+    def _count_evicted_by_table(self, result: Any) -> None:
+        ev = result.evicted
+        if ev is not None and ev.keys is not None and ev.keys.numel():
+            per = torch.bincount(ev.table_ids, minlength=len(self.tables)).tolist()
+            for t, c in enumerate(per):
+                self._evicted_counts[t] += int(c)
+
+    def find_all(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, *, touch: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(slots, found)`` of unique pairs without inserting (eval; stale-slot refresh)."""
+        res = self.table.find(keys, table_ids, update_score=touch)
+        return torch.where(res.found, res.slots, -1), res.found
+
+
+class TableView(LookupTier):
+    """One table of a :class:`GroupedDeviceStorage`, presented as a storage holding it as table 0.
+
+    ``BatchedDynamicEmbeddingTables.tables[t]`` is this for a grouped table, so code written
+    against one storage per table (tests, demos, TorchRec-side helpers) keeps working.
+    """
+
+    def __init__(self, group: GroupedDeviceStorage, table_id: int) -> None:
+        super().__init__([group.tables[table_id]], group.device)
+        self.group = group
+        self.table_id = table_id
+
+    def _id(self, table_id: int) -> int:
+        if table_id != 0:
+            raise ValueError(f"TableView holds one table (id 0), got table_id={table_id!r}")
+        return self.table_id
+
+    @property
+    def table(self) -> Any:
+        """The group's ScoredHashTable (all tables of the group; this one is ``table_id``)."""
+        return self.group.table
+
+    # ---- Storage --------------------------------------------------------------------------------
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.group.find(self._id(table_id), keys)
+
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        self.group.insert(self._id(table_id), keys, rows, scores)
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        self.group.erase(self._id(table_id), keys)
+
+    def size(self, table_id: int) -> int:
+        return self.group.size(self._id(table_id))
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        return self.group.export(self._id(table_id), batch_size)
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        want = MemoryType.HOST if self.device.type == "cpu" else MemoryType.DEVICE
+        return int(self.group.table_rows(self.table_id).numel() * 4) if mem_type is want else 0
+
+    # ---- LookupTier (per-table access; the module's step goes through the group) ------------
+    def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
+        return self.group.lookup(self._id(table_id), keys, touch=touch)
+
+    def acquire(
+        self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
+    ) -> TierRows:
+        return self.group.acquire(self._id(table_id), keys, init, with_rows=with_rows)
+
+    def update(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        homes: torch.Tensor,
+        grads: torch.Tensor,
+        apply: RowUpdate,
+    ) -> None:
+        self.group.update(self._id(table_id), keys, homes, grads, apply)
+
+    def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
+        return self.group.read_rows(self._id(table_id), slots)
+
+    def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        self.group.write_rows(self._id(table_id), slots, rows)
+
+    def row_blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
+        return self.group.row_blocks(self._id(table_id))
+
+    def evictions(self, table_id: int) -> int:
+        return self.group.evictions(self._id(table_id))
+
+    def capacity(self, table_id: int) -> int:
+        return self.group.capacity(self._id(table_id))
+
+    def pop_evicted_keys(self, table_id: int) -> torch.Tensor:
+        return self.group.pop_evicted_keys(self._id(table_id))
+
+    def device_table(self) -> Any:
+        return self.group.table
