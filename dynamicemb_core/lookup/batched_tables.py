@@ -129,10 +129,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 self.feature_table_map,
                 self.pooling_mode is not DynamicEmbPoolingMode.NONE,
                 self._kind,
-                self.optimizer_args,
+                self._optimizer_args_now,
                 [o.initializer_args for o in self.table_options],
                 [o.eval_initializer_args for o in self.table_options],
-                initial_state_value(self._kind, self.optimizer_args),
             )
             self.tables = [TableView(storage, t) for t in range(len(specs))]
             self._admission = [None] * len(specs)
@@ -231,6 +230,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if lr < 0:
             raise ValueError(f"BatchedDynamicEmbeddingTables: learning_rate must be >= 0, got {lr}")
         self.optimizer_args.learning_rate = float(lr)
+
+    def _optimizer_args_now(self) -> OptimizerArgs:
+        """The hyper-parameters in force (a checkpoint load replaces the object)."""
+        return self.optimizer_args
 
     def get_learning_rate(self) -> float:
         """The current learning rate."""

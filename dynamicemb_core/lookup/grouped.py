@@ -12,14 +12,14 @@ count, the placement counts).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core.config import DynamicEmbInitializerArgs
 from dynamicemb_core.lookup.initializers import initialize_embeddings
 from dynamicemb_core.ops import lookup_ops
-from dynamicemb_core.optim import OptimizerArgs, OptimizerKind
+from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
@@ -72,10 +72,11 @@ class TableGroup:
         storage: the group's storage (table ids = the module's table indices).
         feature_table_map: table of each feature.
         pooled: SUM/MEAN output (else a sequence output).
-        kind, optimizer_args: the fused optimizer.
+        kind: the fused optimizer.
+        optimizer_args: returns the module's hyper-parameters now (a checkpoint load may replace
+            them; the learning rate may change between steps).
         initializers, eval_initializers: per table, the initializer of new rows in training and of
             missing rows read in eval.
-        state_init: the optimizer state a new row starts with.
     """
 
     def __init__(
@@ -84,10 +85,9 @@ class TableGroup:
         feature_table_map: Sequence[int],
         pooled: bool,
         kind: OptimizerKind,
-        optimizer_args: OptimizerArgs,
+        optimizer_args: Callable[[], OptimizerArgs],
         initializers: Sequence[DynamicEmbInitializerArgs],
         eval_initializers: Sequence[DynamicEmbInitializerArgs],
-        state_init: float,
     ) -> None:
         self.storage = storage
         device = storage.device
@@ -98,7 +98,6 @@ class TableGroup:
         self.pooled = pooled
         self.kind = kind
         self.optimizer_args = optimizer_args
-        self.state_init = float(state_init)
         self.feature_tables = torch.tensor(
             list(feature_table_map), dtype=torch.int64, device=device
         )
@@ -132,13 +131,12 @@ class TableGroup:
 
     def new_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys: the embedding, then the fresh optimizer state."""
-        rows = torch.full(
-            (keys.numel(), self.storage.max_width), self.state_init, device=self.device
-        )
+        state_init = float(initial_state_value(self.kind, self.optimizer_args()))
+        rows = torch.full((keys.numel(), self.storage.max_width), state_init, device=self.device)
         if keys.numel():
             emb = self._embeddings(self._init, keys, tids)
             inside = self._cols.unsqueeze(0) < self._dims_dev[tids].unsqueeze(1)
-            rows[:, : self.max_dim] = torch.where(inside, emb, self.state_init)
+            rows[:, : self.max_dim] = torch.where(inside, emb, state_init)
         return rows
 
     # ---- forward --------------------------------------------------------------------------------
@@ -244,7 +242,7 @@ class TableGroup:
         if storage.table.placement_epoch != step.epoch:
             # another forward or a prefetch placed keys in between: slots may have moved
             slots = storage.find_all(step.keys, step.table_ids)[0]
-        a = self.optimizer_args
+        a = self.optimizer_args()
         lookup_ops.grouped_reduce_update(
             storage.values,
             storage.meta,
