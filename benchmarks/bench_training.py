@@ -355,6 +355,7 @@ def run_shape(args, device: torch.device, EmbOptimType) -> None:
         if args.no_peer:
             (t_ours,) = time_pair([ours], args.warmup, args.repeats, device)
             rows.append((f"{name.upper()} training step", t_ours, "not run", float("nan")))
+            del ours
             continue
         if name == "adam" and device.type == "cpu":
             peer_name = "torch SparseAdam + EmbeddingBag(sparse)"
