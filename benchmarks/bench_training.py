@@ -113,11 +113,10 @@ def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device
 
 def ours_module(args, optimizer, device) -> torch.nn.Module:
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
-
-    pooling = DynamicEmbPoolingMode.NONE if args.pooling == "none" else DynamicEmbPoolingMode.SUM
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
     from dynamicemb_core.optim import optimizer_kind, row_width
 
+    pooling = DynamicEmbPoolingMode.NONE if args.pooling == "none" else DynamicEmbPoolingMode.SUM
     cap = 1 << int(np.ceil(np.log2(args.num_ids / 0.5)))  # load factor <= 0.5: no eviction
     # a budget holding every row: the whole table in device memory (0 would put it on the host)
     hbm = cap * row_width(optimizer_kind(optimizer), args.dim, True) * 4

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dynamicemb_core.__main__ import main
-from dynamicemb_core.checkpoint import DynamicEmbDump
+from dynamicemb_core.checkpoint import DynamicEmbDump, DynamicEmbLoad
 from dynamicemb_core.config import DynamicEmbPoolingMode
 from tests.inference import helpers as H
 
@@ -59,7 +59,7 @@ def test_export_command_writes_a_program_that_serves_the_dump(tmp_path, with_spe
         optimizer=trained.optimizer,
         device="cpu",
     )
-    single.tables = trained.tables  # the trained storages, read through a one-feature-per-table map
+    DynamicEmbLoad(str(dump), single)  # the trained rows, read through a one-feature-per-table map
     values, offsets = _one_feature_per_table_batch(3, 10)
     assert torch.equal(program(values, offsets), H.reference(single, values, offsets))
 
