@@ -323,7 +323,14 @@ class ScoredHashTable:
         else:
             self._placement_epoch += 1
             slots, is_new = table_ops.find_or_insert(
-                keys, table_ids, self._state, self._score_fns, cur, check=False
+                keys,
+                table_ids,
+                self._state,
+                self._score_fns,
+                cur,
+                check=False,
+                pins=self._pin_counts_arg(),
+                deterministic=self._deterministic,
             )
             evicted = self._no_evictions(max(s.num_scores for s in self.specs))
         slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
