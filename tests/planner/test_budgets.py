@@ -140,8 +140,12 @@ def test_all_host_hybrid_table_trains_like_a_device_table(monkeypatch) -> None:
             [spec], device, table_options=[options], hbm_bytes=[0]
         ),
     )
+    plain_kind = batched.tier_kind
+    # on CPU a zero budget is a device table, which the module would group: ask for the tier
+    monkeypatch.setattr(batched, "tier_kind", lambda options, spec, device: "hybrid")
     tiered = _module("cpu", _opts(init_capacity=256))
     monkeypatch.setattr(batched, "build_tier", plain_build)
+    monkeypatch.setattr(batched, "tier_kind", plain_kind)
     storage = tiered.tables[0]
     assert isinstance(storage, HybridStorage) and storage.device_rows(0) == 0
     _train_and_compare("cpu", tiered)
