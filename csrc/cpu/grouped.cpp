@@ -237,12 +237,16 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
 
 // The reduction shared by grouped_reduce_grads and grouped_reduce_update: calls sink(k, acc, D)
 // once per unique key k with acc the sum of scale * (the gradient row of each of its positions),
-// positions in input order (deterministic). keep(k) false skips key k.
+// positions in input order (deterministic). keep(k) false skips key k. ``key_tables`` (optional,
+// (u,)): each key's table, checked against the table of every feature reading it. All checks run in
+// one serial pass before the first sink call, which also lays out, in key order, each position's
+// gradient row offset and scale, so the parallel sums read two sequential arrays and the rows.
 template <typename Keep, typename Sink>
 void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Tensor& inverse,
                     const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                     const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
-                    int64_t batch_size, int64_t num_unique, const char* op, Keep keep, Sink sink) {
+                    int64_t batch_size, int64_t num_unique, const int64_t* key_tables,
+                    const char* op, Keep keep, Sink sink) {
   DEMB_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
   const Bags b = bag_layout(mv, inverse, offsets, weights, feature_tables, d_offsets, mode,
                             batch_size, num_unique, op);
@@ -260,32 +264,44 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   const auto g = grad_out.contiguous();
   const int64_t G = g.size(1);
   const float* g_p = g.data_ptr<float>();
-  const auto bag_of = bag_of_indices(b.off_p, b.num_bags, b.n, op);
   for (int64_t f = 0; mode == kPoolNone && f < b.F; ++f) {
     DEMB_CHECK_VALUE(mv.dim(b.ft_p[f]) <= G, op, ": grad_out has ", G, " columns, table ",
                      b.ft_p[f], " has dim ", mv.dim(b.ft_p[f]));
   }
-  std::vector<int64_t> start(num_unique + 1, 0);
-  for (int64_t i = 0; i < b.n; ++i) ++start[b.inv_p[i] + 1];
+  const auto bag_of = bag_of_indices(b.off_p, b.num_bags, b.n, op);
+  // Per key: its table (from the first feature reading it) and its number of positions.
+  std::vector<int64_t> key_table(num_unique, -1), start(num_unique + 1, 0);
+  for (int64_t i = 0; i < b.n; ++i) {
+    const int64_t k = b.inv_p[i];
+    const int64_t t = b.ft_p[bag_of[i] / b.B];
+    if (key_table[k] < 0) key_table[k] = t;
+    const int64_t want = key_tables ? key_tables[k] : key_table[k];
+    DEMB_CHECK_VALUE(t == want, op, ": index ", i, " reads unique key ", k, " of table ", want,
+                     " from a feature of table ", t);
+    ++start[k + 1];
+  }
   for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
-  std::vector<int64_t> pos(b.n), fill(start.begin(), start.end() - 1);
-  for (int64_t i = 0; i < b.n; ++i) pos[fill[b.inv_p[i]]++] = i;
+  std::vector<int64_t> src(b.n), fill(start.begin(), start.end() - 1);
+  std::vector<float> scale(b.n);
+  for (int64_t i = 0; i < b.n; ++i) {
+    const int64_t bag = bag_of[i];
+    const int64_t j = fill[b.inv_p[i]]++;
+    float sc = b.w_p ? b.w_p[i] : 1.0f;
+    if (mode == kPoolMean) sc /= float(b.off_p[bag + 1] - b.off_p[bag]);
+    scale[j] = sc;
+    src[j] = mode == kPoolNone ? i * G : (bag % b.B) * G + b.dofs_p[bag / b.B];
+  }
   at::parallel_for(0, num_unique, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> acc;
     for (int64_t k = begin; k < end; ++k) {
       if (start[k] == start[k + 1] || !keep(k)) continue;
-      const int64_t D = mv.dim(b.ft_p[bag_of[pos[start[k]]] / b.B]);
+      const int64_t D = mv.dim(key_table[k]);
       acc.assign(D, 0.0f);
       float* __restrict__ a = acc.data();
       for (int64_t j = start[k]; j < start[k + 1]; ++j) {
-        const int64_t i = pos[j];
-        const int64_t bag = bag_of[i];
-        float scale = b.w_p ? b.w_p[i] : 1.0f;
-        if (mode == kPoolMean) scale /= float(b.off_p[bag + 1] - b.off_p[bag]);
-        const float* __restrict__ src =
-            mode == kPoolNone ? g_p + i * G
-                              : g_p + (bag % b.B) * G + b.dofs_p[bag / b.B];
-        for (int64_t d = 0; d < D; ++d) a[d] += scale * src[d];
+        const float sc = scale[j];
+        const float* __restrict__ row = g_p + src[j];
+        for (int64_t d = 0; d < D; ++d) a[d] += sc * row[d];
       }
       sink(k, static_cast<const float*>(a), D);
     }
@@ -310,7 +326,7 @@ at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor
   auto out = at::zeros({num_unique, width}, grad_out.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                 batch_size, num_unique, op, [](int64_t) { return true; },
+                 batch_size, num_unique, nullptr, op, [](int64_t) { return true; },
                  [&](int64_t k, const float* acc, int64_t D) { std::copy(acc, acc + D, o + k * width); });
   return out;
 }
@@ -419,31 +435,10 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   const int64_t* t_p = tid.data_ptr<int64_t>();
   const int64_t* s_p = sl.data_ptr<int64_t>();
   check_rows(mv, t_p, s_p, u, op);
-  {
-    // Each key's table must be the table of the features reading it (checked before any write).
-    check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
-    const auto inv = inverse.contiguous();
-    const auto off = offsets.contiguous();
-    const auto ft = feature_tables.contiguous();
-    const int64_t* inv_p = inv.data_ptr<int64_t>();
-    const int64_t* off_p = off.data_ptr<int64_t>();
-    const int64_t* ft_p = ft.data_ptr<int64_t>();
-    const int64_t num_bags = off.numel() - 1;
-    bag_of_indices(off_p, num_bags, inv.numel(), op);
-    for (int64_t bag = 0; bag < num_bags; ++bag) {
-      for (int64_t i = off_p[bag]; i < off_p[bag + 1]; ++i) {
-        DEMB_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < u, op, ": inverse[", i, "]=", inv_p[i],
-                         " out of range [0, ", u, ")");
-        DEMB_CHECK_VALUE(t_p[inv_p[i]] == ft_p[bag / batch_size], op, ": index ", i,
-                         " reads unique key ", inv_p[i], " of table ", t_p[inv_p[i]],
-                         " from a feature of table ", ft_p[bag / batch_size]);
-      }
-    }
-  }
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
   float* v = values.data_ptr<float>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                 batch_size, u, op, [&](int64_t k) { return s_p[k] >= 0; },
+                 batch_size, u, t_p, op, [&](int64_t k) { return s_p[k] >= 0; },
                  [&](int64_t k, const float* g, int64_t D) {
                    const int64_t t = t_p[k];
                    update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p);
