@@ -22,6 +22,18 @@ from dynamicemb_core.config import (
 
 NUM_IDS = 40  # ids per table of the peer; the dynamic table sees the same ids as keys
 
+# A local_hbm_for_values larger than any test table: the table lives wholly in device memory. A
+# zero budget means "no values in device memory" (a hybrid table with every row on the host) on
+# CUDA, so tests of device-resident tables name a budget, as the planner would.
+WHOLE_TABLE_BUDGET = 1 << 40
+
+
+def device_resident(kw: dict) -> dict:
+    """``kw`` with the whole-table budget, unless it asks for a cache, an external store or a budget."""
+    if not kw.get("caching") and kw.get("external_storage") is None:
+        kw.setdefault("local_hbm_for_values", WHOLE_TABLE_BUDGET)
+    return kw
+
 
 def make_batch(
     num_features: int, batch_size: int, seed: int, empty: bool = False, weighted: bool = False
@@ -43,7 +55,7 @@ def make_batch(
 def options(dim: int, **kw) -> DynamicEmbTableOptions:
     """Options of a table large enough that nothing is evicted."""
     kw.setdefault("max_capacity", 1024)
-    return DynamicEmbTableOptions(dim=dim, bucket_capacity=128, **kw)
+    return DynamicEmbTableOptions(dim=dim, bucket_capacity=128, **device_resident(kw))
 
 
 def debug_options(dim: int, **kw) -> DynamicEmbTableOptions:
@@ -51,7 +63,7 @@ def debug_options(dim: int, **kw) -> DynamicEmbTableOptions:
     return DynamicEmbTableOptions(
         dim=dim,
         initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-        **kw,
+        **device_resident(kw),
     )
 
 

@@ -18,6 +18,7 @@ from dynamicemb_core.config import (
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.lookup.initializers import DEBUG_MODULUS, initialize_embeddings
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
+from tests.lookup import oracle
 
 SEQ = DynamicEmbPoolingMode.NONE
 
@@ -41,7 +42,7 @@ def _debug(**kw):
         max_capacity=256,
         bucket_capacity=128,
         initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-        **kw,
+        **oracle.device_resident(kw),
     )
 
 

@@ -19,6 +19,7 @@ from dynamicemb_core.storage import DeviceStorage, HybridStorage
 from dynamicemb_core.storage.grouped import TableView
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import MemoryType, StorageTableSpec
+from tests.lookup import oracle
 
 WIDTH = 5
 ROW_BYTES = WIDTH * 4  # float32
@@ -29,7 +30,7 @@ def _options(**kw) -> DynamicEmbTableOptions:
     kw.setdefault("init_capacity", 64)
     kw.setdefault("max_capacity", 1024)
     kw.setdefault("bucket_capacity", 16)
-    return DynamicEmbTableOptions(dim=WIDTH - 1, **kw)
+    return DynamicEmbTableOptions(dim=WIDTH - 1, **oracle.device_resident(kw))
 
 
 def _spec() -> StorageTableSpec:

@@ -21,6 +21,7 @@ from dynamicemb_core.storage import CachedStorage, HybridStorage
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.types import StorageTableSpec
+from tests.lookup import oracle
 
 DIM = 4
 ROW_BYTES = (DIM + 1) * 4  # EXACT_ROWWISE_ADAGRAD: embedding + one accumulator, float32
@@ -33,7 +34,7 @@ def _opts(**kw):
     return DynamicEmbTableOptions(
         dim=DIM,
         initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-        **kw,
+        **oracle.device_resident(kw),
     )
 
 
