@@ -213,20 +213,15 @@ def _check_all(
             raise CheckpointMismatchError(
                 f"checkpoint {path} has no table '{handle.qualified_name}'; it holds {have}"
             )
-        headers, paths = [], []
-        for entry in files:
-            full = os.path.join(path, entry.path)
-            header = read_shard_header(full)
-            check_header(
-                header,
-                dim=handle.dim,
-                dtype=handle.dtype,
-                score_columns=score_column_names(handle.options),
-                optimizer_width=handle.optimizer_width if optim and handle.state_width else None,
-                where=handle.qualified_name,
-            )
-            headers.append(header)
-            paths.append(full)
+        headers, paths = _checked_headers(
+            path,
+            files,
+            dim=handle.dim,
+            dtype=handle.dtype,
+            score_columns=score_column_names(handle.options),
+            optimizer_width=handle.optimizer_width if optim and handle.state_width else None,
+            where=handle.qualified_name,
+        )
         plan.append((handle, headers, paths))
     return plan
 
@@ -250,21 +245,30 @@ def _check_counters(
                 f"checkpoint {path} holds no admission counter for '{handle.qualified_name}' (it "
                 "was dumped without counter=True); load with counter=False"
             )
-        headers, paths = [], []
-        for entry in files:
-            full = os.path.join(path, entry.path)
-            header = read_shard_header(full)
-            check_header(
-                header,
-                dim=0,
-                score_columns=COUNT_COLUMNS,
-                optimizer_width=0,
-                where=f"{handle.qualified_name} (admission counter)",
-            )
-            headers.append(header)
-            paths.append(full)
+        headers, paths = _checked_headers(
+            path,
+            files,
+            dim=0,
+            score_columns=COUNT_COLUMNS,
+            optimizer_width=0,
+            where=f"{handle.qualified_name} (admission counter)",
+        )
         plan.append((handle, headers, paths))
     return plan
+
+
+def _checked_headers(
+    path: str, files: List[ManifestEntry], **expected: Any
+) -> Tuple[List[Any], List[str]]:
+    """Each file's header, checked against ``expected`` (``check_header``'s keywords), and its path."""
+    headers, paths = [], []
+    for entry in files:
+        full = os.path.join(path, entry.path)
+        header = read_shard_header(full)
+        check_header(header, **expected)
+        headers.append(header)
+        paths.append(full)
+    return headers, paths
 
 
 def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
