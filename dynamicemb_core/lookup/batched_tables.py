@@ -62,10 +62,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
             weight_decay, weight_decay_mode, initial_accumulator_value).
 
-    When every table lives wholly in device memory (no cache, external storage or host rows), trains
-    and has no admission strategy, the tables form one group (:mod:`dynamicemb_core.lookup.grouped`):
-    one hash table and one value buffer for all of them, one pass per step whatever their number.
-    Otherwise each table has its own storage tier and the step loops over the tables.
+    When every table lives wholly in device memory (no cache, external storage or host rows), the
+    tables form one group (:mod:`dynamicemb_core.lookup.grouped`): one hash table and one value
+    buffer for all of them, one pass per step whatever their number (tables that do not train and
+    tables with an admission strategy included). Otherwise each table has its own storage tier and
+    the step loops over the tables.
 
     Attributes:
         tables: per table, its storage (a :class:`~dynamicemb_core.storage.LookupTier`, which is a
@@ -115,10 +116,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             for t, (name, opts) in enumerate(zip(self.table_names, self.table_options))
         ]
         self._group: Optional[TableGroup] = None
+        self._admission = [self._build_admission(opts) for opts in self.table_options]
         if all(
             tier_kind(opts, spec, self.device) == "device"
-            and opts.admit_strategy is None
-            and opts.training
             for opts, spec in zip(self.table_options, specs)
         ):
             storage = GroupedDeviceStorage(
@@ -132,13 +132,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 self._optimizer_args_now,
                 [o.initializer_args for o in self.table_options],
                 [o.eval_initializer_args for o in self.table_options],
+                trains=[o.training for o in self.table_options],
+                admission=self._admission,
             )
             self.tables = [TableView(storage, t) for t in range(len(specs))]
-            self._admission = [None] * len(specs)
         else:
             for opts, spec in zip(self.table_options, specs):
                 self.tables.append(build_tier(opts, spec, self.device))
-                self._admission.append(self._build_admission(opts))
         for tier in self.tables:
             start_steps(tier)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
@@ -503,13 +503,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """The forward of a grouped module: one pass for all tables (see lookup/grouped.py)."""
         group = self._group
         assert group is not None
-        training = self.training
-        step, values, meta, slots, acquired = group.lookup(indices, offsets, B, training)
-        if acquired is not None and acquired.unplaced:
-            failed = acquired.slots < 0
-            per_table = torch.bincount(step.table_ids[failed], minlength=len(self.tables))
-            for t, count in enumerate(per_table.tolist()):
-                self._safe_check(t, int(count))
+        training = self.training and group.any_trains
+        step, values, meta, slots, unplaced = group.lookup(indices, offsets, B, training)
+        if unplaced is not None:
+            for t, count in enumerate(unplaced):
+                self._safe_check(t, count)
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:
             mode = lookup_ops.POOL_SUM
@@ -533,14 +531,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     def _grouped_prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
-        """Place the batch's keys of every grouped table (as a training forward would)."""
+        """Place the batch's keys of every grouped table that trains (as a training forward)."""
         group = self._group
         assert group is not None
-        if not self.training:
-            return
-        tids = group.table_ids(offsets, indices.numel(), B)
-        keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, len(self.tables))
-        group.storage.acquire_all(keys, utids, counts.tolist(), group.new_rows)
+        if self.training:
+            group.prefetch(indices, offsets, B)
 
     # ---- cache control ------------------------------------------------------------------------
     def prefetch(

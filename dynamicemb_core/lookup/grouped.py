@@ -7,6 +7,13 @@ gather) reads them. Backward: one op reduces the output gradient per unique key 
 fused optimizer to the rows in place. The number of ops and of host synchronisations does not grow
 with the number of tables (three syncs in a training forward: the batch's offsets check, the unique
 count, the placement counts).
+
+Tables that do not train (``training=False`` options, or every table in an eval forward) are read
+without inserting or touching scores; their missing keys read the eval initializer and get no
+update. Tables with an admission strategy count their missing keys (each table its own counter, over
+the one segmented-unique output) and only admitted keys are placed; rejected keys read the
+strategy's initializer (or the table's) and get no update. Both need one more find and, when
+admission runs, one more small readback per forward; the rest of the pass is shared.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from dynamicemb_core.config import DynamicEmbInitializerArgs
 from dynamicemb_core.lookup.initializers import initialize_embeddings
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
-from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
 
@@ -32,7 +39,9 @@ class GroupStep:
     Attributes:
         keys, table_ids: (u,) the unique pairs.
         inverse: (n,) unique pair of each index.
-        slots: (u,) their slots at the forward (None: nothing trains in this forward).
+        slots: (u,) their slots at the forward for the backward's update, -1 for pairs that get no
+            update (None: nothing trains in this forward).
+        trained: (u,) bool, the pairs the backward may update (None: all of them).
         epoch: the hash table's placement epoch at the forward (slots are current while it holds).
         offsets: (F*B+1,) the batch's bags; weights: (n,) float32 per-sample weights or None.
         batch_size: B.
@@ -43,6 +52,7 @@ class GroupStep:
     table_ids: torch.Tensor
     inverse: torch.Tensor
     slots: Optional[torch.Tensor]
+    trained: Optional[torch.Tensor]
     epoch: int
     offsets: torch.Tensor
     weights: Optional[torch.Tensor]
@@ -77,6 +87,8 @@ class TableGroup:
             them; the learning rate may change between steps).
         initializers, eval_initializers: per table, the initializer of new rows in training and of
             missing rows read in eval.
+        trains: per table, whether it trains (its options' ``training``); default: all do.
+        admission: per table, ``(strategy, counter)`` or None (every new key admitted).
     """
 
     def __init__(
@@ -88,6 +100,8 @@ class TableGroup:
         optimizer_args: Callable[[], OptimizerArgs],
         initializers: Sequence[DynamicEmbInitializerArgs],
         eval_initializers: Sequence[DynamicEmbInitializerArgs],
+        trains: Optional[Sequence[bool]] = None,
+        admission: Optional[Sequence[Optional[Tuple[Any, Any]]]] = None,
     ) -> None:
         self.storage = storage
         device = storage.device
@@ -110,6 +124,19 @@ class TableGroup:
         self._cols = torch.arange(self.max_dim, device=device)
         self._init = _initializer_groups(initializers, device)
         self._eval_init = _initializer_groups(eval_initializers, device)
+        self._initializers = list(initializers)
+        flags = [True] * self.num_tables if trains is None else [bool(t) for t in trains]
+        self.trains = flags
+        self._trains_dev = torch.tensor(flags, dtype=torch.bool, device=device)
+        self.admission = list(admission) if admission is not None else [None] * self.num_tables
+        # The plain training pass: every table trains and admits every key.
+        self._plain = all(flags) and all(a is None for a in self.admission)
+        self._frozen_meta: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    @property
+    def any_trains(self) -> bool:
+        """Whether a training forward updates any table of the group."""
+        return any(self.trains)
 
     # ---- new rows ---------------------------------------------------------------------------------
     def _embeddings(
@@ -149,54 +176,196 @@ class TableGroup:
 
     def lookup(
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int, training: bool
-    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor, Optional[GroupAcquire]]:
-        """Resolve the batch's unique pairs: ``(step, values, meta, slots, acquire)``.
+    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor, Optional[List[int]]]:
+        """Resolve the batch's unique pairs: ``(step, values, meta, slots, unplaced)``.
 
         ``values``/``meta``/``slots`` is what the output reads: the group's own buffer, or, when
-        some rows are not stored (eval misses, keys that found no room), a (u, max_dim) buffer of
-        the rows as they read with ``slots = arange(u)``.
+        some rows are not stored (eval misses, rejected or unplaced keys), a (u, max_dim) buffer
+        of the rows as they read with ``slots = arange(u)``. ``unplaced``: per table, keys that
+        should have been placed and found no room (None when there were none).
         """
         tids = self.table_ids(offsets, indices.numel(), batch_size)
-        keys, utids, inverse, _, counts = lookup_ops.segmented_unique(
+        keys, utids, inverse, key_counts, counts = lookup_ops.segmented_unique(
             indices, tids, self.num_tables
         )
-        storage = self.storage
-        fresh_index: Optional[torch.Tensor] = None
-        fresh: Optional[torch.Tensor] = None
-        acquire: Optional[GroupAcquire] = None
-        if training:
-            acquire = storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
-            slots = acquire.slots
-            if acquire.unplaced:
-                fresh_index, fresh = acquire.fresh_index, acquire.fresh_rows
-        else:
-            slots, found = storage.find_all(keys, utids)
+        training = training and self.any_trains
+        if not training:
+            slots, found = self.storage.find_all(keys, utids)
             missing = (~found).nonzero().squeeze(1)
-            if missing.numel():
-                fresh_index = missing
-                fresh = self._embeddings(self._eval_init, keys[missing], utids[missing])
-        step = GroupStep(
+            fresh = self._embeddings(self._eval_init, keys[missing], utids[missing])
+            step = self._step(keys, utids, inverse, None, None, offsets, batch_size)
+            return self._source(step, slots, slots, missing, fresh) + (None,)
+        if self._plain:
+            acquire = self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
+            step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
+            if not acquire.unplaced:
+                return self._source(step, acquire.slots, acquire.slots, None, None) + (None,)
+            assert acquire.fresh_rows is not None
+            unplaced = self._count_by_table(utids[acquire.slots < 0])
+            out = self._source(
+                step, acquire.slots, acquire.slots, acquire.fresh_index, acquire.fresh_rows
+            )
+            return out + (unplaced,)
+        return self._mixed_lookup(keys, utids, inverse, key_counts, offsets, batch_size)
+
+    def _mixed_lookup(
+        self,
+        keys: torch.Tensor,
+        utids: torch.Tensor,
+        inverse: torch.Tensor,
+        key_counts: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor, Optional[List[int]]]:
+        """A training forward where some tables do not train or admit keys: one find of every
+        pair, admission per table over its missing pairs, then one placement of the pairs that
+        train."""
+        storage = self.storage
+        stored, found = storage.find_all(keys, utids)
+        trained = self._trains_dev[utids]
+        rejected = self._admit(keys, utids, key_counts, found, trained)
+        if rejected is not None:
+            trained[rejected] = False
+        take = trained.nonzero().squeeze(1)
+        take_tids = utids[take]
+        table_counts = torch.bincount(take_tids, minlength=self.num_tables).tolist()
+        acquire = storage.acquire_all(keys[take], take_tids, table_counts, self.new_rows)
+        slots = torch.full_like(keys, -1)
+        slots[take] = acquire.slots
+        read = torch.where(trained, slots, stored)
+        step = self._step(keys, utids, inverse, slots, trained, offsets, batch_size)
+        # Rows that are not stored: eval-initialised misses of tables that do not train, rows of
+        # rejected keys, initial rows of keys that found no room.
+        idx, rows = [], []
+        still = (~trained & ~found & ~self._trains_dev[utids]).nonzero().squeeze(1)
+        if still.numel():
+            idx.append(still)
+            rows.append(self._embeddings(self._eval_init, keys[still], utids[still]))
+        if rejected is not None and rejected.numel():
+            idx.append(rejected)
+            rows.append(self._rejected_rows(keys[rejected], utids[rejected]))
+        unplaced: Optional[List[int]] = None
+        if acquire.unplaced:
+            assert acquire.fresh_rows is not None
+            idx.append(take[acquire.fresh_index])
+            rows.append(acquire.fresh_rows[:, : self.max_dim])
+            unplaced = self._count_by_table(take_tids[acquire.slots < 0])
+        if not idx:
+            return self._source(step, read, slots, None, None) + (unplaced,)
+        return self._source(step, read, slots, torch.cat(idx), torch.cat(rows)) + (unplaced,)
+
+    def _admit(
+        self,
+        keys: torch.Tensor,
+        utids: torch.Tensor,
+        key_counts: torch.Tensor,
+        found: torch.Tensor,
+        trained: torch.Tensor,
+    ) -> Optional[torch.Tensor]:
+        """Count the missing keys of each admission table and return the rejected positions
+        (None when no table has a strategy). Each table's counter sees only its own keys."""
+        tables = [t for t, a in enumerate(self.admission) if a is not None and self.trains[t]]
+        if not tables:
+            return None
+        missing = ~found & trained
+        ids = torch.tensor(tables, dtype=torch.int64, device=self.device)
+        candidates = (missing & torch.isin(utids, ids)).nonzero().squeeze(1)
+        if candidates.numel() == 0:
+            return candidates
+        ctids = utids[candidates]
+        rejected = []
+        # One readback: which admission tables have missing keys in this batch.
+        present = torch.bincount(ctids, minlength=self.num_tables).tolist()
+        for t in tables:
+            if not present[t]:
+                continue
+            adm = self.admission[t]
+            assert adm is not None
+            strategy, counter = adm
+            idx = candidates[ctids == t]
+            mkeys = keys[idx]
+            freq = counter.add(mkeys, key_counts[idx], True).to(self.device)
+            ok = strategy.admit(mkeys, freq).to(self.device, torch.bool)
+            counter.erase(mkeys[ok])
+            rejected.append(idx[~ok])
+        return torch.cat(rejected) if rejected else candidates[:0]
+
+    def _rejected_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """(m, max_dim) rows of rejected keys: the strategy's initializer, else the table's."""
+        args = []
+        for t in range(self.num_tables):
+            adm = self.admission[t]
+            own = adm[0].get_initializer_args() if adm is not None else None
+            args.append(own or self._initializers[t])
+        return self._embeddings(_initializer_groups(args, self.device), keys, tids)
+
+    def _count_by_table(self, table_ids: torch.Tensor) -> List[int]:
+        return [int(c) for c in torch.bincount(table_ids, minlength=self.num_tables).tolist()]
+
+    def _step(
+        self,
+        keys: torch.Tensor,
+        utids: torch.Tensor,
+        inverse: torch.Tensor,
+        slots: Optional[torch.Tensor],
+        trained: Optional[torch.Tensor],
+        offsets: torch.Tensor,
+        batch_size: int,
+    ) -> GroupStep:
+        return GroupStep(
             keys=keys,
             table_ids=utids,
             inverse=inverse,
-            slots=slots if training else None,
-            epoch=storage.table.placement_epoch,
+            slots=slots,
+            trained=trained,
+            epoch=self.storage.table.placement_epoch,
             offsets=offsets,
             weights=None,
             batch_size=batch_size,
         )
-        if fresh_index is None:
-            return step, storage.values, storage.meta, slots, acquire
+
+    def _source(
+        self,
+        step: GroupStep,
+        read: torch.Tensor,
+        slots: Optional[torch.Tensor],
+        fresh_index: Optional[torch.Tensor],
+        fresh: Optional[torch.Tensor],
+    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the output reads: the group's buffer at ``read``, or a (u, max_dim) buffer of the
+        rows as they read when ``fresh`` rows (not stored) replace some of them."""
+        storage = self.storage
+        if fresh_index is None or fresh_index.numel() == 0:
+            return step, storage.values, storage.meta, read
         assert fresh is not None
         rows = lookup_ops.grouped_gather(
-            storage.values, storage.meta, utids, slots, self.max_dim, check=False
+            storage.values, storage.meta, step.table_ids, read, self.max_dim, check=False
         )
         rows[fresh_index] = fresh[:, : self.max_dim]
-        u = keys.numel()
+        u = step.keys.numel()
         meta = torch.tensor(
             [[0, self.max_dim, u, d] for d in self.dims], dtype=torch.int64, device=self.device
         )
-        return step, rows.reshape(-1), meta, torch.arange(u, device=self.device), acquire
+        return step, rows.reshape(-1), meta, torch.arange(u, device=self.device)
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int) -> None:
+        """Place the batch's keys of the tables that train, as a training forward would; keys of
+        an admission table only when already stored (admission decides about new ones later)."""
+        if not self.any_trains:
+            return
+        tids = self.table_ids(offsets, indices.numel(), batch_size)
+        keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, self.num_tables)
+        if not self._plain:
+            keep = self._trains_dev[utids]
+            gated = [t for t, a in enumerate(self.admission) if a is not None]
+            if gated:
+                ids = torch.tensor(gated, dtype=torch.int64, device=self.device)
+                found = self.storage.find_all(keys, utids)[1]
+                keep &= found | ~torch.isin(utids, ids)
+            idx = keep.nonzero().squeeze(1)
+            keys, utids = keys[idx], utids[idx]
+            counts = torch.bincount(utids, minlength=self.num_tables)
+        self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
 
     def output(
         self,
@@ -242,10 +411,12 @@ class TableGroup:
         if storage.table.placement_epoch != step.epoch:
             # another forward or a prefetch placed keys in between: slots may have moved
             slots = storage.find_all(step.keys, step.table_ids)[0]
+            if step.trained is not None:
+                slots = torch.where(step.trained, slots, -1)
         a = self.optimizer_args()
         lookup_ops.grouped_reduce_update(
             storage.values,
-            storage.meta,
+            self._update_meta(),
             step.table_ids,
             slots,
             grad_out.float().contiguous(),
@@ -267,6 +438,21 @@ class TableGroup:
             max(1, int(it)),
             check=False,
         )
+
+    def _update_meta(self) -> torch.Tensor:
+        """The group's meta for the fused update: a table that does not train holds no optimizer
+        state, so it shows no rows there, with a row width that any optimizer's state fits in
+        (its pairs carry slot -1: nothing of it is read or written)."""
+        meta = self.storage.meta
+        if all(self.trains):
+            return meta
+        if self._frozen_meta is None or self._frozen_meta[0] is not meta:
+            frozen = meta.clone()
+            idx = [t for t, trains in enumerate(self.trains) if not trains]
+            frozen[idx, 1] = 3 * frozen[idx, 3] + 1  # dim + ADAM's 2 dim, or + rowwise's 1
+            frozen[idx, 2] = 0
+            self._frozen_meta = (meta, frozen)
+        return self._frozen_meta[1]
 
     def weight_grads(self, step: GroupStep, grad_out: torch.Tensor) -> torch.Tensor:
         """(n,) gradient of each per-sample weight: its row (as read) dotted with its bag's
