@@ -28,7 +28,7 @@ from dynamicemb_core.lookup.features import split_by_table, validate_inputs
 from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
 from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
 from dynamicemb_core.lookup.steps import advance_steps, start_steps
-from dynamicemb_core.lookup.tiers import build_tier, tier_kind
+from dynamicemb_core.lookup.tiers import build_tier, device_budget_bytes, rows_in_budget, tier_kind
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
     OptimizerArgs,
@@ -62,10 +62,11 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
             weight_decay, weight_decay_mode, initial_accumulator_value).
 
-    When every table lives wholly in device memory (no cache, external storage or host rows), the
-    tables form one group (:mod:`dynamicemb_core.lookup.grouped`): one hash table and one value
-    buffer for all of them, one pass per step whatever their number (tables that do not train and
-    tables with an admission strategy included). Otherwise each table has its own storage tier and
+    When no table has a cache or an external storage, the tables form one group
+    (:mod:`dynamicemb_core.lookup.grouped`): one hash table, one device value buffer and, for hybrid
+    tables (rows beyond their ``local_hbm_for_values`` budget), one host value buffer for all of
+    them; one pass per step whatever their number (tables that do not train and tables with an
+    admission strategy included). Otherwise each table has its own storage tier and
     the step loops over the tables.
 
     Attributes:
@@ -117,12 +118,21 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ]
         self._group: Optional[TableGroup] = None
         self._admission = [self._build_admission(opts) for opts in self.table_options]
-        if all(
-            tier_kind(opts, spec, self.device) == "device"
-            for opts, spec in zip(self.table_options, specs)
-        ):
+        kinds = [
+            tier_kind(opts, spec, self.device) for opts, spec in zip(self.table_options, specs)
+        ]
+        if all(kind in ("device", "hybrid") for kind in kinds):
             storage = GroupedDeviceStorage(
-                specs, self.device, dims=self.dims, table_options=self.table_options
+                specs,
+                self.device,
+                dims=self.dims,
+                table_options=self.table_options,
+                device_rows=[
+                    rows_in_budget(spec, device_budget_bytes(opts, spec))
+                    if kind == "hybrid"
+                    else None
+                    for opts, spec, kind in zip(self.table_options, specs, kinds)
+                ],
             )
             self._group = TableGroup(
                 storage,
@@ -504,7 +514,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         group = self._group
         assert group is not None
         training = self.training and group.any_trains
-        step, values, meta, slots, unplaced = group.lookup(indices, offsets, B, training)
+        step, rows, slots, unplaced = group.lookup(indices, offsets, B, training)
         if unplaced is not None:
             for t, count in enumerate(unplaced):
                 self._safe_check(t, count)
@@ -524,7 +534,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             per_sample_weights if learn_weights else None,
             group,
             step,
-            (values, meta, slots),
+            (rows, slots),
             mode,
             self,
         )

@@ -28,6 +28,7 @@ from dynamicemb_core.lookup.initializers import initialize_embeddings
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+from dynamicemb_core.storage.grouped_rows import GroupedRows
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
 
@@ -131,7 +132,7 @@ class TableGroup:
         self.admission = list(admission) if admission is not None else [None] * self.num_tables
         # The plain training pass: every table trains and admits every key.
         self._plain = all(flags) and all(a is None for a in self.admission)
-        self._frozen_meta: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._frozen = [t for t, trains in enumerate(flags) if not trains]
 
     @property
     def any_trains(self) -> bool:
@@ -176,12 +177,12 @@ class TableGroup:
 
     def lookup(
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int, training: bool
-    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor, Optional[List[int]]]:
-        """Resolve the batch's unique pairs: ``(step, values, meta, slots, unplaced)``.
+    ) -> Tuple[GroupStep, GroupedRows, torch.Tensor, Optional[List[int]]]:
+        """Resolve the batch's unique pairs: ``(step, rows, slots, unplaced)``.
 
-        ``values``/``meta``/``slots`` is what the output reads: the group's own buffer, or, when
-        some rows are not stored (eval misses, rejected or unplaced keys), a (u, max_dim) buffer
-        of the rows as they read with ``slots = arange(u)``. ``unplaced``: per table, keys that
+        ``rows``/``slots`` is what the output reads: the group's own rows, or, when some rows are
+        not stored (eval misses, rejected or unplaced keys), a (u, max_dim) buffer of the rows as
+        they read with ``slots = arange(u)``. ``unplaced``: per table, keys that
         should have been placed and found no room (None when there were none).
         """
         tids = self.table_ids(offsets, indices.numel(), batch_size)
@@ -216,7 +217,7 @@ class TableGroup:
         key_counts: torch.Tensor,
         offsets: torch.Tensor,
         batch_size: int,
-    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor, Optional[List[int]]]:
+    ) -> Tuple[GroupStep, GroupedRows, torch.Tensor, Optional[List[int]]]:
         """A training forward where some tables do not train or admit keys: one find of every
         pair, admission per table over its missing pairs, then one placement of the pairs that
         train."""
@@ -331,22 +332,18 @@ class TableGroup:
         slots: Optional[torch.Tensor],
         fresh_index: Optional[torch.Tensor],
         fresh: Optional[torch.Tensor],
-    ) -> Tuple[GroupStep, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What the output reads: the group's buffer at ``read``, or a (u, max_dim) buffer of the
+    ) -> Tuple[GroupStep, GroupedRows, torch.Tensor]:
+        """What the output reads: the group's rows at ``read``, or a (u, max_dim) buffer of the
         rows as they read when ``fresh`` rows (not stored) replace some of them."""
-        storage = self.storage
+        stored = self.storage.rows
         if fresh_index is None or fresh_index.numel() == 0:
-            return step, storage.values, storage.meta, read
+            return step, stored, read
         assert fresh is not None
-        rows = lookup_ops.grouped_gather(
-            storage.values, storage.meta, step.table_ids, read, self.max_dim, check=False
-        )
+        rows = stored.gather(step.table_ids, read, self.max_dim)
         rows[fresh_index] = fresh[:, : self.max_dim]
         u = step.keys.numel()
-        meta = torch.tensor(
-            [[0, self.max_dim, u, d] for d in self.dims], dtype=torch.int64, device=self.device
-        )
-        return step, rows.reshape(-1), meta, torch.arange(u, device=self.device)
+        shared = GroupedRows.shared(rows.reshape(-1), u, self.max_dim, self.dims)
+        return step, shared, torch.arange(u, device=self.device)
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int) -> None:
         """Place the batch's keys of the tables that train, as a training forward would; keys of
@@ -368,26 +365,13 @@ class TableGroup:
         self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
 
     def output(
-        self,
-        step: GroupStep,
-        values: torch.Tensor,
-        meta: torch.Tensor,
-        slots: torch.Tensor,
-        mode: Optional[int],
+        self, step: GroupStep, rows: GroupedRows, slots: torch.Tensor, mode: Optional[int]
     ) -> torch.Tensor:
         """The pooled (B, total_dim) or sequence (n, D) output."""
         if mode is None:
-            return lookup_ops.grouped_gather(
-                values,
-                meta,
-                step.table_ids[step.inverse],
-                slots[step.inverse],
-                self.dims[0],
-                check=False,
-            )
-        return lookup_ops.grouped_pooled_gather(
-            values,
-            meta,
+            return rows.gather(step.table_ids[step.inverse], slots[step.inverse], self.dims[0])
+        return rows.pooled_gather(
+            step.table_ids,
             slots,
             step.inverse,
             step.offsets,
@@ -397,7 +381,6 @@ class TableGroup:
             mode,
             step.batch_size,
             self.total_dim,
-            check=False,
         )
 
     # ---- backward -------------------------------------------------------------------------------
@@ -414,9 +397,7 @@ class TableGroup:
             if step.trained is not None:
                 slots = torch.where(step.trained, slots, -1)
         a = self.optimizer_args()
-        lookup_ops.grouped_reduce_update(
-            storage.values,
-            self._update_meta(),
+        storage.rows.reduce_update(
             step.table_ids,
             slots,
             grad_out.float().contiguous(),
@@ -428,31 +409,18 @@ class TableGroup:
             lookup_ops.POOL_NONE if mode is None else mode,
             step.batch_size,
             self.max_dim,
-            lookup_ops.OPTIMIZER_CODES[self.kind.value],
-            float(a.learning_rate),
-            float(a.eps),
-            float(a.beta1),
-            float(a.beta2),
-            float(a.weight_decay),
-            int(a.weight_decay_mode),
-            max(1, int(it)),
-            check=False,
+            (
+                lookup_ops.OPTIMIZER_CODES[self.kind.value],
+                float(a.learning_rate),
+                float(a.eps),
+                float(a.beta1),
+                float(a.beta2),
+                float(a.weight_decay),
+                int(a.weight_decay_mode),
+                max(1, int(it)),
+            ),
+            frozen=self._frozen,
         )
-
-    def _update_meta(self) -> torch.Tensor:
-        """The group's meta for the fused update: a table that does not train holds no optimizer
-        state, so it shows no rows there, with a row width that any optimizer's state fits in
-        (its pairs carry slot -1: nothing of it is read or written)."""
-        meta = self.storage.meta
-        if all(self.trains):
-            return meta
-        if self._frozen_meta is None or self._frozen_meta[0] is not meta:
-            frozen = meta.clone()
-            idx = [t for t, trains in enumerate(self.trains) if not trains]
-            frozen[idx, 1] = 3 * frozen[idx, 3] + 1  # dim + ADAM's 2 dim, or + rowwise's 1
-            frozen[idx, 2] = 0
-            self._frozen_meta = (meta, frozen)
-        return self._frozen_meta[1]
 
     def weight_grads(self, step: GroupStep, grad_out: torch.Tensor) -> torch.Tensor:
         """(n,) gradient of each per-sample weight: its row (as read) dotted with its bag's
@@ -483,17 +451,15 @@ class GroupedLookupFunction(torch.autograd.Function):
         weights: Optional[torch.Tensor],
         group: TableGroup,
         step: GroupStep,
-        source: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        source: Tuple[GroupedRows, torch.Tensor],
         mode: Optional[int],
         module: Any,
     ) -> torch.Tensor:
-        values, meta, slots = source
-        out = group.output(step, values, meta, slots, mode)
+        rows, slots = source
+        out = group.output(step, rows, slots, mode)
         if weights is not None:
             # the rows as this forward read them (the backward's update changes them in place)
-            step.weight_rows = lookup_ops.grouped_gather(
-                values, meta, step.table_ids, slots, group.max_dim, check=False
-            )
+            step.weight_rows = rows.gather(step.table_ids, slots, group.max_dim)
         ctx.group, ctx.step, ctx.mode, ctx.module = group, step, mode, module
         ctx.weights_meta = None if weights is None else weights.dtype
         return out

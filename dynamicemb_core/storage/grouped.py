@@ -1,10 +1,13 @@
-"""GroupedDeviceStorage: the device-only tables of a lookup module as one table state.
+"""GroupedDeviceStorage: the device-resident and hybrid tables of a lookup module as one table state.
 
 Keys and scores of every table live in one :class:`~dynamicemb_core.table.ScoredHashTable` (table
-ids = positions, table-local slots); the value rows of every table live in one flat float32 buffer
-described by a (T, 4) ``meta`` tensor ``[value_offset, row_width, capacity, dim]`` (the layout of
-csrc/include/dynamicemb/grouped.h). The grouped value ops address rows by ``(table id, slot)``, so
-the batched module touches all its tables with one op per step phase instead of one per table.
+ids = positions, table-local slots); the value rows of every table live in a
+:class:`~dynamicemb_core.storage.grouped_rows.GroupedRows`: one flat float32 device buffer described
+by a (T, 4) ``meta`` tensor ``[value_offset, row_width, capacity, dim]`` (the layout of
+csrc/include/dynamicemb/grouped.h) and, for tables whose rows exceed their device budget
+(``local_hbm_for_values``), one host buffer holding each such table's slots past its budget. The
+grouped value ops address rows by ``(table id, slot)``, so the batched module touches all its tables
+with one op per step phase (per memory part) instead of one per table.
 
 It is also a plain multi-table :class:`~dynamicemb_core.storage.DeviceStorage` (find / insert /
 export by table id, ``read_rows`` / ``write_rows`` / ``row_blocks``), which is what the checkpoint
@@ -24,10 +27,9 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
-from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
+from dynamicemb_core.storage.grouped_rows import GroupedRows
 from dynamicemb_core.storage.tier import LookupTier, RowInit, RowUpdate, TierRows
-from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
 __all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit", "TableView"]
@@ -61,6 +63,8 @@ class GroupedDeviceStorage(DeviceStorage):
         device: where keys and rows live.
         dims: each table's embedding dim (the first ``dim`` elements of its rows).
         table_options: per table, bucket layout, capacities and score strategy.
+        device_rows: per table, how many rows may live in device memory (its budget in rows;
+            None: all of them); slots past it keep their rows in host memory (a hybrid table).
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class GroupedDeviceStorage(DeviceStorage):
         *,
         dims: Sequence[int],
         table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
+        device_rows: Optional[Sequence[Optional[int]]] = None,
     ) -> None:
         super().__init__(tables, device, table_options=table_options)
         for spec in self.tables:
@@ -87,10 +92,10 @@ class GroupedDeviceStorage(DeviceStorage):
         self.widths = [int(s.row_width) for s in self.tables]
         self.max_dim = max(self.dims)
         self.max_width = max(self.widths)
-        self._meta_host: List[List[int]] = []
-        self.values = torch.empty(0)
-        self.meta = torch.empty(0)
-        self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
+        self._device_limits = (
+            list(device_rows) if device_rows is not None else [None] * len(self.tables)
+        )
+        self.rows = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
         self.table.add_growth_listener(self._move_rows)
         self._retain = any(
             o is not None and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY
@@ -111,57 +116,65 @@ class GroupedDeviceStorage(DeviceStorage):
             spec, options, row_width=0, capacity=capacity, evicted_item_mode=evicted_item_mode
         )
 
-    # ---- the flat buffer ----------------------------------------------------------------------
-    def _allocate(self, capacities: Sequence[int]) -> List[List[int]]:
-        """A zeroed buffer and meta for ``capacities``; returns the old meta rows."""
-        old = self._meta_host
-        meta, offset = [], 0
-        for cap, width, dim in zip(capacities, self.widths, self.dims):
-            meta.append([offset, width, int(cap), dim])
-            offset += int(cap) * width
-        self._meta_host = meta
-        self.values = host_zeros(offset, torch.float32, self.device)
-        self.meta = torch.tensor(meta, dtype=torch.int64).to(self.device)
-        return old
+    # ---- the rows ---------------------------------------------------------------------------
+    def _allocate(self, capacities: Sequence[int]) -> GroupedRows:
+        """Zeroed rows for ``capacities`` (each table's device part within its budget)."""
+        return GroupedRows(self.device, self.widths, self.dims, capacities, self._device_limits)
 
-    def _region(self, t: int, meta: Optional[List[List[int]]] = None) -> torch.Tensor:
-        off, width, cap, _ = (meta or self._meta_host)[t]
-        return self.values[off : off + cap * width].view(cap, width)
+    @property
+    def values(self) -> torch.Tensor:
+        """The flat device buffer (replaced on growth)."""
+        return self.rows.values
+
+    @property
+    def meta(self) -> torch.Tensor:
+        """The device buffer's (T, 4) meta."""
+        return self.rows.meta
 
     def _move_rows(self, table_id: int, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
-        """Growth listener: a new buffer with table ``table_id`` at its new capacity."""
-        old_values = self.values
-        old_meta = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
-        for t, (off, width, cap, _) in enumerate(old_meta):
-            before = old_values[off : off + cap * width].view(cap, width)
+        """Growth listener: new rows with table ``table_id`` at its new capacity."""
+        old = self.rows
+        new = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
+        for t in range(len(self.tables)):
             if t == table_id:
-                self._region(t)[new_slots] = before[old_slots]
+                tids = torch.full_like(old_slots, t)
+                moved = old.gather(tids, old_slots, self.widths[t])
+                new.scatter(torch.full_like(new_slots, t), new_slots, moved)
             else:
-                self._region(t).copy_(before)
+                for (dst, _), (src, _) in zip(new.blocks(t), old.blocks(t)):
+                    dst.copy_(src)
+        self.rows = new
+
+    def device_rows(self, table_id: int) -> int:
+        """Slots of table ``table_id`` whose rows live in device memory."""
+        return self.rows.device_rows[table_id]
 
     def table_rows(self, table_id: int) -> torch.Tensor:
-        """Table ``table_id``'s (capacity, row_width) rows, a view of the buffer (replaced on growth)."""
-        return self._region(table_id)
+        """Table ``table_id``'s (device rows, row_width) device rows, a view (replaced on growth)."""
+        return self.rows.blocks(table_id)[0][0]
 
     # ---- DeviceStorage rows ---------------------------------------------------------------------
     def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         tids = torch.full_like(slots, table_id)
         # Unchecked: a slot outside the table reads as zeros, as slot -1 does.
-        return lookup_ops.grouped_gather(
-            self.values, self.meta, tids, slots, self.widths[table_id], check=False
-        )
+        return self.rows.gather(tids, slots, self.widths[table_id])
 
     def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         tids = torch.full_like(slots, table_id)
-        rows = rows.to(self.device, torch.float32)
-        lookup_ops.grouped_scatter(self.values, self.meta, tids, slots, rows)
+        self.rows.scatter(tids, slots, rows.to(self.device, torch.float32), check=True)
 
     def row_blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
-        return [(self._region(table_id), 0)]
+        return self.rows.blocks(table_id)
 
-    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
-        want = MemoryType.HOST if self.device.type == "cpu" else MemoryType.DEVICE
-        return self.values.numel() * 4 if mem_type is want else 0
+    def memory_usage(
+        self, mem_type: MemoryType = MemoryType.DEVICE, table_id: Optional[int] = None
+    ) -> int:
+        """Bytes of rows in ``mem_type``: on a CPU group with no host part, all of them are HOST."""
+        if self.device.type == "cpu" and not self.rows.has_host:
+            if mem_type is not MemoryType.HOST:
+                return 0
+            return self.rows.memory_usage(MemoryType.DEVICE, table_id)
+        return self.rows.memory_usage(mem_type, table_id)
 
     # ---- the grouped step -------------------------------------------------------------------
     def _known_sizes(self) -> List[int]:
@@ -214,9 +227,7 @@ class GroupedDeviceStorage(DeviceStorage):
         else:
             idx = missing.nonzero().squeeze(1)
         fresh = init(keys[idx], table_ids[idx])
-        lookup_ops.grouped_scatter(
-            self.values, self.meta, table_ids[idx], slots[idx], fresh, check=False
-        )
+        self.rows.scatter(table_ids[idx], slots[idx], fresh)
         return GroupAcquire(slots, unplaced, idx, fresh)
 
     def _count_evicted_by_table(self, result: Any) -> None:
@@ -279,8 +290,11 @@ class TableView(LookupTier):
         return self.group.export(self._id(table_id), batch_size)
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
-        want = MemoryType.HOST if self.device.type == "cpu" else MemoryType.DEVICE
-        return int(self.group.table_rows(self.table_id).numel() * 4) if mem_type is want else 0
+        return self.group.memory_usage(mem_type, self.table_id)
+
+    def device_rows(self, table_id: int) -> int:
+        """Slots of this table whose rows live in device memory (the rest: host memory)."""
+        return self.group.device_rows(self._id(table_id))
 
     # ---- LookupTier (per-table access; the module's step goes through the group) ------------
     def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:

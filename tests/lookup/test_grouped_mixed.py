@@ -151,3 +151,54 @@ def test_prefetch_places_only_keys_that_train_or_are_admitted(device):
     keys, offsets = _batch(device, [1, 2], [7], [5])
     m.prefetch(keys, offsets)
     assert [t.size(0) for t in m.tables] == [2, 0, 0]
+
+
+def test_device_and_hybrid_tables_share_one_group_and_train_like_device_tables(device):
+    """Mixed dims, MEAN pooling, ROWWISE_ADAGRAD, tables growing under load: a group holding one
+    device table and two hybrid tables (part of their rows in host memory) matches a group of the
+    same tables all in device memory, output by output and row by row."""
+    optimizer = EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    pooling = DynamicEmbPoolingMode.MEAN
+    dims = [4, 8, 6]
+    row_bytes = [(d + 1) * 4 for d in dims]  # embedding + one accumulator, float32
+
+    def module(budgets):
+        opts = [
+            DynamicEmbTableOptions(
+                dim=d,
+                init_capacity=64,
+                max_capacity=1024,
+                bucket_capacity=16,
+                initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+                **oracle.device_resident({} if b is None else {"local_hbm_for_values": b}),
+            )
+            for d, b in zip(dims, budgets)
+        ]
+        return BatchedDynamicEmbeddingTables(
+            opts, ["a", "b", "c"], [0, 1, 2, 1], pooling, optimizer, device, learning_rate=0.05
+        )
+
+    hybrid = module([None, 48 * row_bytes[1], 16 * row_bytes[2]])
+    plain = module([None, None, None])
+    assert hybrid._group is not None and plain._group is not None
+    assert [t.device_rows(0) for t in hybrid.tables] == [64, 48, 16]
+    g = torch.Generator().manual_seed(5)
+    B = 8
+    for _ in range(8):
+        lengths = torch.randint(0, 6, (4 * B,), generator=g)
+        keys = torch.randint(0, 400, (int(lengths.sum()),), generator=g).to(device)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(device)
+        want, got = plain(keys, offsets), hybrid(keys, offsets)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        coeff = torch.randn(want.shape, generator=g).to(device)
+        (want * coeff).sum().backward()
+        (got * coeff).sum().backward()
+    for t in range(3):
+        assert hybrid.tables[t].capacity(0) == plain.tables[t].capacity(0)
+        assert hybrid.tables[t].device_rows(0) <= [1024, 48, 16][t]
+        probe = torch.arange(400, device=device)
+        f1, r1, _ = plain.tables[t].find(0, probe)
+        f2, r2, _ = hybrid.tables[t].find(0, probe)
+        assert torch.equal(f1, f2)
+        torch.testing.assert_close(r2[f2], r1[f1], rtol=1e-6, atol=1e-6)
+    assert hybrid.tables[2].capacity(0) > 64  # grew: its rows moved across the device/host split

@@ -22,7 +22,7 @@ from dynamicemb_core.lookup.tiers import device_budget_bytes, tier_kind
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
 from dynamicemb_core.planner.table_options import prepare_table_options
 from dynamicemb_core.storage.grouped import TableView
-from dynamicemb_core.types import StorageTableSpec
+from dynamicemb_core.types import MemoryType, StorageTableSpec
 from tests.shard.dist_harness import dynamic_kernels, run_workers, train_against_twin
 
 DIM = 4
@@ -90,16 +90,23 @@ SPLITS: List[Dict] = [
     {"bucket_capacity": MAX_BUCKET_CAPACITY},
     {"bucket_capacity": 16, "caching": True, "global_hbm_for_values": 2 * 16 * ROW},
 ]
-# the storage each split builds on a CPU rank
+# the storage each split builds on a CPU rank: device-resident and hybrid tables train in the
+# module's group (a TableView); "hybrid" when some of its rows are in host memory
 KINDS = [
-    "DeviceStorage",  # a CPU rank's device memory is its host memory
-    "HybridStorage",  # rounded up to one bucket of the shard's two
-    "HybridStorage",
-    "DeviceStorage",
-    "DeviceStorage",  # rounded up to one bucket, which is the whole shard
-    "DeviceStorage",
+    "device",  # a CPU rank's device memory is its host memory
+    "hybrid",  # rounded up to one bucket of the shard's two
+    "hybrid",
+    "device",
+    "device",  # rounded up to one bucket, which is the whole shard
+    "device",
     "CachedStorage",
 ]
+
+
+def _kind(tier) -> str:
+    if isinstance(tier, TableView):
+        return "hybrid" if tier.device_rows(0) < tier.capacity(0) else "device"
+    return type(tier).__name__
 
 
 def _train_every_split(rank: int, world: int) -> None:
@@ -116,8 +123,7 @@ def _train_every_split(rank: int, world: int) -> None:
             )
         ((kernel, t),) = dynamic_kernels(model).values()
         tier = kernel.emb_module.tables[t]
-        # a device-only module groups its tables: each is a view of the group's DeviceStorage
-        got = "DeviceStorage" if isinstance(tier, TableView) else type(tier).__name__
+        got = _kind(tier)
         assert got == kind, f"{options}: built {got}, expected {kind}"
 
 
@@ -129,25 +135,16 @@ def test_all_host_hybrid_table_trains_like_a_device_table(monkeypatch) -> None:
     """What a zero budget builds on CUDA (a hybrid table with no device rows), built here on CPU:
     trained side by side with a plain table, it stores the same rows."""
     import dynamicemb_core.lookup.batched_tables as batched
-    from dynamicemb_core.storage import HybridStorage
     from tests.storage.test_tiers import _module, _opts, _train_and_compare
 
-    plain_build = batched.build_tier
-    monkeypatch.setattr(
-        batched,
-        "build_tier",
-        lambda options, spec, device: HybridStorage(
-            [spec], device, table_options=[options], hbm_bytes=[0]
-        ),
-    )
     plain_kind = batched.tier_kind
-    # on CPU a zero budget is a device table, which the module would group: ask for the tier
+    # on CPU a zero budget is a device table: ask for the hybrid kind CUDA would pick
     monkeypatch.setattr(batched, "tier_kind", lambda options, spec, device: "hybrid")
-    tiered = _module("cpu", _opts(init_capacity=256))
-    monkeypatch.setattr(batched, "build_tier", plain_build)
+    tiered = _module("cpu", _opts(init_capacity=256, local_hbm_for_values=0))
     monkeypatch.setattr(batched, "tier_kind", plain_kind)
     storage = tiered.tables[0]
-    assert isinstance(storage, HybridStorage) and storage.device_rows(0) == 0
+    assert isinstance(storage, TableView) and storage.device_rows(0) == 0
     _train_and_compare("cpu", tiered)
     assert storage.table.capacity(0) > 256  # grew, every row still on the host
     assert storage.device_rows(0) == 0
+    assert storage.memory_usage(MemoryType.DEVICE) == 0

@@ -17,10 +17,11 @@ from dynamicemb_core.config import (
     EvictedItemMode,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage import CachedStorage, HybridStorage
+from dynamicemb_core.storage import CachedStorage
+from dynamicemb_core.storage.grouped import TableView
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.testing.dict_storage import PyDictStorage
-from dynamicemb_core.types import StorageTableSpec
+from dynamicemb_core.types import MemoryType, StorageTableSpec
 from tests.lookup import oracle
 
 DIM = 4
@@ -78,8 +79,12 @@ def _train_and_compare(device, tiered, prefetch=False):
 def test_hybrid_rows_split_device_and_host_train_like_a_device_table(device):
     tiered = _module(device, _opts(local_hbm_for_values=300 * ROW_BYTES))
     storage = tiered.tables[0]
-    assert isinstance(storage, HybridStorage)
+    assert isinstance(storage, TableView)  # a hybrid table trains in the module's group
     assert 0 < storage.device_rows(0) < storage.capacity(0)
+    row_bytes = storage.tables[0].row_width * 4
+    assert storage.memory_usage(MemoryType.DEVICE) == storage.device_rows(0) * row_bytes
+    host_rows = storage.capacity(0) - storage.device_rows(0)
+    assert storage.memory_usage(MemoryType.HOST) == host_rows * row_bytes
     _train_and_compare(device, tiered)
     homes = storage.table.find(torch.arange(NUM_KEYS, device=device), 0)
     slots = homes.slots[homes.found]

@@ -1,0 +1,268 @@
+"""GroupedRows: the value rows of a group's tables, split by slot between device and host memory.
+
+Table ``t``'s slots ``[0, device_rows[t])`` keep their rows in the device buffer, slots
+``[device_rows[t], capacity[t])`` in the host buffer (pinned when the device is CUDA). Each buffer is
+flat float32 with its own (T, 4) meta ``[value_offset, row_width, capacity, dim]`` (the layout of
+csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part unchanged: a call
+on all rows runs the op once per part, each part seeing the other part's slots as -1 (a slot the
+ops skip or read as zeros). Gathers add the two parts (a row is in exactly one), scatters and fused
+updates touch each row in its own part. A group with no host rows (every table within its device
+budget) runs each op once, on the device buffer.
+
+On CUDA the host part runs the CPU kernels on the pinned buffer, with the op's index tensors copied
+to the host and its result copied back: correct, and as slow as such copies are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+
+from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.table.host_memory import host_zeros
+from dynamicemb_core.types import MemoryType
+
+__all__ = ["GroupedRows"]
+
+_CPU = torch.device("cpu")
+
+
+def _meta(widths: Sequence[int], caps: Sequence[int], dims: Sequence[int]) -> List[List[int]]:
+    meta, offset = [], 0
+    for cap, width, dim in zip(caps, widths, dims):
+        meta.append([offset, int(width), int(cap), int(dim)])
+        offset += int(cap) * int(width)
+    return meta
+
+
+class GroupedRows:
+    """Rows of every table of a group, addressed by ``(table id, slot)``.
+
+    Args:
+        device: the group's device.
+        widths, dims: per table, row width (embedding + optimizer state) and embedding dim.
+        capacities: per table, slots.
+        device_rows: per table, how many of its first slots keep their rows in device memory
+            (None: all of them).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        widths: Sequence[int],
+        dims: Sequence[int],
+        capacities: Sequence[int],
+        device_rows: Optional[Sequence[Optional[int]]] = None,
+    ) -> None:
+        self.device = device
+        self.widths = [int(w) for w in widths]
+        self.dims = [int(d) for d in dims]
+        self.capacities = [int(c) for c in capacities]
+        limits = list(device_rows) if device_rows is not None else [None] * len(self.widths)
+        self.device_rows = [
+            c if lim is None else min(c, int(lim)) for c, lim in zip(self.capacities, limits)
+        ]
+        host_caps = [c - d for c, d in zip(self.capacities, self.device_rows)]
+        self.meta_host = _meta(self.widths, self.device_rows, self.dims)
+        self.host_meta_host = _meta(self.widths, host_caps, self.dims)
+        self.values = host_zeros(self._numel(self.meta_host), torch.float32, device)
+        self.meta = torch.tensor(self.meta_host, dtype=torch.int64).to(device)
+        self.has_host = any(host_caps)
+        self.host_values = torch.zeros(0, dtype=torch.float32)
+        self.host_meta = torch.tensor(self.host_meta_host, dtype=torch.int64)
+        self._split = torch.tensor(self.device_rows, dtype=torch.int64).to(device)
+        if self.has_host:
+            host = host_zeros(self._numel(self.host_meta_host), torch.float32, _CPU)
+            if device.type == "cuda":
+                host = host.pin_memory()
+            self.host_values = host
+
+    @classmethod
+    def shared(
+        cls, values: torch.Tensor, num_rows: int, width: int, dims: Sequence[int]
+    ) -> "GroupedRows":
+        """``num_rows`` device rows of ``width`` in ``values`` that every table's slots address
+        (a forward's rows as read, slot i = unique key i): for gathers only."""
+        self = cls.__new__(cls)
+        T = len(dims)
+        self.device = values.device
+        self.widths, self.dims = [int(width)] * T, [int(d) for d in dims]
+        self.capacities = self.device_rows = [int(num_rows)] * T
+        self.meta_host = [[0, int(width), int(num_rows), int(d)] for d in dims]
+        self.host_meta_host = [[0, int(width), 0, int(d)] for d in dims]
+        self.values = values
+        self.meta = torch.tensor(self.meta_host, dtype=torch.int64).to(values.device)
+        self.has_host = False
+        self.host_values = torch.zeros(0, dtype=torch.float32)
+        self.host_meta = torch.tensor(self.host_meta_host, dtype=torch.int64)
+        self._split = torch.zeros(0, dtype=torch.int64, device=values.device)
+        return self
+
+    @staticmethod
+    def _numel(meta: List[List[int]]) -> int:
+        return sum(cap * width for _, width, cap, _ in meta)
+
+    # ---- per-table blocks (checkpoints, growth) ----------------------------------------------
+    def blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
+        """``[(device rows, 0), (host rows, device_rows)]`` of table ``table_id`` (views), the host
+        block only when it has rows."""
+        off, width, cap, _ = self.meta_host[table_id]
+        out = [(self.values[off : off + cap * width].view(cap, width), 0)]
+        hoff, _, hcap, _ = self.host_meta_host[table_id]
+        if hcap:
+            rows = self.host_values[hoff : hoff + hcap * width].view(hcap, width)
+            out.append((rows, self.device_rows[table_id]))
+        return out
+
+    def memory_usage(self, mem_type: MemoryType, table_id: Optional[int] = None) -> int:
+        """Bytes of the device part (DEVICE) or the host part (HOST), of one table or all. On a CPU
+        group the device part counts as DEVICE, as it would on an accelerator."""
+        meta = self.meta_host if mem_type is MemoryType.DEVICE else self.host_meta_host
+        rows = meta if table_id is None else [meta[table_id]]
+        return 4 * self._numel(rows)
+
+    # ---- the two parts ----------------------------------------------------------------------
+    def _parts(
+        self, table_ids: torch.Tensor, slots: torch.Tensor
+    ) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(values, meta, slots)`` per part; slots of the other part are -1."""
+        if not self.has_host:
+            return [(self.values, self.meta, slots)]
+        split = self._split[table_ids]
+        on_device = torch.where(slots < split, slots, -1)
+        on_host = torch.where(slots >= split, slots - split, -1)
+        return [
+            (self.values, self.meta, on_device),
+            (self.host_values, self.host_meta, on_host.to(_CPU)),
+        ]
+
+    def _mover(self, values: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """How an op's other tensors reach ``values``' part: as they are, or copied to the host."""
+        if values is self.values:
+            return lambda t: t
+        return lambda t: t.to(_CPU)
+
+    def gather(
+        self, table_ids: torch.Tensor, slots: torch.Tensor, width: int, *, check: bool = False
+    ) -> torch.Tensor:
+        """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1)."""
+        out: Optional[torch.Tensor] = None
+        for values, meta, part in self._parts(table_ids, slots):
+            tids = table_ids if values is self.values else table_ids.to(_CPU)
+            got = lookup_ops.grouped_gather(values, meta, tids, part, width, check=check)
+            out = got if out is None else out + got.to(self.device)
+        assert out is not None
+        return out
+
+    def scatter(
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        rows: torch.Tensor,
+        *,
+        check: bool = False,
+    ) -> None:
+        """In place: ``rows[i]`` at ``(table_ids[i], slots[i])`` (slot -1 skipped)."""
+        for values, meta, part in self._parts(table_ids, slots):
+            if values is self.values:
+                lookup_ops.grouped_scatter(values, meta, table_ids, part, rows, check=check)
+            else:
+                lookup_ops.grouped_scatter(
+                    values, meta, table_ids.to(_CPU), part, rows.to(_CPU), check=check
+                )
+
+    def pooled_gather(
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        inverse: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: Optional[torch.Tensor],
+        feature_tables: torch.Tensor,
+        d_offsets: torch.Tensor,
+        mode: int,
+        batch_size: int,
+        total_dim: int,
+    ) -> torch.Tensor:
+        """:func:`lookup_ops.grouped_pooled_gather` over both parts (pooling is linear in rows)."""
+        out: Optional[torch.Tensor] = None
+        for values, meta, part in self._parts(table_ids, slots):
+            move = self._mover(values)
+            got = lookup_ops.grouped_pooled_gather(
+                values,
+                meta,
+                part,
+                move(inverse),
+                move(offsets),
+                None if weights is None else move(weights),
+                move(feature_tables),
+                move(d_offsets),
+                mode,
+                batch_size,
+                total_dim,
+                check=False,
+            )
+            out = got if out is None else out + got.to(self.device)
+        assert out is not None
+        return out
+
+    def reduce_update(
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        grad_out: torch.Tensor,
+        inverse: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: Optional[torch.Tensor],
+        feature_tables: torch.Tensor,
+        d_offsets: torch.Tensor,
+        mode: int,
+        batch_size: int,
+        max_dim: int,
+        optimizer: Tuple[Any, ...],
+        frozen: Sequence[int] = (),
+    ) -> None:
+        """:func:`lookup_ops.grouped_reduce_update` on both parts: each part reduces the gradient
+        and updates its own rows. ``optimizer``: ``(code, lr, eps, beta1, beta2, weight_decay,
+        weight_decay_mode, step)``. ``frozen``: tables that hold no optimizer state (their slots
+        must be -1)."""
+        code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step = optimizer
+        for values, meta, part in self._parts(table_ids, slots):
+            move = self._mover(values)
+            lookup_ops.grouped_reduce_update(
+                values,
+                _frozen(meta, frozen),
+                move(table_ids),
+                part,
+                move(grad_out),
+                move(inverse),
+                move(offsets),
+                None if weights is None else move(weights),
+                move(feature_tables),
+                move(d_offsets),
+                mode,
+                batch_size,
+                max_dim,
+                int(code),
+                float(lr),
+                float(eps),
+                float(beta1),
+                float(beta2),
+                float(weight_decay),
+                int(weight_decay_mode),
+                int(step),
+                check=False,
+            )
+
+
+def _frozen(meta: torch.Tensor, frozen: Sequence[int]) -> torch.Tensor:
+    """``meta`` where the ``frozen`` tables show no rows and a row width any optimizer's state
+    fits in (the fused update checks every table's width; their slots are -1, nothing is touched)."""
+    if not frozen:
+        return meta
+    out = meta.clone()
+    idx = list(frozen)
+    out[idx, 1] = 3 * out[idx, 3] + 1  # dim + ADAM's 2 dim, or + rowwise's 1
+    out[idx, 2] = 0
+    return out
