@@ -53,17 +53,39 @@ def export_model(model: nn.Module, args: Tuple[Any, ...]) -> torch.export.Export
 
 
 def compile_package(
-    program: torch.export.ExportedProgram, path: str, *, fast_compile: bool = False
+    program: torch.export.ExportedProgram,
+    path: str,
+    *,
+    fast_compile: bool = False,
+    embed_constants: bool = True,
 ) -> str:
     """AOTInductor-compile an exported program into a ``.pt2`` package at ``path``.
+
+    Where the C++ toolchain links libstdc++ statically into shared objects (the lent GPU machine),
+    the package is linked against the process's shared libstdc++ instead
+    (:mod:`dynamicemb_core.inference.toolchain` says why); elsewhere the toolchain is used as is.
 
     Args:
         fast_compile: build the wrapper at -O0 (what the tests use; the kernels that matter are the
             table ops, compiled already).
+        embed_constants: store a copy of every parameter and buffer in the package (a package
+            that serves on its own). False leaves them out: the loaded package must then be given
+            the live tensors with :func:`attach` before its first call. That is what a server
+            holding the module does anyway, and it keeps multi-GB tables out of the compile.
     """
-    configs: Dict[str, Any] = {}
+    from dynamicemb_core.inference.toolchain import inductor_configs
+
+    configs: Dict[str, Any] = dict(inductor_configs())
     if fast_compile and hasattr(torch._inductor.config.aot_inductor, "compile_wrapper_opt_level"):
         configs["aot_inductor.compile_wrapper_opt_level"] = "O0"
+    if not embed_constants:
+        if not hasattr(torch._inductor.config.aot_inductor, "package_constants_in_so"):
+            raise ValueError(
+                f"compile_package: embed_constants=False needs torch's "
+                f"aot_inductor.package_constants_in_so option, which torch {torch.__version__} "
+                "lacks"
+            )
+        configs["aot_inductor.package_constants_in_so"] = False
     return torch._inductor.aoti_compile_and_package(
         program, package_path=path, inductor_configs=configs
     )

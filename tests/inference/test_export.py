@@ -131,6 +131,30 @@ def test_aoti_package_serves_and_follows_replay(device: torch.device, tmp_path) 
     assert torch.equal(after, want)
 
 
+def test_package_without_constants_serves_the_attached_module(tmp_path) -> None:
+    """``embed_constants=False`` leaves the tables out of the package; attached, it serves the live
+    module and follows its replays (CPU: the bench uses this path on CUDA and checks its output)."""
+    from dynamicemb_core.inference.runtime import load_package
+
+    trainer = H.trained_tables(P.SUM, device="cpu")
+    served = LookupModule(InferenceEmbeddingBagCollection.from_model(trainer))
+    indices, offsets, _ = H.batch(700, 16, 600, "cpu")
+    package = compile_package(
+        export_model(served, (indices, offsets)),
+        str(tmp_path / "bare.pt2"),
+        fast_compile=True,
+        embed_constants=False,
+    )
+    compiled = load_package(package)
+    assert attach(compiled, served) > 0
+    before = compiled(indices, offsets)
+    assert torch.equal(before, H.reference(trainer, indices, offsets))
+    served.collection.replay(_changed_trainer(trainer, "cpu"))
+    want = H.reference(trainer, indices, offsets)
+    assert not torch.equal(want, before)
+    assert torch.equal(compiled(indices, offsets), want)
+
+
 def test_online_sync_replica_serves_an_exported_program(tmp_path) -> None:
     import importlib.util
 
