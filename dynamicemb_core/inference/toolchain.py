@@ -1,13 +1,15 @@
 """A C++ toolchain that links libstdc++ statically into shared objects, and what AOTInductor needs there.
 
-On the lent GPU machine (g++ 13.3, torch 2.11.0+cu130) a shared object linked by the system compiler
-carries its own static copy of libstdc++: it needs no ``libstdc++.so.6`` and exports ``__cxa_throw``
-(csrc/include/dynamicemb/check.h tells how that was found). Loaded into a Python process that already
-runs torch's shared libstdc++, the object then uses two copies of the C++ runtime at once, and their
-iostream and locale state disagree. The ops library avoids every iostream for that reason; an
-AOTInductor wrapper cannot (its runtime headers print and format through iostreams), and a package
-compiled there died with SIGSEGV, without a message, as soon as it was loaded and run. Here, a wrapper
-forced to link libstdc++ statically (``-static-libstdc++``) fails at load with ``std::bad_cast``.
+On the lent GPU machine (torch 2.11.0+cu130) the compiler that ``$CXX`` names, ``/opt/gcc/bin/g++``
+(g++ 13.3), links libstdc++ statically: a shared object it links carries its own copy of the C++
+runtime, needs no ``libstdc++.so.6`` and exports ``__cxa_throw`` (csrc/include/dynamicemb/check.h
+tells how that was found; the probe below found the same there for the compiler Inductor uses).
+Loaded into a Python process that already runs torch's shared libstdc++, such an object uses two
+copies of the C++ runtime at once, and their iostream and locale state disagree. The ops library
+avoids every iostream for that reason; an AOTInductor wrapper cannot (its runtime headers print and
+format through iostreams), and a CUDA package compiled there died with SIGSEGV, without a message,
+when it was loaded and run. Here, a wrapper forced to link libstdc++ statically
+(``-static-libstdc++``) fails at load with ``std::bad_cast``.
 
 The fix: a probe link with the compiler Inductor uses tells whether it does that. If it does,
 :func:`inductor_configs` points Inductor at a small script that calls the same compiler and adds the
