@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -22,6 +23,9 @@ namespace {
 using namespace grouped;
 
 constexpr int64_t kPrefetchAhead = 8;
+// Keys summed between two rounds of sinks (grouped_reduce_update's updates): 1024 rows of dim 128
+// are 512 KiB, within a core's L2.
+constexpr int64_t kKeyBlock = 1024;
 
 inline void prefetch_row(const float* row, int64_t n) {
   const char* p = reinterpret_cast<const char*>(row);
@@ -120,17 +124,14 @@ void grouped_scatter_cpu(at::Tensor& values, const at::Tensor& meta, const at::T
   }
 }
 
-/// Per index: its bag, that bag's feature, and the bags' validity (offsets from 0 to n, in order).
-std::vector<int64_t> bag_of_indices(const int64_t* off, int64_t num_bags, int64_t n, const char* op) {
+/// Raises unless the bags' offsets run from 0 to n without decreasing (O(bags), before any walk).
+void check_offsets(const int64_t* off, int64_t num_bags, int64_t n, const char* op) {
   DEMB_CHECK_VALUE(off[0] == 0 && off[num_bags] == n, op, ": offsets must start at 0 and end at n=",
                    n, ", got [", off[0], ", ...,", off[num_bags], "]");
-  std::vector<int64_t> bag_of(n);
   for (int64_t b = 0; b < num_bags; ++b) {
     DEMB_CHECK_VALUE(off[b] <= off[b + 1], op, ": offsets must be non-decreasing; offsets[", b,
                      "]=", off[b], " > offsets[", b + 1, "]=", off[b + 1]);
-    for (int64_t i = off[b]; i < off[b + 1]; ++i) bag_of[i] = b;
   }
-  return bag_of;
 }
 
 /// The bag layout shared by the pooled gather and the reduction, checked.
@@ -168,11 +169,15 @@ Bags bag_layout(const MetaView& mv, const at::Tensor& inverse, const at::Tensor&
                      ": d_offsets must step by each feature's table dim; feature ", f, " steps ",
                      b.dofs_p[f + 1] - b.dofs_p[f], ", its table's dim is ", mv.dim(b.ft_p[f]));
   }
-  for (int64_t i = 0; i < b.n; ++i) {
-    DEMB_CHECK_INDEX(b.inv_p[i] >= 0 && b.inv_p[i] < num_unique, op, ": inverse[", i, "]=",
-                     b.inv_p[i], " out of range [0, ", num_unique, ")");
-  }
+  check_offsets(b.off_p, b.num_bags, b.n, op);
+  (void)num_unique;  // inverse is range-checked by the walk that follows it
   return b;
+}
+
+/// Raises for inverse[i] outside [0, num_unique).
+inline void check_inverse(const int64_t* inv, int64_t i, int64_t num_unique, const char* op) {
+  DEMB_CHECK_INDEX(inv[i] >= 0 && inv[i] < num_unique, op, ": inverse[", i, "]=", inv[i],
+                   " out of range [0, ", num_unique, ")");
 }
 
 at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
@@ -195,58 +200,86 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
   DEMB_CHECK_VALUE(b.dofs_p[b.F] == total_dim, op, ": total_dim ", total_dim,
                    " differs from d_offsets[-1]=", b.dofs_p[b.F]);
   const int64_t* s_p = sl.data_ptr<int64_t>();
-  bag_of_indices(b.off_p, b.num_bags, b.n, op);  // validates offsets before they are followed
-  // Every unique key's slot must lie in the table of the features that read it.
-  for (int64_t bag = 0; bag < b.num_bags; ++bag) {
+  // The walk checks each index's unique id and slot as it reads them, skipping a bad one; the
+  // output is new, so raising after the walk still writes nothing the caller sees.
+  auto check_index = [&](int64_t bag, int64_t i) {
+    check_inverse(b.inv_p, i, u, op);
     const int64_t t = b.ft_p[bag / b.B];
-    for (int64_t i = b.off_p[bag]; i < b.off_p[bag + 1]; ++i) {
-      DEMB_CHECK_INDEX(s_p[b.inv_p[i]] < mv.capacity(t), op, ": slot ", s_p[b.inv_p[i]],
-                       " of index ", i, " out of range for table ", t, " (capacity ",
-                       mv.capacity(t), ")");
-    }
-  }
+    DEMB_CHECK_INDEX(s_p[b.inv_p[i]] < mv.capacity(t), op, ": slot ", s_p[b.inv_p[i]],
+                     " of index ", i, " out of range for table ", t, " (capacity ",
+                     mv.capacity(t), ")");
+  };
+  std::atomic<bool> bad{false};
   auto out = at::empty({b.B, total_dim}, values.options());
   const float* v = values.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, b.num_bags, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> acc;
+    // Prefetch cursor: the row kPrefetchAhead indices ahead, across bag (and table) boundaries.
+    const int64_t last = b.off_p[end];
+    int64_t pf_bag = begin;
     for (int64_t bag = begin; bag < end; ++bag) {
       const int64_t f = bag / b.B, s = bag % b.B, t = b.ft_p[f];
-      const int64_t D = mv.dim(t), W = mv.width(t);
+      const int64_t D = mv.dim(t), W = mv.width(t), cap = mv.capacity(t);
       const float* base = v + mv.offset(t);
       acc.assign(D, 0.0f);
+      float* __restrict__ a = acc.data();
       const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
       for (int64_t i = lo; i < hi; ++i) {
-        if (i + kPrefetchAhead < hi) {
-          const int64_t ahead = s_p[b.inv_p[i + kPrefetchAhead]];
-          if (ahead >= 0) prefetch_row(base + ahead * W, D);
+        const int64_t ahead = i + kPrefetchAhead;
+        if (ahead < last) {
+          while (b.off_p[pf_bag + 1] <= ahead) ++pf_bag;
+          const int64_t k = b.inv_p[ahead];
+          if (k >= 0 && k < u) {
+            const int64_t pt = b.ft_p[pf_bag / b.B];
+            const int64_t ps = s_p[k];
+            if (ps >= 0 && ps < mv.capacity(pt)) {
+              prefetch_row(v + mv.offset(pt) + ps * mv.width(pt), mv.dim(pt));
+            }
+          }
         }
-        const int64_t slot = s_p[b.inv_p[i]];
+        const int64_t k = b.inv_p[i];
+        if (k < 0 || k >= u) {
+          bad.store(true, std::memory_order_relaxed);
+          continue;
+        }
+        const int64_t slot = s_p[k];
         if (slot < 0) continue;
+        if (slot >= cap) {
+          bad.store(true, std::memory_order_relaxed);
+          continue;
+        }
         const float w = b.w_p ? b.w_p[i] : 1.0f;
-        const float* row = base + slot * W;
-        for (int64_t d = 0; d < D; ++d) acc[d] += w * row[d];
+        const float* __restrict__ row = base + slot * W;
+        for (int64_t d = 0; d < D; ++d) a[d] += w * row[d];
       }
       const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
       float* dst = o + s * total_dim + b.dofs_p[f];
-      for (int64_t d = 0; d < D; ++d) dst[d] = acc[d] * scale;
+      for (int64_t d = 0; d < D; ++d) dst[d] = a[d] * scale;
     }
   });
+  if (bad.load()) {
+    // Error path only: find the first bad index, in index order, and raise for it.
+    for (int64_t bag = 0; bag < b.num_bags; ++bag) {
+      for (int64_t i = b.off_p[bag]; i < b.off_p[bag + 1]; ++i) check_index(bag, i);
+    }
+  }
   return out;
 }
 
 // The reduction shared by grouped_reduce_grads and grouped_reduce_update: calls sink(k, acc, D)
 // once per unique key k with acc the sum of scale * (the gradient row of each of its positions),
-// positions in input order (deterministic). keep(k) false skips key k. ``key_tables`` (optional,
+// positions in input order (deterministic). keep(k) false skips key k; ahead(k) is called a few
+// keys before key k is summed (the update prefetches k's value row there). ``key_tables`` (optional,
 // (u,)): each key's table, checked against the table of every feature reading it. All checks run in
 // one serial pass before the first sink call, which also lays out, in key order, each position's
 // gradient row offset and scale, so the parallel sums read two sequential arrays and the rows.
-template <typename Keep, typename Sink>
+template <typename Keep, typename Ahead, typename Sink>
 void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Tensor& inverse,
                     const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                     const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
                     int64_t batch_size, int64_t num_unique, const int64_t* key_tables,
-                    const char* op, Keep keep, Sink sink) {
+                    const char* op, Keep keep, Ahead ahead, Sink sink) {
   DEMB_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
   const Bags b = bag_layout(mv, inverse, offsets, weights, feature_tables, d_offsets, mode,
                             batch_size, num_unique, op);
@@ -268,42 +301,66 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
     DEMB_CHECK_VALUE(mv.dim(b.ft_p[f]) <= G, op, ": grad_out has ", G, " columns, table ",
                      b.ft_p[f], " has dim ", mv.dim(b.ft_p[f]));
   }
-  const auto bag_of = bag_of_indices(b.off_p, b.num_bags, b.n, op);
-  // Per key: its table (from the first feature reading it) and its number of positions.
+  // Pass 1, bag by bag (each bag's feature and table are known without a per-index array): check
+  // each index's unique id and its table, and count each key's positions.
   std::vector<int64_t> key_table(num_unique, -1), start(num_unique + 1, 0);
-  for (int64_t i = 0; i < b.n; ++i) {
-    const int64_t k = b.inv_p[i];
-    const int64_t t = b.ft_p[bag_of[i] / b.B];
-    if (key_table[k] < 0) key_table[k] = t;
-    const int64_t want = key_tables ? key_tables[k] : key_table[k];
-    DEMB_CHECK_VALUE(t == want, op, ": index ", i, " reads unique key ", k, " of table ", want,
-                     " from a feature of table ", t);
-    ++start[k + 1];
+  int64_t* cnt = start.data() + 1;
+  for (int64_t bag = 0; bag < b.num_bags; ++bag) {
+    const int64_t t = b.ft_p[bag / b.B];
+    for (int64_t i = b.off_p[bag], hi = b.off_p[bag + 1]; i < hi; ++i) {
+      check_inverse(b.inv_p, i, num_unique, op);
+      const int64_t k = b.inv_p[i];
+      if (key_table[k] < 0) key_table[k] = t;
+      const int64_t want = key_tables ? key_tables[k] : key_table[k];
+      DEMB_CHECK_VALUE(t == want, op, ": index ", i, " reads unique key ", k, " of table ", want,
+                       " from a feature of table ", t);
+      ++cnt[k];
+    }
   }
   for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
+  // Pass 2: each position's gradient row offset and scale, laid out in key order (a counting
+  // sort, stable: a key's positions stay in input order, so the sums are deterministic).
   std::vector<int64_t> src(b.n), fill(start.begin(), start.end() - 1);
   std::vector<float> scale(b.n);
-  for (int64_t i = 0; i < b.n; ++i) {
-    const int64_t bag = bag_of[i];
-    const int64_t j = fill[b.inv_p[i]]++;
-    float sc = b.w_p ? b.w_p[i] : 1.0f;
-    if (mode == kPoolMean) sc /= float(b.off_p[bag + 1] - b.off_p[bag]);
-    scale[j] = sc;
-    src[j] = mode == kPoolNone ? i * G : (bag % b.B) * G + b.dofs_p[bag / b.B];
+  for (int64_t bag = 0; bag < b.num_bags; ++bag) {
+    const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
+    const float mean = mode == kPoolMean && hi > lo ? float(hi - lo) : 1.0f;
+    const int64_t row = (bag % b.B) * G + b.dofs_p[bag / b.B];
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t j = fill[b.inv_p[i]]++;
+      float sc = b.w_p ? b.w_p[i] : 1.0f;
+      if (mode == kPoolMean) sc /= mean;
+      scale[j] = sc;
+      src[j] = mode == kPoolNone ? i * G : row;
+    }
   }
-  at::parallel_for(0, num_unique, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc;
-    for (int64_t k = begin; k < end; ++k) {
-      if (start[k] == start[k + 1] || !keep(k)) continue;
-      const int64_t D = mv.dim(key_table[k]);
-      acc.assign(D, 0.0f);
-      float* __restrict__ a = acc.data();
-      for (int64_t j = start[k]; j < start[k + 1]; ++j) {
-        const float sc = scale[j];
-        const float* __restrict__ row = g_p + src[j];
-        for (int64_t d = 0; d < D; ++d) a[d] += sc * row[d];
+  // Keys in blocks: a block's sums go to a small buffer (it stays in cache), then its sinks run
+  // in one loop that prefetches (ahead) the rows a few keys in advance, as grouped_update does;
+  // interleaving each key's sum with its update left the update's random row reads unhidden.
+  int64_t max_dim = 0;
+  for (int64_t t = 0; t < mv.T; ++t) max_dim = std::max(max_dim, mv.dim(t));
+  at::parallel_for(0, num_unique, kKeyBlock, [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(kKeyBlock * max_dim);
+    for (int64_t kb = begin; kb < end; kb += kKeyBlock) {
+      const int64_t ke = std::min(end, kb + kKeyBlock);
+      for (int64_t k = kb; k < ke; ++k) {
+        if (start[k] == start[k + 1] || !keep(k)) continue;
+        const int64_t D = mv.dim(key_table[k]);
+        float* __restrict__ a = buf.data() + (k - kb) * max_dim;
+        std::fill(a, a + D, 0.0f);
+        for (int64_t j = start[k], hi = start[k + 1]; j < hi; ++j) {
+          if (j + kPrefetchAhead < hi) prefetch_row(g_p + src[j + kPrefetchAhead], D);
+          const float sc = scale[j];
+          const float* __restrict__ row = g_p + src[j];
+          for (int64_t d = 0; d < D; ++d) a[d] += sc * row[d];
+        }
       }
-      sink(k, static_cast<const float*>(a), D);
+      for (int64_t k = kb; k < kb + kPrefetchAhead && k < ke; ++k) ahead(k);
+      for (int64_t k = kb; k < ke; ++k) {
+        if (k + kPrefetchAhead < ke) ahead(k + kPrefetchAhead);
+        if (start[k] == start[k + 1] || !keep(k)) continue;
+        sink(k, static_cast<const float*>(buf.data() + (k - kb) * max_dim), mv.dim(key_table[k]));
+      }
     }
   });
 }
@@ -326,7 +383,7 @@ at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor
   auto out = at::zeros({num_unique, width}, grad_out.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                 batch_size, num_unique, nullptr, op, [](int64_t) { return true; },
+                 batch_size, num_unique, nullptr, op, [](int64_t) { return true; }, [](int64_t) {},
                  [&](int64_t k, const float* acc, int64_t D) { std::copy(acc, acc + D, o + k * width); });
   return out;
 }
@@ -439,6 +496,10 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   float* v = values.data_ptr<float>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
                  batch_size, u, t_p, op, [&](int64_t k) { return s_p[k] >= 0; },
+                 [&](int64_t k) {
+                   const int64_t t = t_p[k];
+                   if (s_p[k] >= 0) prefetch_row(v + mv.offset(t) + s_p[k] * mv.width(t), mv.width(t));
+                 },
                  [&](int64_t k, const float* g, int64_t D) {
                    const int64_t t = t_p[k];
                    update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p);

@@ -114,6 +114,21 @@ def test_segmented_unique_matches_python(device):
     assert per_table.tolist() == [sum(1 for t, _ in pairs if t == i) for i in range(3)]
 
 
+def test_segmented_unique_keeps_pairs_whose_sort_words_clash(device):
+    """The CUDA kernel sorts one word per pair (the key with its table id mixed in); two pairs of
+    different tables can share that word, and must still come out as two pairs."""
+    mix = 0x9E3779B97F4A7C15
+    clash = (5 ^ mix) - (1 << 64) if (5 ^ mix) >= 1 << 63 else 5 ^ mix  # table 1's word = 5
+    keys = torch.tensor([5, clash, 5, clash, 7], device=device)
+    tids = torch.tensor([0, 1, 0, 1, 1], device=device)
+    uk, ut, inv, counts, per_table = lookup_ops.segmented_unique(keys, tids, 2)
+    pairs = sorted(zip(ut.cpu().tolist(), uk.cpu().tolist()))
+    assert pairs == sorted([(0, 5), (1, clash), (1, 7)])
+    assert torch.equal(uk[inv].cpu(), keys.cpu()) and torch.equal(ut[inv].cpu(), tids.cpu())
+    assert per_table.tolist() == [1, 2]
+    assert sorted(counts.cpu().tolist()) == [1, 2, 2]
+
+
 def test_segmented_unique_cpu_keeps_first_occurrence_order():
     keys = torch.tensor([5, 3, 5, 7, 3, 5])
     tids = torch.tensor([0, 0, 1, 1, 0, 0])
