@@ -63,6 +63,9 @@ _EXPORTS: Dict[str, str] = {
     "DynamicEmbDump": "dynamicemb_core.checkpoint",
     "DynamicEmbLoad": "dynamicemb_core.checkpoint",
     "pop_evicted_keys": "dynamicemb_core.checkpoint",
+    # placement counters (hits, misses, placed, evicted, unplaced) per table
+    "reset_table_metrics": "dynamicemb_core.lookup.table_metrics",
+    "table_metrics": "dynamicemb_core.lookup.table_metrics",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

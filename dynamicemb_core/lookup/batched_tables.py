@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from dynamicemb_core.config import (
-    DynamicEmbCheckMode,
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
@@ -42,7 +40,9 @@ from dynamicemb_core.optim import (
 from dynamicemb_core.optim.args import output_dtype_from
 from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage, TableView
-from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
+from dynamicemb_core.table.metrics import METRIC_NAMES
+from dynamicemb_core.table.safe_check import UnplacedKeyReport
+from dynamicemb_core.types import StorageTableSpec
 
 __all__ = ["BatchedDynamicEmbeddingTables"]
 
@@ -154,6 +154,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
         self._dummy = torch.zeros(1, device=self.device, requires_grad=True)
         self._step = 0
+        self._unplaced_report = UnplacedKeyReport()
 
     # ---- construction -------------------------------------------------------------------------
     def _validate_tables(self) -> List[int]:
@@ -276,6 +277,27 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             )
         return stats
 
+    def metrics(self, reset: bool = False) -> Dict[str, Dict[str, int]]:
+        """Per table name, its placement counters since the start (or the last reset).
+
+        ``hits`` / ``misses``: unique keys of training lookups found / not found; ``placed``: keys
+        stored for the first time; ``evicted``: keys pushed out for new ones; ``unplaced``: keys
+        that found no place (read as zeros, no update). For a cached table, hits and misses are
+        the cache's, the others the next tier's. Counted on the device; reading copies them to
+        the host once. ``reset=True`` zeroes them after reading.
+        """
+        rows = [tier.metrics(0) for tier in self.tables]
+        zeros = torch.zeros(len(METRIC_NAMES), dtype=torch.int64)
+        host = torch.stack([zeros if r is None else r.cpu() for r in rows]).tolist()
+        if reset:
+            self.reset_metrics()
+        return {n: dict(zip(METRIC_NAMES, map(int, v))) for n, v in zip(self.table_names, host)}
+
+    def reset_metrics(self) -> None:
+        """Zero every table's placement counters."""
+        for tier in self.tables:
+            tier.reset_metrics(0)
+
     # ---- forward ------------------------------------------------------------------------------
     def _new_rows(self, t: int, keys: torch.Tensor) -> torch.Tensor:
         """Rows for new keys: embedding from the initializer, then the optimizer's fresh state."""
@@ -291,18 +313,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         return rows
 
     def _safe_check(self, t: int, failed: int) -> None:
-        if failed == 0:
-            return
-        mode = self.table_options[t].safe_check_mode
-        msg = (
-            f"table {self.table_names[t]!r}: {failed} key(s) of this batch could not be inserted "
-            "(their bucket is full of keys used in the same batch); they read their initial "
-            "embedding and get no update. Raise max_capacity or bucket_capacity."
+        """Apply table ``t``'s safe_check_mode to ``failed`` keys that found no place."""
+        self._unplaced_report(
+            self.table_names[t], self.table_options[t].safe_check_mode, failed, stacklevel=5
         )
-        if mode == DynamicEmbCheckMode.ERROR:
-            raise DynamicEmbError(msg)
-        if mode == DynamicEmbCheckMode.WARNING:
-            warnings.warn(msg, DynamicEmbWarning, stacklevel=4)
 
     def _lookup_table(
         self, t: int, keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor

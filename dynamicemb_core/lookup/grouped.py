@@ -181,9 +181,10 @@ class TableGroup:
         """Resolve the batch's unique pairs: ``(step, rows, slots, unplaced)``.
 
         ``rows``/``slots`` is what the output reads: the group's own rows, or, when some rows are
-        not stored (eval misses, rejected or unplaced keys), a (u, max_dim) buffer of the rows as
-        they read with ``slots = arange(u)``. ``unplaced``: per table, keys that
-        should have been placed and found no room (None when there were none).
+        not stored (eval misses, rejected keys), a (u, max_dim) buffer of the rows as they read
+        with ``slots = arange(u)``. A key that should have been placed and found no room has slot
+        -1 and reads zeros (the seed); ``unplaced`` counts them per table (None when there were
+        none).
         """
         tids = self.table_ids(offsets, indices.numel(), batch_size)
         keys, utids, inverse, key_counts, counts = lookup_ops.segmented_unique(
@@ -199,14 +200,10 @@ class TableGroup:
         if self._plain:
             acquire = self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
+            out = self._source(step, acquire.slots, acquire.slots, None, None)
             if not acquire.unplaced:
-                return self._source(step, acquire.slots, acquire.slots, None, None) + (None,)
-            assert acquire.fresh_rows is not None
-            unplaced = self._count_by_table(utids[acquire.slots < 0])
-            out = self._source(
-                step, acquire.slots, acquire.slots, acquire.fresh_index, acquire.fresh_rows
-            )
-            return out + (unplaced,)
+                return out + (None,)
+            return out + (self._count_by_table(utids[acquire.slots < 0]),)
         return self._mixed_lookup(keys, utids, inverse, key_counts, offsets, batch_size)
 
     def _mixed_lookup(
@@ -236,7 +233,7 @@ class TableGroup:
         read = torch.where(trained, slots, stored)
         step = self._step(keys, utids, inverse, slots, trained, offsets, batch_size)
         # Rows that are not stored: eval-initialised misses of tables that do not train, rows of
-        # rejected keys, initial rows of keys that found no room.
+        # rejected keys (keys that found no room read slot -1: zeros).
         idx, rows = [], []
         still = (~trained & ~found & ~self._trains_dev[utids]).nonzero().squeeze(1)
         if still.numel():
@@ -247,9 +244,6 @@ class TableGroup:
             rows.append(self._rejected_rows(keys[rejected], utids[rejected]))
         unplaced: Optional[List[int]] = None
         if acquire.unplaced:
-            assert acquire.fresh_rows is not None
-            idx.append(take[acquire.fresh_index])
-            rows.append(acquire.fresh_rows[:, : self.max_dim])
             unplaced = self._count_by_table(take_tids[acquire.slots < 0])
         if not idx:
             return self._source(step, read, slots, None, None) + (unplaced,)

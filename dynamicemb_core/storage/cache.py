@@ -299,6 +299,7 @@ class CachedStorage(LookupTier):
                 table_id, keys[unplaced], "confirm the rows it stored"
             )
             homes[unplaced[~stored]] = HOME_NONE
+            rows[unplaced[~stored]] = 0  # a key no tier could hold reads as zeros (the seed)
         self._spilled[table_id] += victims
         return TierRows(homes=homes, found=found, rows=rows)
 
@@ -472,6 +473,28 @@ class CachedStorage(LookupTier):
     def evictions(self, table_id: int) -> int:
         counter = getattr(self.backing, "evictions", None)
         return int(counter(self.backing_ids[table_id])) if callable(counter) else 0
+
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        """Hits and misses of the cache; placed / evicted / unplaced of the next tier when it
+        keeps counters (a host table), else of the cache."""
+        from dynamicemb_core.table.metrics import EVICTED, PLACED, UNPLACED
+
+        own = self.cache.metrics(table_id) if self.cache is not None else None
+        reader = getattr(self.backing, "metrics", None)
+        last = reader(self.backing_ids[table_id]) if callable(reader) else None
+        if own is None:
+            return last
+        if last is not None:
+            cols = [PLACED, EVICTED, UNPLACED]
+            own[cols] = last[cols].to(own.device)
+        return own
+
+    def reset_metrics(self, table_id: int) -> None:
+        if self.cache is not None:
+            self.cache.reset_metrics(table_id)
+        reset = getattr(self.backing, "reset_metrics", None)
+        if callable(reset):
+            reset(self.backing_ids[table_id])
 
     def spills(self, table_id: int) -> int:
         """Keys the cache has written to the next tier to make room."""

@@ -204,17 +204,19 @@ class DeviceStorage(LookupTier):
         res = self.table.find_or_insert(keys, table_id)
         self._count_evictions(table_id, res)
         slots, is_new = res.slots, res.is_new
-        missing = is_new | (slots < 0)
+        unplaced_mask = slots < 0
+        placed_new = is_new & ~unplaced_mask
         # One readback for both counts; the indices of new keys only when there are some.
-        num_missing, unplaced = torch.stack([missing.sum(), (slots < 0).sum()]).tolist()
+        num_new, unplaced = torch.stack([placed_new.sum(), unplaced_mask.sum()]).tolist()
+        # Slot -1 reads zeros: a key that could not be placed reads as zeros (the seed).
         rows = self.read_rows(table_id, slots) if (with_rows or unplaced) else None
-        if num_missing:
-            idx = missing.nonzero().squeeze(1)
+        if num_new:
+            idx = placed_new.nonzero().squeeze(1)
             fresh = init(keys[idx])
             if rows is not None:
                 rows[idx] = fresh
             self.write_rows(table_id, slots[idx], fresh)
-        found = ~missing
+        found = ~(is_new | unplaced_mask)
         homes = torch.where(slots >= 0, slots, HOME_NONE)
         return TierRows(homes=homes, found=found, rows=rows, unplaced=unplaced)
 
@@ -243,6 +245,12 @@ class DeviceStorage(LookupTier):
 
     def evictions(self, table_id: int) -> int:
         return self._evicted_counts[table_id]
+
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        return self.table.counters.row(table_id)
+
+    def reset_metrics(self, table_id: int) -> None:
+        self.table.counters.reset(table_id)
 
     def capacity(self, table_id: int) -> int:
         return self.table.capacity(table_id)

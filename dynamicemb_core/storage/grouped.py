@@ -44,9 +44,9 @@ class GroupAcquire:
 
     Attributes:
         slots: (u,) int64 table-local slot of each key, -1 where the key found no room.
-        unplaced: how many slots are -1.
-        fresh_index: (m,) int64 positions of the keys that got initial rows (new or unplaced).
-        fresh_rows: (m, max row_width) those rows (an unplaced key reads its initial row).
+        unplaced: how many slots are -1 (those keys read as zeros and get no update).
+        fresh_index: (m,) int64 positions of the keys that got initial rows (new and placed).
+        fresh_rows: (m, max row_width) those rows, already written to the buffer.
     """
 
     slots: torch.Tensor
@@ -205,9 +205,10 @@ class GroupedDeviceStorage(DeviceStorage):
         )
         slots, is_new = res.slots, res.is_new
         unplaced_mask = slots < 0
-        missing = is_new | unplaced_mask
+        # Only keys that got a slot get initial rows: an unplaced key (slot -1) reads as zeros.
+        missing = is_new & ~unplaced_mask
         placed_new = torch.zeros(T, dtype=torch.int64, device=self.device)
-        placed_new.index_add_(0, table_ids, (is_new & ~unplaced_mask).to(torch.int64))
+        placed_new.index_add_(0, table_ids, missing.to(torch.int64))
         counts = torch.stack([missing.sum(), unplaced_mask.sum()])
         # The one readback of the step's table work: counts, new keys per table, sizes after.
         host = torch.cat([counts, placed_new, self.table.state.sizes]).tolist()
@@ -221,7 +222,7 @@ class GroupedDeviceStorage(DeviceStorage):
         self._sizes = [int(s) for s in after]
         self._sizes_epoch = self.table.placement_epoch
         if num_missing == 0:
-            return GroupAcquire(slots, 0, slots[:0], None)
+            return GroupAcquire(slots, unplaced, slots[:0], None)
         if self.device.type == "cuda":
             idx = torch.nonzero_static(missing, size=num_missing).squeeze(1)
         else:
@@ -326,6 +327,12 @@ class TableView(LookupTier):
 
     def evictions(self, table_id: int) -> int:
         return self.group.evictions(self._id(table_id))
+
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        return self.group.metrics(self._id(table_id))
+
+    def reset_metrics(self, table_id: int) -> None:
+        self.group.reset_metrics(self._id(table_id))
 
     def capacity(self, table_id: int) -> int:
         return self.group.capacity(self._id(table_id))

@@ -114,6 +114,14 @@ class LookupTier(Storage, metaclass=abc.ABCMeta):
         """Keys this storage's last tier has dropped so far (for counters and the demo)."""
         return 0
 
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        """(5,) int64 placement counters of the table on the device, in the order of
+        :data:`dynamicemb_core.table.metrics.METRIC_NAMES`; None when this storage keeps none."""
+        return None
+
+    def reset_metrics(self, table_id: int) -> None:
+        """Zero the table's placement counters."""
+
     def capacity(self, table_id: int) -> int:
         """Slots of the device-resident table (0 when there is none)."""
         return 0

@@ -24,7 +24,9 @@ from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import expansion
 from dynamicemb_core.table.environment import custom_score_check_enabled, determinism_mode
 from dynamicemb_core.table.host_memory import host_zeros
+from dynamicemb_core.table.metrics import PlacementCounters
 from dynamicemb_core.table.results import EvictedItems, ExportResult, FindResult, InsertResult
+from dynamicemb_core.table.safe_check import UnplacedKeyReport
 from dynamicemb_core.table.score_columns import score_columns_for_user, score_words_from_user
 from dynamicemb_core.table.spec import COMPOUND_POLICY, TableSpec
 from dynamicemb_core.table.validation import (
@@ -108,6 +110,9 @@ class ScoredHashTable:
         # (total_slots + 1,) int32 pin count per global slot, the last one a sink for slot -1;
         # allocated by the first pin_slots (a table nobody pins passes no pins to the kernels)
         self._pins: Optional[Tensor] = None
+        # hits / misses / placed / evicted / unplaced per table, accumulated on the device
+        self.counters = PlacementCounters(len(specs), self.device)
+        self._report = UnplacedKeyReport()
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -281,7 +286,7 @@ class ScoredHashTable:
         self, keys: Tensor, table_ids: TableIds = None, *, score: Optional[int] = None
     ) -> InsertResult:
         """Find keys, inserting absent ones (their rows are left as they are)."""
-        return self._insert(keys, table_ids, None, None, score, want_evicted=True)
+        return self._insert(keys, table_ids, None, None, score, want_evicted=True, lookup=True)
 
     def find_or_insert_counted(
         self,
@@ -318,6 +323,7 @@ class ScoredHashTable:
         retain = any(
             self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
         )
+        sizes_before = self._state.sizes.clone()
         if report_evicted or retain:
             slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True)
         else:
@@ -334,6 +340,7 @@ class ScoredHashTable:
             )
             evicted = self._no_evictions(max(s.num_scores for s in self.specs))
         slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
+        self.counters.record(table_ids, slots, is_new, sizes_before, self._state.sizes, lookup=True)
         self._collect_evicted(evicted)
         assert is_new is not None
         return InsertResult(slots, is_new, evicted)
@@ -358,6 +365,7 @@ class ScoredHashTable:
         scores: Optional[Tensor],
         score: Optional[int],
         want_evicted: bool,
+        lookup: bool = False,
     ) -> InsertResult:
         where, keys, tids = self._keys_and_ids(keys, table_ids)
         n = keys.numel()
@@ -379,8 +387,10 @@ class ScoredHashTable:
             self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
         )
         evicting = want_evicted or retain
+        sizes_before = self._state.sizes.clone()
         slots, is_new, evicted = self._run_insert(keys, tids, cur, words, evicting, table_ids)
         slots, is_new = self._retry_no_eviction(keys, tids, cur, words, evicting, slots, is_new)
+        self.counters.record(tids, slots, is_new, sizes_before, self._state.sizes, lookup=lookup)
         self._collect_evicted(evicted)
         if rows is not None:
             self._write_rows_by_table(involved, tids, slots, rows, table_ids)
@@ -518,7 +528,7 @@ class ScoredHashTable:
             table_ops.scatter_rows(self._values[t], slots[mask], rows[mask], check=False)
 
     def _safe_check(self, involved: List[int], tids: Tensor, slots: Tensor) -> None:
-        """Apply each table's safe_check_mode to keys left without a slot."""
+        """Apply each table's safe_check_mode to keys left without a slot (IGNORE: no check)."""
         modes = {self.specs[t].safe_check_mode for t in involved}
         if modes == {DynamicEmbCheckMode.IGNORE}:
             return
@@ -526,16 +536,9 @@ class ScoredHashTable:
         totals = torch.bincount(tids, minlength=self.num_tables).tolist()
         for t in involved:
             spec = self.specs[t]
-            if failed[t] == 0 or spec.safe_check_mode == DynamicEmbCheckMode.IGNORE:
+            if spec.safe_check_mode == DynamicEmbCheckMode.IGNORE:
                 continue
-            message = (
-                f"table {spec.name!r}: {failed[t]} of {totals[t]} keys could not be inserted (their "
-                f"buckets were full of keys this call wrote); they read as zeros. Increase the "
-                f"capacity or bucket_capacity (now {self.capacity(t)} / {self._caps[t]})"
-            )
-            if spec.safe_check_mode == DynamicEmbCheckMode.ERROR:
-                raise DynamicEmbError(message)
-            warnings.warn(message, DynamicEmbWarning, stacklevel=4)
+            self._report(spec.name, spec.safe_check_mode, failed[t], totals[t], stacklevel=5)
 
     def erase(self, keys: Tensor, table_ids: TableIds = None) -> Tensor:
         """Remove keys. -> erased (n,) bool"""

@@ -145,11 +145,14 @@ def test_safe_check_warning_warns_and_still_returns(device):
     assert out.shape == (20, 4)
 
 
-def test_safe_check_ignore_is_silent(device):
+def test_safe_check_ignore_warns_once_then_is_silent(device):
     m = _full_bucket_module(device, DynamicEmbCheckMode.IGNORE)
+    with pytest.warns(DynamicEmbWarning, match="given once per table"):
+        m(*_seq(list(range(20)), device)).sum().backward()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m(*_seq(list(range(20)), device)).sum().backward()
+    assert m.metrics()["t0"]["unplaced"] == 8
 
 
 # ---- bad input ---------------------------------------------------------------------------------

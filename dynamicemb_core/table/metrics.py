@@ -1,0 +1,90 @@
+"""Per-table placement counters of a ScoredHashTable, kept on the table's device.
+
+Every placing call (``find_or_insert``, ``insert_and_evict``, ...) adds to a ``(T, 5)`` int64 tensor
+on the device, so counting costs a few small device ops and never a host synchronisation; the
+numbers reach the host only when someone reads them (:meth:`PlacementCounters.read`).
+
+Columns (:data:`METRIC_NAMES`), counted per logical table over unique keys:
+
+- ``hits``: keys a lookup (``find_or_insert``) found already stored;
+- ``misses``: keys a lookup did not find (``placed`` by it, or ``unplaced``);
+- ``placed``: keys a placing call stored for the first time;
+- ``evicted``: stored keys a placing call pushed out to make room for new ones;
+- ``unplaced``: keys a placing call could not store (their bucket full of keys pinned or written
+  by the same call, or a NO_EVICTION table that cannot grow); the lookup reads them as zeros.
+
+``evicted`` is derived on the device as ``placed - (size after - size before)``: a table's size only
+changes by keys placed and keys evicted during a placing call.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["METRIC_NAMES", "PlacementCounters"]
+
+METRIC_NAMES = ("hits", "misses", "placed", "evicted", "unplaced")
+HITS, MISSES, PLACED, EVICTED, UNPLACED = range(len(METRIC_NAMES))
+
+
+class PlacementCounters:
+    """``(num_tables, 5)`` int64 counters on ``device`` (columns: :data:`METRIC_NAMES`)."""
+
+    def __init__(self, num_tables: int, device: torch.device) -> None:
+        self.counts = torch.zeros(num_tables, len(METRIC_NAMES), dtype=torch.int64, device=device)
+
+    def record(
+        self,
+        tids: Tensor,
+        slots: Tensor,
+        is_new: Optional[Tensor],
+        sizes_before: Optional[Tensor],
+        sizes_after: Optional[Tensor],
+        *,
+        lookup: bool,
+    ) -> None:
+        """Add one placing call's outcome (all tensors on the device; nothing read back).
+
+        Args:
+            tids, slots: (n,) the call's table ids and resulting local slots (-1: unplaced).
+            is_new: (n,) keys this call stored for the first time; None when the call did not
+                report it (then only ``unplaced`` is counted).
+            sizes_before, sizes_after: (T,) table sizes around the call (for ``evicted``).
+            lookup: the call was a lookup (``find_or_insert``): count hits and misses too.
+        """
+        if tids.numel() == 0:
+            return
+        unplaced = slots < 0
+        if is_new is None:
+            self.counts[:, UNPLACED].index_add_(0, tids, unplaced.to(torch.int64))
+            return
+        placed = is_new & ~unplaced
+        cols = torch.zeros(tids.numel(), len(METRIC_NAMES), dtype=torch.int64, device=tids.device)
+        cols[:, PLACED] = placed
+        cols[:, UNPLACED] = unplaced
+        if lookup:
+            cols[:, MISSES] = placed | unplaced
+            cols[:, HITS] = ~(placed | unplaced)
+        per_table = torch.zeros_like(self.counts).index_add_(0, tids, cols)
+        if sizes_before is not None and sizes_after is not None:
+            per_table[:, EVICTED] = per_table[:, PLACED] - (sizes_after - sizes_before)
+        self.counts += per_table
+
+    def read(self, table_id: Optional[int] = None) -> List[Dict[str, int]]:
+        """The counters as ints (one device-to-host copy): every table, or the one given."""
+        rows = self.counts if table_id is None else self.counts[table_id : table_id + 1]
+        return [dict(zip(METRIC_NAMES, map(int, row))) for row in rows.tolist()]
+
+    def row(self, table_id: int) -> Tensor:
+        """(5,) the table's counters, a copy on the device."""
+        return self.counts[table_id].clone()
+
+    def reset(self, table_id: Optional[int] = None) -> None:
+        """Zero the counters of one table, or of all."""
+        if table_id is None:
+            self.counts.zero_()
+        else:
+            self.counts[table_id].zero_()
