@@ -5,6 +5,8 @@
 #                                  CPU build) into /tmp/site from the carried .whl/ folder
 #   scripts/gpu_check.sh test      build the extension, then every CUDA test (pytest -m gpu)
 #   scripts/gpu_check.sh sanitize  compute-sanitizer memcheck + racecheck over the CUDA table tests
+#   scripts/gpu_check.sh modes     build, then the CUDA tests of MODE_TESTS (default: table, storage,
+#                                  lookup) under both insert engines: DEMB_DETERMINISM_MODE=0 and =1
 #   scripts/gpu_check.sh bench_table     the CUDA table benchmark (vs index_select and HKV's figures)
 #   scripts/gpu_check.sh bench_training  the training step vs FBGEMM TBE (needs FBGEMM's CUDA build)
 #
@@ -55,6 +57,29 @@ run_tests() {
   return "$rc"
 }
 
+# Both CUDA insert engines over the same tests: one process per (mode, file), six at a time, each
+# under a timeout (a hang costs MODE_TIMEOUT seconds, not the call). The slow tests stay out, as in
+# run_tests: `-m gpu` alone selects them too (test_random_ops_match_reference_model_long[cuda], a
+# 1500-example state machine, runs for minutes and looks like a hang).
+modes() {
+  python3 -m dynamicemb_core build 2>&1 | tail -1
+  local logs="/tmp/gpu_mode_logs$(echo "${MODES:-0 1}" | tr -d " ")" files rc=0
+  rm -rf "$logs" && mkdir -p "$logs"
+  # shellcheck disable=SC2086
+  files=$(python3 -m pytest -p no:cacheprovider -m "gpu and not slow" --collect-only -q \
+    ${MODE_TESTS:-tests/table tests/storage tests/lookup} 2>/dev/null | grep '::' | cut -d: -f1 | sort -u)
+  for m in ${MODES:-0 1}; do for f in $files; do echo "$m $f"; done; done |
+    xargs -P "${MODE_JOBS:-6}" -L 1 sh -c \
+      'DEMB_DETERMINISM_MODE=$0 timeout "${MODE_TIMEOUT:-120}" python3 -m pytest -p no:cacheprovider -m "gpu and not slow" -q -rfE "$1" >"'"$logs"'/mode$0_$(echo "$1" | tr / _).log" 2>&1; echo "rc $?" >>"'"$logs"'/mode$0_$(echo "$1" | tr / _).log"' ||
+    rc=1
+  for f in "$logs"/*.log; do
+    echo "== $(basename "$f" .log): $(tail -2 "$f" | tr '\n' ' ')"
+  done | tee "$OUT/modes_summary.txt"
+  cat "$logs"/*.log >"$OUT/modes_tests.log"
+  grep -h "^FAILED\|^ERROR" "$logs"/*.log | head -40
+  return "$rc"
+}
+
 sanitize() {
   local t
   for t in memcheck racecheck; do
@@ -80,6 +105,7 @@ for phase in "$@"; do
     install) install || status=1 ;;
     test) run_tests || status=1 ;;
     sanitize) sanitize || status=1 ;;
+    modes) modes || status=1 ;;
     bench_table) bench_table || status=1 ;;
     bench_training) bench_training || status=1 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;

@@ -6,8 +6,8 @@
 //   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
 //   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: keys sorted
 //                     by home bucket, one 4-thread tile per bucket, input order kept (deterministic)
-//   table_upsert_parallel.cuh  insert / find_or_insert / insert_and_evict with deterministic=false
-//                     (opt-in): one tile per key, per-bucket locks for placements
+//   table_upsert_parallel.cuh  insert / find_or_insert / insert_and_evict with deterministic=false:
+//                     one tile per key, slots claimed lock-free by atomicOr on the protect bits
 //   table_export.cuh  export_if: two-pass stream compaction in slot order
 //   table_rows.cuh    gather_rows / scatter_rows: dtype-free vector copies
 //   score_fn_launch.cuh  the compound score_function, compiled by numba-cuda, run before eviction
@@ -140,10 +140,11 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   Tensor protect_bits;
   UpsertParams p = upsert_params(mode, keys, table_ids, s, protect_bits);
   p.pins = pin_counts;
-  Tensor locks;
-  if (!deterministic) {
-    locks = at::zeros({lock_words(s.total_slots)}, opts.dtype(at::kInt));
-    p.bucket_locks = reinterpret_cast<uint32_t*>(locks.data_ptr<int32_t>());
+  Tensor dedup;
+  if (!deterministic && n > 0) {
+    dedup = at::full({dedup_words(n)}, -1, opts.dtype(at::kInt));
+    p.dedup = dedup.data_ptr<int32_t>();
+    p.dedup_mask = dedup.numel() - 1;
   }
   const Tensor now = resolve_now_cuda(policies, cur_scores);
   p.now = now.data_ptr<int64_t>();

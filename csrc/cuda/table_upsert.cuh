@@ -58,7 +58,8 @@ struct UpsertParams {
   const uint8_t* has_fn;        // (T,) 1 where fn_scores ranks the table, or null
   uint32_t* protect_bits;       // (ceil(total_slots / 32),) zeroed: slots written by this call
   const int32_t* pins;          // (total_slots,) pin counts, or null: a pinned slot is no victim
-  uint32_t* bucket_locks;       // key-parallel engine: (total_slots / 16 + 1,) zeroed spin locks
+  int32_t* dedup;               // key-parallel engine: (table, key) -> first index map, -1 filled
+  int64_t dedup_mask;           // its words - 1 (a power of two >= 2n)
   int64_t* out_slots;           // (n,) local slot or -1
   bool* out_flag;               // (n,) is_new / erased / placed
   bool* ev_flag;                // (n,) kInsertAndEvict: key i evicted someone (zeroed)
