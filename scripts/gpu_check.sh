@@ -57,26 +57,36 @@ run_tests() {
   return "$rc"
 }
 
-# Both CUDA insert engines over the same tests: one process per (mode, file), six at a time, each
-# under a timeout (a hang costs MODE_TIMEOUT seconds, not the call). The slow tests stay out, as in
-# run_tests: `-m gpu` alone selects them too (test_random_ops_match_reference_model_long[cuda], a
-# 1500-example state machine, runs for minutes and looks like a hang).
+# Both CUDA insert engines over the same tests: one process per (mode, file), MODE_JOBS at a time, each
+# under MODE_TIMEOUT seconds (a hang costs that, not the call). Each finished file appends its last
+# line to $OUT/modes_summary.txt and its FAILED/ERROR lines to $OUT/modes_failures.txt at once, so a
+# call cut off early still brings back what finished (the device tool returns a few files only; the
+# per-file logs stay in /tmp and are joined into $OUT/modes_tests.log at the end). The slow tests
+# stay out, as in run_tests: `-m gpu` alone selects them too (test_random_ops_match_reference_model_long
+# [cuda], a 1500-example state machine, runs for minutes and looks like a hang).
 modes() {
   python3 -m dynamicemb_core build 2>&1 | tail -1
-  local logs="/tmp/gpu_mode_logs$(echo "${MODES:-0 1}" | tr -d " ")" files rc=0
+  local logs=/tmp/gpu_mode_logs files rc=0
   rm -rf "$logs" && mkdir -p "$logs"
+  : >"$OUT/modes_summary.txt"
+  : >"$OUT/modes_failures.txt"
   # shellcheck disable=SC2086
   files=$(python3 -m pytest -p no:cacheprovider -m "gpu and not slow" --collect-only -q \
     ${MODE_TESTS:-tests/table tests/storage tests/lookup} 2>/dev/null | grep '::' | cut -d: -f1 | sort -u)
+  export MODE_LOGS="$logs" MODE_OUT="$OUT"
   for m in ${MODES:-0 1}; do for f in $files; do echo "$m $f"; done; done |
-    xargs -P "${MODE_JOBS:-6}" -L 1 sh -c \
-      'DEMB_DETERMINISM_MODE=$0 timeout "${MODE_TIMEOUT:-120}" python3 -m pytest -p no:cacheprovider -m "gpu and not slow" -q -rfE "$1" >"'"$logs"'/mode$0_$(echo "$1" | tr / _).log" 2>&1; echo "rc $?" >>"'"$logs"'/mode$0_$(echo "$1" | tr / _).log"' ||
+    xargs -P "${MODE_JOBS:-6}" -L 1 sh -c '
+      log="$MODE_LOGS/mode$0_$(echo "$1" | tr / _).log"
+      DEMB_DETERMINISM_MODE=$0 timeout "${MODE_TIMEOUT:-120}" python3 -m pytest -p no:cacheprovider \
+        -m "gpu and not slow" -q -rfE "$1" >"$log" 2>&1
+      rc=$?
+      echo "== DEMB_DETERMINISM_MODE=$0 $1: $(tail -1 "$log") (rc $rc)" >>"$MODE_OUT/modes_summary.txt"
+      grep "^FAILED\|^ERROR" "$log" | sed "s/^/mode$0 /" >>"$MODE_OUT/modes_failures.txt"
+      exit $rc' ||
     rc=1
-  for f in "$logs"/*.log; do
-    echo "== $(basename "$f" .log): $(tail -2 "$f" | tr '\n' ' ')"
-  done | tee "$OUT/modes_summary.txt"
   cat "$logs"/*.log >"$OUT/modes_tests.log"
-  grep -h "^FAILED\|^ERROR" "$logs"/*.log | head -40
+  sort "$OUT/modes_summary.txt"
+  head -40 "$OUT/modes_failures.txt"
   return "$rc"
 }
 
