@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from dynamicemb_core.types import AdmissionStrategy, Counter, Storage
+from dynamicemb_core.types import AdmissionStrategy, Counter, PerTableStorage, Storage
 
 __all__ = [
     "BATCH_SIZE_PER_DUMP",
@@ -228,15 +228,16 @@ def _check_initializer(name: str, args: object) -> None:
         raise ValueError(f"{name}: lower ({args.lower}) must not exceed upper ({args.upper})")
 
 
-def _check_plugin_field(name: str, value: object, contract: type) -> None:
-    """A plugin field holds an instance of its contract, a registered name, or None."""
-    if value is None or isinstance(value, (contract, str)):
+def _check_plugin_field(name: str, value: object, contract: Any) -> None:
+    """A plugin field holds an instance of its contract(s), a registered name, or None."""
+    if value is None or isinstance(value, str) or isinstance(value, contract):
         return
     if name == "external_storage" and isinstance(value, type) and issubclass(value, contract):
         return
+    names = contract if isinstance(contract, tuple) else (contract,)
     raise TypeError(
-        f"{name} must be a {contract.__name__}, a registered plugin name (str) or None, "
-        f"got {value!r}"
+        f"{name} must be a {' or '.join(c.__name__ for c in names)}, a registered plugin name "
+        f"(str) or None, got {value!r}"
     )
 
 
@@ -279,7 +280,7 @@ class DynamicEmbTableOptions:
     bucket_capacity: int = 128
     safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
     global_hbm_for_values: int = 0  # bytes
-    external_storage: Union[Storage, str, type, None] = None
+    external_storage: Union[Storage, PerTableStorage, str, type, None] = None
     index_type: Optional[torch.dtype] = None
     # row-wise key -> rank routing: "continuous", "roundrobin" or "hash_roundrobin"
     # (dynamicemb_core.shard.ownership holds the one definition of each)
@@ -365,7 +366,7 @@ class DynamicEmbTableOptions:
         from dynamicemb_core.shard.ownership import validate_dist_type
 
         validate_dist_type(self.dist_type)
-        _check_plugin_field("external_storage", self.external_storage, Storage)
+        _check_plugin_field("external_storage", self.external_storage, (Storage, PerTableStorage))
         _check_plugin_field("admit_strategy", self.admit_strategy, AdmissionStrategy)
         _check_plugin_field("admission_counter", self.admission_counter, Counter)
         for name in (

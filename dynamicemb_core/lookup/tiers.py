@@ -23,7 +23,7 @@ import torch
 
 from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.storage import CachedStorage, DeviceStorage, HybridStorage, LookupTier
-from dynamicemb_core.types import Storage, StorageTableSpec
+from dynamicemb_core.types import PerTableStorage, Storage, StorageTableSpec
 
 __all__ = ["build_tier", "device_budget_bytes", "rows_in_budget", "tier_kind"]
 
@@ -70,9 +70,9 @@ def _external(
 ) -> tuple:
     """The external storage and the table's id in it."""
     value = options.external_storage
-    storage: Optional[Storage]
-    if isinstance(value, Storage):
-        storage = value
+    storage: Optional[Storage | PerTableStorage]
+    if isinstance(value, (Storage, PerTableStorage)):
+        storage = value  # the cache reaches a per-table one through the adapter
     else:
         from dynamicemb_core.plugins import resolve_storage
 

@@ -26,6 +26,7 @@ from dynamicemb_core.plugins.resolve import (
     resolve_score_function,
     resolve_storage,
 )
+from dynamicemb_core.plugins.storage_adapter import PerTableAdapter, as_storage
 from dynamicemb_core.plugins.types import (
     DuplicatePluginError,
     PluginEntry,
@@ -40,6 +41,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "KNOWN_PLUGINS",
     "PROJECT_NAME",
+    "PerTableAdapter",
     "PluginEntry",
     "PluginInfo",
     "PluginKind",
@@ -47,6 +49,7 @@ __all__ = [
     "PluginResultError",
     "RegisterFn",
     "UnknownPluginError",
+    "as_storage",
     "get_registry",
     "hookimpl",
     "hookspec",

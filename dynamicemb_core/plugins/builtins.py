@@ -12,12 +12,18 @@ import torch
 
 from dynamicemb_core.plugins.hookspecs import hookimpl
 from dynamicemb_core.plugins.registry import RegisterFn
-from dynamicemb_core.types import AdmissionStrategy, Counter, Storage, StorageTableSpec
+from dynamicemb_core.types import (
+    AdmissionStrategy,
+    Counter,
+    PerTableStorage,
+    Storage,
+    StorageTableSpec,
+)
 
 
 def device_storage(
     tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
-) -> Storage:
+) -> PerTableStorage:
     """Build :class:`dynamicemb_core.storage.DeviceStorage` (imported on first use)."""
     from dynamicemb_core.storage import DeviceStorage
 
@@ -26,7 +32,7 @@ def device_storage(
 
 def hybrid_storage(
     tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
-) -> Storage:
+) -> PerTableStorage:
     """Build :class:`dynamicemb_core.storage.HybridStorage` (imported on first use)."""
     from dynamicemb_core.storage import HybridStorage
 

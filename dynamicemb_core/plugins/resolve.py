@@ -15,7 +15,13 @@ import torch
 
 from dynamicemb_core.plugins.registry import PluginRegistry, get_registry
 from dynamicemb_core.plugins.types import PluginKind, PluginResultError
-from dynamicemb_core.types import AdmissionStrategy, Counter, Storage, StorageTableSpec
+from dynamicemb_core.types import (
+    AdmissionStrategy,
+    Counter,
+    PerTableStorage,
+    Storage,
+    StorageTableSpec,
+)
 
 __all__ = [
     "resolve",
@@ -25,21 +31,39 @@ __all__ = [
     "resolve_storage",
 ]
 
-# What a factory of each kind must return (score functions: any callable).
-_EXPECTED: Dict[PluginKind, type] = {
-    PluginKind.STORAGE: Storage,
+# What a factory of each kind must return (score functions: any callable). A storage may implement
+# either contract: a PerTableStorage is wrapped in the per-table adapter (see _storage_result).
+_EXPECTED: Dict[PluginKind, Any] = {
+    PluginKind.STORAGE: (Storage, PerTableStorage),
     PluginKind.COUNTER: Counter,
     PluginKind.ADMISSION_STRATEGY: AdmissionStrategy,
 }
+
+
+def _expected_name(kind: PluginKind) -> str:
+    expected = _EXPECTED.get(kind)
+    if expected is None:
+        return "a callable f(scores, cur_timestamp)"
+    if isinstance(expected, tuple):
+        return " or ".join(e.__name__ for e in expected)
+    return expected.__name__
 
 
 def _check_result(kind: PluginKind, what: str, obj: Any) -> Any:
     expected = _EXPECTED.get(kind)
     ok = callable(obj) if expected is None else isinstance(obj, expected)
     if not ok:
-        want = "a callable f(scores, cur_timestamp)" if expected is None else expected.__name__
-        raise PluginResultError(f"{what} must build {want}, got {type(obj).__name__}")
-    return obj
+        raise PluginResultError(
+            f"{what} must build {_expected_name(kind)}, got {type(obj).__name__}"
+        )
+    return _storage_result(obj) if kind is PluginKind.STORAGE else obj
+
+
+def _storage_result(obj: Any) -> Storage:
+    """Every resolved storage speaks the multi-table contract: per-table ones get the adapter."""
+    from dynamicemb_core.plugins.storage_adapter import as_storage
+
+    return as_storage(obj)
 
 
 def resolve(
@@ -53,15 +77,17 @@ def resolve(
 
     Args:
         kind: which registry to look names up in.
-        value: None, a registered name, an instance of the kind's ABC, a ``Storage`` subclass
-            (called as ``cls(*args, **options)``), or for score functions a callable.
+        value: None, a registered name, an instance of the kind's ABC, a ``Storage`` or
+            ``PerTableStorage`` subclass (called as ``cls(*args, **options)``), or for score
+            functions a callable.
         options: the matching ``*_options`` dict, passed to the factory as keywords.
         *args: positional arguments of the factory (storages: ``tables, device``; score
             functions: the table's score strategy tuple).
         registry: defaults to the process-wide registry.
 
     Returns:
-        The built object, or None when ``value`` is None.
+        The built object, or None when ``value`` is None. A storage always comes back as a
+        multi-table :class:`Storage` (a ``PerTableStorage`` wrapped in ``PerTableAdapter``).
 
     Raises:
         UnknownPluginError: ``value`` names nothing installed (the message says what to install).
@@ -90,18 +116,22 @@ def resolve(
                 f"{what} could not be built with {field}_options={options!r}: {exc}"
             ) from exc
         return _check_result(kind, what, obj)
-    if kind is PluginKind.STORAGE and isinstance(value, type) and issubclass(value, Storage):
+    if (
+        kind is PluginKind.STORAGE
+        and isinstance(value, type)
+        and issubclass(value, (Storage, PerTableStorage))
+    ):
         return _check_result(kind, f"{field} class {value.__name__}", value(*args, **options))
     expected = _EXPECTED.get(kind)
     if expected is not None and isinstance(value, expected):
-        return value
+        return _storage_result(value) if kind is PluginKind.STORAGE else value
     if expected is None and callable(value) and not isinstance(value, type):
         return value
     accepted = "a registered name, None" + (
-        f", a {expected.__name__} instance" if expected is not None else ", a function"
+        f", a {_expected_name(kind)} instance" if expected is not None else ", a function"
     )
     if kind is PluginKind.STORAGE:
-        accepted += " or a Storage subclass"
+        accepted += " or a Storage / PerTableStorage subclass"
     raise TypeError(f"{field} must be {accepted}; got {type(value).__name__}: {value!r}")
 
 

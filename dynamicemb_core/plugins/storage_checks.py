@@ -1,13 +1,18 @@
-"""Input checks every :class:`~dynamicemb_core.types.Storage` runs before it writes anything.
+"""Input checks every storage runs before it writes anything.
 
-One source of truth for the Storage contract's argument rules, so the reference dict storage and
+One source of truth for the storage contracts' argument rules, so the reference dict storage and
 the Redis / RocksDB plugins reject bad input with the same messages (table, argument, expected,
-found). Rows and scores may live on any device; a storage moves them where it keeps its data.
+found). The multi-table :class:`~dynamicemb_core.types.Storage` uses :func:`check_pairs`,
+:func:`check_insert_pairs`, :func:`check_table_ids` and :func:`check_export_ids`; the per-table
+:class:`~dynamicemb_core.types.PerTableStorage` (and the core's tiers) :func:`check_find`,
+:func:`check_insert`, :func:`check_erase`, :func:`check_table_id`, :func:`check_export`. A
+multi-table call's tensors share the keys' device (any device: a storage moves them where it keeps
+its data); a per-table call's rows and scores may live on any device.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -15,6 +20,11 @@ from dynamicemb_core.types import StorageTableSpec
 
 __all__ = [
     "check_erase",
+    "check_export_ids",
+    "check_insert_pairs",
+    "check_pairs",
+    "check_table_ids",
+    "common_row_dtype",
     "check_export",
     "check_find",
     "check_insert",
@@ -132,3 +142,124 @@ def check_export(
     if batch_size <= 0:
         raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
     return spec
+
+
+# ---- the multi-table contract -------------------------------------------------------------------
+
+
+def common_row_dtype(tables: Sequence[StorageTableSpec]) -> torch.dtype:
+    """The dtype of a multi-table call's rows matrix: the one dtype every table stores.
+
+    One rows matrix cannot carry two dtypes bit for bit (torch's float16 -> float32 -> float16
+    does not keep NaN payloads), so a multi-table storage holds tables of one dtype; tables of
+    another dtype go to another storage (the core builds one storage per table).
+    """
+    dtypes = sorted({str(spec.dtype) for spec in tables})
+    if len(dtypes) != 1:
+        raise ValueError(
+            f"a Storage holds tables of one dtype (its calls carry one rows matrix); got "
+            f"{', '.join(f'{spec.name!r}: {spec.dtype}' for spec in tables)}. Use one storage "
+            "per dtype"
+        )
+    return tables[0].dtype
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} of shape {tuple(value.shape)} on {value.device}"
+    return type(value).__name__
+
+
+def check_pairs(
+    tables: Sequence[StorageTableSpec], keys: torch.Tensor, table_ids: torch.Tensor
+) -> int:
+    """Validate a call's ``(keys, table_ids)``; return n.
+
+    Both must be (n,) int64 tensors on one device, every table id in ``[0, len(tables))`` (one
+    min/max read back when n > 0).
+    """
+    for name, value in (("keys", keys), ("table_ids", table_ids)):
+        if not (
+            isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.dim() == 1
+        ):
+            raise TypeError(f"{name} must be a 1-D int64 tensor, got {_describe(value)}")
+    if table_ids.numel() != keys.numel():
+        raise ValueError(
+            f"table_ids must name one table per key: {keys.numel()} keys, "
+            f"{table_ids.numel()} table ids"
+        )
+    if table_ids.device != keys.device:
+        raise ValueError(
+            f"table_ids must be on the keys' device {keys.device}, got {table_ids.device}"
+        )
+    n = keys.numel()
+    if n:
+        lo, hi = torch.aminmax(table_ids)
+        lo_i, hi_i = int(lo), int(hi)
+        if lo_i < 0 or hi_i >= len(tables):
+            bad = lo_i if lo_i < 0 else hi_i
+            names = [t.name for t in tables]
+            raise IndexError(
+                f"table_ids holds {bad}, outside [0, {len(tables)}): this storage holds "
+                f"{len(tables)} tables {names}"
+            )
+    return n
+
+
+def check_insert_pairs(
+    tables: Sequence[StorageTableSpec],
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    rows: torch.Tensor,
+    scores: torch.Tensor,
+) -> int:
+    """Validate a multi-table ``insert`` before anything is written; return n.
+
+    ``rows`` must be (n, widest row_width) of the tables' dtype, ``scores`` (n, most
+    num_scores) int64, both on the keys' device.
+    """
+    n = check_pairs(tables, keys, table_ids)
+    widest = max(tables, key=lambda spec: spec.row_width)
+    most = max(tables, key=lambda spec: spec.num_scores)
+    for name, value, dtype, spec, width, width_name in (
+        ("rows", rows, common_row_dtype(tables), widest, widest.row_width, "row_width"),
+        ("scores", scores, torch.int64, most, most.num_scores, "num_scores"),
+    ):
+        if not (
+            isinstance(value, torch.Tensor)
+            and value.dtype == dtype
+            and tuple(value.shape) == (n, width)
+        ):
+            raise ValueError(
+                f"{name} must be {dtype} of shape ({n}, {width}) (n keys x the largest "
+                f"{width_name}, table {spec.name!r}'s), got {_describe(value)}"
+            )
+        if value.device != keys.device:
+            raise ValueError(
+                f"{name} must be on the keys' device {keys.device}, got {value.device}"
+            )
+    return n
+
+
+def check_table_ids(
+    tables: Sequence[StorageTableSpec], table_ids: Optional[Sequence[int]]
+) -> List[int]:
+    """The table ids a ``sizes`` / ``export`` call names (None: every table), each checked."""
+    if table_ids is None:
+        return list(range(len(tables)))
+    if isinstance(table_ids, torch.Tensor):
+        table_ids = table_ids.tolist()
+    ids = list(table_ids)
+    for table_id in ids:
+        check_table_id(tables, table_id)
+    return ids
+
+
+def check_export_ids(
+    tables: Sequence[StorageTableSpec], table_ids: Optional[Sequence[int]], batch_size: int
+) -> List[int]:
+    """Validate ``export`` arguments (table ids, a positive ``batch_size``); return the ids."""
+    ids = check_table_ids(tables, table_ids)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return ids

@@ -7,7 +7,8 @@ drops a key. A key the cache cannot place (its bucket is taken by this batch) li
 for this step and is updated there. ``flush()`` writes every cached row back, pinned rows included.
 ``prefetch`` pins keys in the cache until the forward that consumes them (see the class docstring).
 
-The next tier is addressed only through the :class:`~dynamicemb_core.types.Storage` ABC, so any
+The next tier is addressed only through the multi-table :class:`~dynamicemb_core.types.Storage`
+contract (a per-table storage, such as a host table, through ``as_storage``'s adapter), so any
 third-party storage works here.
 
 **Failure atomicity.** The next tier may fail (a Redis server killed, a disk full). Every call that
@@ -32,6 +33,15 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.plugins.storage_adapter import (
+    AnyStorage,
+    as_storage,
+    erase_in_table,
+    export_table,
+    find_in_table,
+    insert_in_table,
+    size_of_table,
+)
 from dynamicemb_core.plugins.storage_checks import (
     check_erase,
     check_find,
@@ -54,7 +64,6 @@ from dynamicemb_core.types import (
     DynamicEmbError,
     DynamicEmbWarning,
     MemoryType,
-    Storage,
     StorageTableSpec,
 )
 
@@ -116,7 +125,7 @@ class CachedStorage(LookupTier):
         self,
         tables: Sequence[StorageTableSpec],
         device: torch.device | str,
-        backing: Storage,
+        backing: AnyStorage,
         cache_capacities: Sequence[int],
         *,
         table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
@@ -152,6 +161,16 @@ class CachedStorage(LookupTier):
         self._prefetch_skipped = [0] * n
 
     # ---- helpers -----------------------------------------------------------------------------
+    @property
+    def backing(self) -> AnyStorage:
+        """The next tier as given (a plugin Storage, or a per-table storage such as a host table)."""
+        return self._backing
+
+    @backing.setter
+    def backing(self, value: AnyStorage) -> None:
+        self._backing = value
+        self._store = as_storage(value)  # what the calls go through: the multi-table contract
+
     def _tier_error(self, table_id: int, what: str, exc: BaseException) -> StorageTierError:
         name = self.tables[table_id].name
         return StorageTierError(
@@ -165,7 +184,7 @@ class CachedStorage(LookupTier):
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bid = self.backing_ids[table_id]
         found, rows, scores = self._backing_call(
-            what, self.backing.find, bid, keys, table_id=table_id
+            what, find_in_table, self._store, bid, keys.to(self._store.device), table_id=table_id
         )
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
@@ -180,9 +199,9 @@ class CachedStorage(LookupTier):
         if keys.numel() == 0:
             return
         dev, bid = self.backing.device, self.backing_ids[table_id]
-        args = (bid, keys.to(dev), rows.to(dev), scores.to(dev))
+        args = (self._store, bid, keys.to(dev), rows.to(dev), scores.to(dev))
         what = f"{what} ({keys.numel()} keys)"
-        self._backing_call(what, self.backing.insert, *args, table_id=table_id)
+        self._backing_call(what, insert_in_table, *args, table_id=table_id)
 
     def _backing_call(
         self, what: str, fn: Callable[..., Any], *args: Any, table_id: int = 0
@@ -468,7 +487,7 @@ class CachedStorage(LookupTier):
             for t in range(len(self.tables)):
                 for keys, rows, scores in self.cache.export(t):
                     self._backing_insert(t, keys, rows, scores, "write back the cached rows")
-        self._backing_call("flush", self.backing.flush)
+        self._backing_call("flush", self._store.flush)
 
     def evictions(self, table_id: int) -> int:
         counter = getattr(self.backing, "evictions", None)
@@ -546,7 +565,7 @@ class CachedStorage(LookupTier):
         keys = keys.to(self.device)
         # The next tier first: a key erased from the cache only could read a stale row from it.
         bid, bkeys = self.backing_ids[table_id], keys.to(self.backing.device)
-        self._backing_call("erase keys", self.backing.erase, bid, bkeys, table_id=table_id)
+        self._backing_call("erase keys", erase_in_table, self._store, bid, bkeys, table_id=table_id)
         if self.cache is not None:
             self.cache.erase(table_id, keys)
             self._pins[table_id].drop(keys)
@@ -556,7 +575,9 @@ class CachedStorage(LookupTier):
         check_table_id(self.tables, table_id)
         self.flush()
         bid = self.backing_ids[table_id]
-        return int(self._backing_call("count keys", self.backing.size, bid, table_id=table_id))
+        return int(
+            self._backing_call("count keys", size_of_table, self._store, bid, table_id=table_id)
+        )
 
     def export(
         self, table_id: int, batch_size: int = 65536
@@ -564,7 +585,7 @@ class CachedStorage(LookupTier):
         check_table_id(self.tables, table_id)
         self.flush()
         try:
-            yield from self.backing.export(self.backing_ids[table_id], batch_size)
+            yield from export_table(self._store, self.backing_ids[table_id], batch_size)
         except StorageTierError:
             raise
         except Exception as exc:
@@ -573,7 +594,7 @@ class CachedStorage(LookupTier):
     def dump(self, path: str) -> None:
         """Write cached rows back, then let the next tier dump itself."""
         self.flush()
-        self._backing_call("dump", self.backing.dump, path)
+        self._backing_call("dump", self._store.dump, path)
 
     def load(self, path: str) -> None:
         """Load the next tier; the cache starts empty and fills on lookups.
@@ -581,17 +602,17 @@ class CachedStorage(LookupTier):
         The cache is cleared only once the next tier has loaded: when the load fails, the cached
         rows (possibly fresher than the next tier's) are kept.
         """
-        self._backing_call("load", self.backing.load, path)
+        self._backing_call("load", self._store.load, path)
         if self.cache is not None:
             self.cache.table.clear()
             self.release_pins()
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         mine = self.cache.memory_usage(mem_type) if self.cache is not None else 0
-        return mine + self.backing.memory_usage(mem_type)
+        return mine + self._store.memory_usage(mem_type)
 
     def close(self) -> None:
-        self.backing.close()
+        self._store.close()
 
 
 def _rank_in_group(groups: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
-from dynamicemb_core.types import Storage
+from dynamicemb_core.types import PerTableStorage
 
 __all__ = ["HOME_BACKING", "HOME_NONE", "LookupTier", "RowUpdate", "TierRows"]
 
@@ -62,8 +62,14 @@ class TierRows:
         return self.rows
 
 
-class LookupTier(Storage, metaclass=abc.ABCMeta):
-    """A :class:`Storage` the batched module can train through (device table, hybrid, cache)."""
+class LookupTier(PerTableStorage, metaclass=abc.ABCMeta):
+    """A storage the batched module can train through (device table, hybrid, cache).
+
+    Its find / insert / erase / size / export address one table per call (the
+    :class:`~dynamicemb_core.types.PerTableStorage` contract); where a multi-table
+    :class:`~dynamicemb_core.types.Storage` is needed (a host table behind a cache, the
+    conformance suite) it is wrapped by ``dynamicemb_core.plugins.as_storage``.
+    """
 
     @abc.abstractmethod
     def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:

@@ -1,6 +1,7 @@
 """``PyDictStorage``: the reference Storage, a Python dict per table.
 
-It is the simplest thing that satisfies the :class:`~dynamicemb_core.types.Storage` contract, so it
+It is the simplest thing that satisfies the multi-table :class:`~dynamicemb_core.types.Storage`
+contract (one call may mix tables: each pair goes to its table's dict), so it
 serves as the oracle the conformance suite's behaviour is checked against, as the dict-backed
 external storage NVIDIA's docs point users to, and as a template for new backends. Single process,
 host memory, a Python loop per key: not for production.
@@ -9,16 +10,18 @@ host memory, a Python loop per key: not for production.
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core.plugins.storage_checks import (
-    check_erase,
-    check_find,
+    check_export_ids,
     check_insert,
-    check_table_id,
+    check_insert_pairs,
+    check_pairs,
+    check_table_ids,
     check_table_specs,
+    common_row_dtype,
 )
 from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
 
@@ -39,65 +42,84 @@ class PyDictStorage(Storage):
         self, tables: Sequence[StorageTableSpec], device: torch.device | str = "cpu"
     ) -> None:
         check_table_specs(type(self).__name__, tables)
+        common_row_dtype(tables)
         super().__init__(tables, torch.device(device))
         self._data: List[Dict[int, _Entry]] = [{} for _ in self.tables]
 
     def find(
-        self, table_id: int, keys: torch.Tensor
+        self, keys: torch.Tensor, table_ids: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        spec = check_find(self.tables, table_id, keys)
-        data = self._data[table_id]
-        n = keys.numel()
+        n = check_pairs(self.tables, keys, table_ids)
         found = torch.zeros(n, dtype=torch.bool)
-        rows = torch.zeros(n, spec.row_width, dtype=spec.dtype)
-        scores = torch.zeros(n, spec.num_scores, dtype=torch.int64)
-        for i, key in enumerate(keys.tolist()):
-            entry = data.get(key)
+        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
+        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
+        for i, (key, t) in enumerate(zip(keys.tolist(), table_ids.tolist())):
+            entry = self._data[t].get(key)
             if entry is not None:
+                spec = self.tables[t]
                 found[i] = True
-                rows[i], scores[i] = entry
+                rows[i, : spec.row_width] = entry[0].to(self.row_dtype)
+                scores[i, : spec.num_scores] = entry[1]
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def insert(
-        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
     ) -> None:
-        check_insert(self.tables, table_id, keys, rows, scores)
-        data = self._data[table_id]
-        rows_cpu = rows.detach().to("cpu").clone()
-        scores_cpu = scores.detach().to("cpu").clone()
-        for i, key in enumerate(keys.tolist()):
-            data[key] = (rows_cpu[i], scores_cpu[i])
+        check_insert_pairs(self.tables, keys, table_ids, rows, scores)
+        rows_cpu = rows.detach().to("cpu")
+        scores_cpu = scores.detach().to("cpu")
+        for i, (key, t) in enumerate(zip(keys.tolist(), table_ids.tolist())):
+            spec = self.tables[t]
+            self._data[t][key] = (
+                rows_cpu[i, : spec.row_width].to(spec.dtype).clone(),
+                scores_cpu[i, : spec.num_scores].clone(),
+            )
 
-    def erase(self, table_id: int, keys: torch.Tensor) -> None:
-        check_erase(self.tables, table_id, keys)
-        data = self._data[table_id]
-        for key in keys.tolist():
-            data.pop(key, None)
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        check_pairs(self.tables, keys, table_ids)
+        for key, t in zip(keys.tolist(), table_ids.tolist()):
+            self._data[t].pop(key, None)
 
-    def size(self, table_id: int) -> int:
-        check_table_id(self.tables, table_id)
-        return len(self._data[table_id])
+    def sizes(self, table_ids: Optional[Sequence[int]] = None) -> List[int]:
+        return [len(self._data[t]) for t in check_table_ids(self.tables, table_ids)]
 
     def export(
-        self, table_id: int, batch_size: int = 65536
-    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        spec = check_table_id(self.tables, table_id)
-        if batch_size <= 0:
-            raise ValueError(f"table {spec.name!r}: batch_size must be positive, got {batch_size}")
-        items = list(self._data[table_id].items())  # a snapshot: later writes do not disturb it
+        self, table_ids: Optional[Sequence[int]] = None, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        ids = check_export_ids(self.tables, table_ids, batch_size)
+        # a snapshot: later writes do not disturb the export
+        items = [(t, k, entry) for t in ids for k, entry in list(self._data[t].items())]
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
-            keys = torch.tensor([k for k, _ in chunk], dtype=torch.int64)
-            rows = torch.stack([r for _, (r, _) in chunk])
-            scores = torch.stack([s for _, (_, s) in chunk])
-            yield keys.to(self.device), rows.to(self.device), scores.to(self.device)
+            n = len(chunk)
+            tids = torch.tensor([t for t, _, _ in chunk], dtype=torch.int64)
+            keys = torch.tensor([k for _, k, _ in chunk], dtype=torch.int64)
+            rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
+            scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
+            for i, (_, _, (row, words)) in enumerate(chunk):
+                rows[i, : row.numel()] = row.to(self.row_dtype)
+                scores[i, : words.numel()] = words
+            yield (
+                keys.to(self.device),
+                tids.to(self.device),
+                rows.to(self.device),
+                scores.to(self.device),
+            )
 
     def dump(self, path: str) -> None:
-        """Write every table to ``path/<table>.pt`` (keys, rows, scores)."""
+        """Write every table to ``path/<table>.pt`` (keys, rows, scores at the table's own width)."""
         os.makedirs(path, exist_ok=True)
         for table_id, spec in enumerate(self.tables):
-            parts = list(self.export(table_id)) or [self._empty(spec)]
-            keys, rows, scores = (torch.cat([p[i].cpu() for p in parts]) for i in range(3))
+            data = self._data[table_id]
+            keys = torch.tensor(list(data), dtype=torch.int64)
+            rows, scores = self._empty(spec)[1:]
+            if data:
+                rows = torch.stack([r for r, _ in data.values()])
+                scores = torch.stack([s for _, s in data.values()])
             torch.save(
                 {"keys": keys, "rows": rows, "scores": scores},
                 os.path.join(path, f"{spec.name}.pt"),
@@ -114,8 +136,10 @@ class PyDictStorage(Storage):
             check_insert(self.tables, table_id, blob["keys"], blob["rows"], blob["scores"])
             loaded.append(blob)
         for table_id, blob in enumerate(loaded):  # validated all tables first, now write
-            self._data[table_id].clear()
-            self.insert(table_id, blob["keys"], blob["rows"], blob["scores"])
+            data = self._data[table_id]
+            data.clear()
+            for i, key in enumerate(blob["keys"].tolist()):
+                data[key] = (blob["rows"][i].clone(), blob["scores"][i].clone())
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         if mem_type is not MemoryType.HOST:

@@ -1,7 +1,8 @@
 """``FaultyStorage``: a Storage wrapper that fails chosen calls, to test what survives a store outage.
 
-It wraps any :class:`~dynamicemb_core.types.Storage` (a host table, ``PyDictStorage``, a plugin) and
-raises :class:`InjectedStorageFault` instead of (or, with ``when="after"``, after) forwarding a call:
+It wraps any storage (a plugin, ``PyDictStorage``, a host table: a per-table one through
+``as_storage``'s adapter) and presents the multi-table :class:`~dynamicemb_core.types.Storage`
+contract; it raises :class:`InjectedStorageFault` instead of (or, with ``when="after"``, after) forwarding a call:
 
 - ``fail_nth={"insert": 3}``: the 3rd ``insert`` counted from construction or the last :meth:`arm`
   fails (an int, or a set of call numbers);
@@ -18,15 +19,29 @@ slot-based checkpoints still work through the wrapper.
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import torch
 
+from dynamicemb_core.plugins.storage_adapter import AnyStorage, as_storage
 from dynamicemb_core.types import MemoryType, Storage
 
 __all__ = ["FAULTABLE", "FaultyStorage", "InjectedStorageFault"]
 
-FAULTABLE = ("find", "insert", "erase", "size", "export", "dump", "load", "flush")
+FAULTABLE = ("find", "insert", "erase", "sizes", "export", "dump", "load", "flush")
 
 
 class InjectedStorageFault(ConnectionError):
@@ -37,7 +52,8 @@ class FaultyStorage(Storage):
     """``inner`` with injected failures (see the module docstring).
 
     Args:
-        inner: the storage to wrap (its tables and device are this storage's).
+        inner: the storage to wrap (its tables and device are this storage's); a
+            ``PerTableStorage`` is wrapped in the per-table adapter first.
         fail_nth: per method name, the call number(s) (1-based) that fail.
         rate: probability that any faultable call fails.
         seed: seed of the random failures.
@@ -51,7 +67,7 @@ class FaultyStorage(Storage):
 
     def __init__(
         self,
-        inner: Storage,
+        inner: AnyStorage,
         *,
         fail_nth: Optional[Mapping[str, Union[int, Iterable[int]]]] = None,
         rate: float = 0.0,
@@ -60,7 +76,7 @@ class FaultyStorage(Storage):
         methods: Iterable[str] = FAULTABLE,
     ) -> None:
         super().__init__(inner.tables, inner.device)
-        self.inner = inner
+        self.inner = as_storage(inner)
         self.methods = _check_methods(methods)
         self.injected: list[Tuple[str, int]] = []
         self._down = False
@@ -127,26 +143,30 @@ class FaultyStorage(Storage):
 
     # ---- Storage ABC, faulted ------------------------------------------------------------------
     def find(
-        self, table_id: int, keys: torch.Tensor
+        self, keys: torch.Tensor, table_ids: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self._call("find", self.inner.find, table_id, keys)
+        return self._call("find", self.inner.find, keys, table_ids)
 
     def insert(
-        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
     ) -> None:
-        self._call("insert", self.inner.insert, table_id, keys, rows, scores)
+        self._call("insert", self.inner.insert, keys, table_ids, rows, scores)
 
-    def erase(self, table_id: int, keys: torch.Tensor) -> None:
-        self._call("erase", self.inner.erase, table_id, keys)
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        self._call("erase", self.inner.erase, keys, table_ids)
 
-    def size(self, table_id: int) -> int:
-        return int(self._call("size", self.inner.size, table_id))
+    def sizes(self, table_ids: Optional[Sequence[int]] = None) -> List[int]:
+        return list(self._call("sizes", self.inner.sizes, table_ids))
 
     def export(
-        self, table_id: int, batch_size: int = 65536
-    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        self, table_ids: Optional[Sequence[int]] = None, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         # The whole export is one call: it fails before its first batch (or, "after", once drained).
-        batches = self._call("export", lambda: list(self.inner.export(table_id, batch_size)))
+        batches = self._call("export", lambda: list(self.inner.export(table_ids, batch_size)))
         yield from batches
 
     def dump(self, path: str) -> None:

@@ -1,7 +1,10 @@
 """Conformance tests every :class:`~dynamicemb_core.types.Storage` must pass.
 
 Subclass in a test module whose class name starts with ``Test`` and implement
-:meth:`StorageSuite.make_storage`; pytest then collects the inherited tests::
+:meth:`StorageSuite.make_storage`; pytest then collects the inherited tests. ``make_storage`` may
+return a multi-table :class:`~dynamicemb_core.types.Storage` or a per-table
+:class:`~dynamicemb_core.types.PerTableStorage` (tested through the core's adapter, as the core
+uses it)::
 
     class TestRedisStorage(StorageSuite):
         def make_storage(self, tables, device):
@@ -20,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 import pytest
 import torch
 
+from dynamicemb_core.plugins.storage_adapter import AnyStorage, as_storage, insert_in_table
 from dynamicemb_core.types import Storage, StorageTableSpec
 
 __all__ = ["StorageDumpSuite", "StoragePersistenceSuite", "StorageSuite", "default_tables"]
@@ -36,12 +40,20 @@ _INT_VIEW = {
 StorageFactory = Callable[..., Storage]
 
 
-def default_tables() -> List[StorageTableSpec]:
-    """Three tables that differ in every field a backend must keep apart."""
+# Calls keep their table ids in a mixed order, as a grouped lookup sends them.
+def interleaved_ids(num_tables: int, n: int, seed: int) -> torch.Tensor:
+    """(n,) int64 table ids in ``[0, num_tables)``, shuffled (every table present when n allows)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.arange(n, dtype=torch.int64) % num_tables
+    return ids[torch.randperm(n, generator=g)]
+
+
+def default_tables(dtype: torch.dtype = torch.float32) -> List[StorageTableSpec]:
+    """Three tables of ``dtype`` that differ in every other field a backend must keep apart."""
     return [
-        StorageTableSpec("t_f32", dim=4, row_width=12, dtype=torch.float32, num_scores=1),
-        StorageTableSpec("t_f16", dim=3, row_width=3, dtype=torch.float16, num_scores=2),
-        StorageTableSpec("t_bf16", dim=5, row_width=10, dtype=torch.bfloat16, num_scores=1),
+        StorageTableSpec("t_wide", dim=4, row_width=12, dtype=dtype, num_scores=1),
+        StorageTableSpec("t_two_scores", dim=3, row_width=3, dtype=dtype, num_scores=2),
+        StorageTableSpec("t_mid", dim=5, row_width=10, dtype=dtype, num_scores=1),
     ]
 
 
@@ -62,7 +74,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Model:
-    """The contract as a dict: table id -> key -> (row, scores)."""
+    """The contract as a dict: table id -> key -> (row at the table's width, scores)."""
 
     def __init__(self, num_tables: int) -> None:
         self.data: List[Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = [
@@ -71,26 +83,78 @@ class _Model:
 
     def insert(self, t: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor) -> None:
         for i, k in enumerate(keys.tolist()):
-            self.data[t][k] = (rows[i].clone(), scores[i].clone())
+            self.data[t][k] = (rows[i].cpu().clone(), scores[i].cpu().clone())
 
     def erase(self, t: int, keys: torch.Tensor) -> None:
         for k in keys.tolist():
             self.data[t].pop(k, None)
 
 
-def assert_matches(storage: Storage, model: _Model, t: int, keys: torch.Tensor) -> None:
-    """Check ``storage.find(t, keys)`` against the model, bit for bit, with the contract's shapes."""
-    found, rows, scores = storage.find(t, keys)
-    spec = storage.tables[t]
-    assert found.dtype == torch.bool and tuple(found.shape) == (keys.numel(),)
-    assert rows.dtype == spec.dtype and tuple(rows.shape) == (keys.numel(), spec.row_width)
-    assert scores.dtype == torch.int64 and tuple(scores.shape) == (keys.numel(), spec.num_scores)
-    for i, k in enumerate(keys.tolist()):
+def put(
+    storage: Storage,
+    model: _Model,
+    t: int,
+    keys: torch.Tensor,
+    rows: torch.Tensor,
+    scores: torch.Tensor,
+) -> None:
+    """One table's rows into the storage (padded into one multi-table call) and the model."""
+    insert_in_table(storage, t, keys, rows, scores)
+    model.insert(t, keys, rows, scores)
+
+
+def wide_rows(
+    storage: Storage,
+    table_ids: torch.Tensor,
+    per_table: Sequence[Tuple[torch.Tensor, torch.Tensor]],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The (n, max_row_width) rows and (n, max_num_scores) scores of a mixed call.
+
+    ``per_table[t]`` holds table t's rows and scores for its positions in ``table_ids``, in order.
+    """
+    n = table_ids.numel()
+    rows = torch.zeros(n, storage.max_row_width, dtype=storage.row_dtype)
+    scores = torch.zeros(n, storage.max_num_scores, dtype=torch.int64)
+    for t, (r, s) in enumerate(per_table):
+        pos = (table_ids == t).nonzero().squeeze(1)
+        rows[pos, : r.shape[1]] = r.to(storage.row_dtype)
+        scores[pos, : s.shape[1]] = s
+    return rows, scores
+
+
+def assert_pairs_match(
+    storage: Storage, model: _Model, keys: torch.Tensor, table_ids: torch.Tensor
+) -> None:
+    """Check one multi-table ``find`` against the model, bit for bit, with the contract's shapes
+    (padding columns zero)."""
+    found, rows, scores = storage.find(keys, table_ids)
+    n = keys.numel()
+    assert found.dtype == torch.bool and tuple(found.shape) == (n,)
+    assert rows.dtype == storage.row_dtype
+    assert tuple(rows.shape) == (n, storage.max_row_width)
+    assert scores.dtype == torch.int64 and tuple(scores.shape) == (n, storage.max_num_scores)
+    for i, (k, t) in enumerate(zip(keys.tolist(), table_ids.tolist())):
+        spec = storage.tables[t]
         expected = model.data[t].get(k)
         assert bool(found[i]) == (expected is not None), f"table {t} key {k}"
-        if expected is not None:
-            assert torch.equal(bits(rows[i]), bits(expected[0])), f"table {t} key {k} row"
-            assert torch.equal(scores[i].cpu(), expected[1]), f"table {t} key {k} scores"
+        if expected is None:
+            continue
+        got = rows[i, : spec.row_width].to(spec.dtype)
+        assert torch.equal(bits(got), bits(expected[0])), f"table {t} key {k} row"
+        assert torch.equal(scores[i, : spec.num_scores].cpu(), expected[1]), f"table {t} key {k}"
+        assert not bool(rows[i, spec.row_width :].any()), f"table {t} key {k}: padding not zero"
+        assert not bool(scores[i, spec.num_scores :].any()), f"table {t} key {k}: padding"
+
+
+def assert_matches(storage: Storage, model: _Model, t: int, keys: torch.Tensor) -> None:
+    """Check ``keys`` of table ``t`` (one ``find`` naming only that table) against the model."""
+    assert_pairs_match(storage, model, keys, torch.full_like(keys, t))
+
+
+def stored_sizes(storage: Storage) -> List[int]:
+    sizes = storage.sizes()
+    assert len(sizes) == len(storage.tables) and all(isinstance(x, int) for x in sizes), sizes
+    return sizes
 
 
 class StorageSuite:
@@ -98,7 +162,7 @@ class StorageSuite:
 
     device = torch.device("cpu")
 
-    def make_storage(self, tables: Sequence[StorageTableSpec], device: torch.device) -> Storage:
+    def make_storage(self, tables: Sequence[StorageTableSpec], device: torch.device) -> AnyStorage:
         """Return a new, empty storage holding ``tables``."""
         raise NotImplementedError(
             "subclass StorageSuite and implement make_storage(tables, device)"
@@ -106,11 +170,11 @@ class StorageSuite:
 
     @pytest.fixture
     def make(self) -> Iterator[StorageFactory]:
-        """Factory fixture: builds storages and closes them after the test."""
+        """Factory fixture: builds storages (per-table ones behind the adapter), closes them after."""
         made: List[Storage] = []
 
         def build(tables: Sequence[StorageTableSpec] | None = None) -> Storage:
-            storage = self.make_storage(list(tables or default_tables()), self.device)
+            storage = as_storage(self.make_storage(list(tables or default_tables()), self.device))
             made.append(storage)
             return storage
 
@@ -118,32 +182,28 @@ class StorageSuite:
         for storage in made:
             storage.close()
 
-    # -- tests ---------------------------------------------------------------------------------
+    # -- one table per call --------------------------------------------------------------------
 
     def test_find_on_empty_storage_finds_nothing(self, make: StorageFactory) -> None:
         storage = make()
         for t in range(len(storage.tables)):
-            found, _, _ = storage.find(t, torch.tensor(EDGE_KEYS))
+            found, _, _ = storage.find(torch.tensor(EDGE_KEYS), torch.full((7,), t))
             assert not found.any()
-            assert storage.size(t) == 0
+        assert stored_sizes(storage) == [0] * len(storage.tables)
 
     def test_insert_then_find_returns_rows_and_scores_bitwise(self, make: StorageFactory) -> None:
         storage = make()
         model = _Model(len(storage.tables))
         keys = torch.tensor(EDGE_KEYS + [123456789, -987654321])
         for t, spec in enumerate(storage.tables):
-            rows, scores = make_rows(spec, keys.numel(), seed=t)
-            storage.insert(t, keys, rows, scores)
-            model.insert(t, keys, rows, scores)
+            put(storage, model, t, keys, *make_rows(spec, keys.numel(), seed=t))
         for t in range(len(storage.tables)):
             assert_matches(storage, model, t, torch.cat([keys, torch.tensor([42, 43])]))
 
     def test_find_returns_tensors_on_the_storage_device(self, make: StorageFactory) -> None:
         storage = make()
-        spec = storage.tables[0]
-        rows, scores = make_rows(spec, 3, seed=1)
-        storage.insert(0, torch.tensor([1, 2, 3]), rows, scores)
-        for tensor in storage.find(0, torch.tensor([1, 5])):
+        put(storage, _Model(3), 0, torch.tensor([1, 2, 3]), *make_rows(storage.tables[0], 3, 1))
+        for tensor in storage.find(torch.tensor([1, 5]), torch.tensor([0, 1])):
             assert tensor.device.type == self.device.type
 
     def test_insert_overwrites_existing_key(self, make: StorageFactory) -> None:
@@ -151,172 +211,294 @@ class StorageSuite:
         model = _Model(len(storage.tables))
         keys = torch.tensor([5, 6, 7])
         for seed in (1, 2):
-            rows, scores = make_rows(storage.tables[0], 3, seed=seed)
-            storage.insert(0, keys, rows, scores)
-            model.insert(0, keys, rows, scores)
+            put(storage, model, 0, keys, *make_rows(storage.tables[0], 3, seed=seed))
         assert_matches(storage, model, 0, keys)
-        assert storage.size(0) == 3
+        assert storage.sizes([0]) == [3]
 
     def test_same_key_in_two_tables_is_two_entries(self, make: StorageFactory) -> None:
         storage = make()
         model = _Model(len(storage.tables))
         keys = torch.tensor([11, 12])
         for t, spec in enumerate(storage.tables):
-            rows, scores = make_rows(spec, 2, seed=10 + t)
-            storage.insert(t, keys, rows, scores)
-            model.insert(t, keys, rows, scores)
-        storage.erase(1, torch.tensor([11]))
+            put(storage, model, t, keys, *make_rows(spec, 2, seed=10 + t))
+        storage.erase(torch.tensor([11]), torch.tensor([1]))
         model.erase(1, torch.tensor([11]))
         for t in range(len(storage.tables)):
             assert_matches(storage, model, t, keys)
-        assert [storage.size(t) for t in range(3)] == [2, 1, 2]
+        assert stored_sizes(storage) == [2, 1, 2]
 
     def test_erase_removes_only_given_keys_and_ignores_missing(self, make: StorageFactory) -> None:
         storage = make()
         model = _Model(len(storage.tables))
         keys = torch.arange(20)
-        rows, scores = make_rows(storage.tables[0], 20, seed=3)
-        storage.insert(0, keys, rows, scores)
-        model.insert(0, keys, rows, scores)
+        put(storage, model, 0, keys, *make_rows(storage.tables[0], 20, seed=3))
         gone = torch.tensor([0, 5, 19, 1000, -3])  # 1000 and -3 were never inserted
-        storage.erase(0, gone)
+        storage.erase(gone, torch.zeros_like(gone))
         model.erase(0, gone)
         assert_matches(storage, model, 0, torch.cat([keys, gone]))
-        assert storage.size(0) == 17
+        assert storage.sizes([0]) == [17]
 
     def test_empty_batches_are_accepted(self, make: StorageFactory) -> None:
         storage = make()
-        spec = storage.tables[0]
         empty = torch.empty(0, dtype=torch.int64)
         storage.insert(
-            0,
             empty,
-            torch.empty(0, spec.row_width, dtype=spec.dtype),
-            torch.empty(0, 1, dtype=torch.int64),
+            empty,
+            torch.empty(0, storage.max_row_width, dtype=storage.row_dtype),
+            torch.empty(0, storage.max_num_scores, dtype=torch.int64),
         )
-        found, rows, scores = storage.find(0, empty)
-        assert (
-            found.numel() == 0 and tuple(rows.shape) == (0, spec.row_width) and scores.shape[0] == 0
-        )
-        storage.erase(0, empty)
-        assert storage.size(0) == 0
+        found, rows, scores = storage.find(empty, empty)
+        assert found.numel() == 0 and tuple(rows.shape) == (0, storage.max_row_width)
+        assert tuple(scores.shape) == (0, storage.max_num_scores)
+        storage.erase(empty, empty)
+        assert stored_sizes(storage) == [0, 0, 0]
 
     def test_export_yields_every_key_once_with_its_row(self, make: StorageFactory) -> None:
         storage = make()
         model = _Model(len(storage.tables))
         for t, spec in enumerate(storage.tables):
             keys = torch.arange(t * 1000, t * 1000 + 23) * 7919 - 50_000
-            rows, scores = make_rows(spec, keys.numel(), seed=20 + t)
-            storage.insert(t, keys, rows, scores)
-            model.insert(t, keys, rows, scores)
-        for t, spec in enumerate(storage.tables):
-            seen: Dict[int, int] = {}
-            for keys, rows, scores in storage.export(t, batch_size=5):
-                assert 0 < keys.numel() <= 5
-                assert (
-                    tuple(rows.shape) == (keys.numel(), spec.row_width) and rows.dtype == spec.dtype
-                )
-                assert tuple(scores.shape) == (keys.numel(), spec.num_scores)
-                for i, k in enumerate(keys.tolist()):
-                    seen[k] = seen.get(k, 0) + 1
+            put(storage, model, t, keys, *make_rows(spec, keys.numel(), seed=20 + t))
+        for which in ([0], [2, 1], None):
+            wanted = [0, 1, 2] if which is None else which
+            seen: Dict[Tuple[int, int], int] = {}
+            for keys, tids, rows, scores in storage.export(which, batch_size=5):
+                n = keys.numel()
+                assert 0 < n <= 5 and tuple(tids.shape) == (n,) and tids.dtype == torch.int64
+                assert tuple(rows.shape) == (n, storage.max_row_width)
+                assert rows.dtype == storage.row_dtype
+                assert tuple(scores.shape) == (n, storage.max_num_scores)
+                for i, (k, t) in enumerate(zip(keys.tolist(), tids.tolist())):
+                    spec = storage.tables[t]
+                    seen[(t, k)] = seen.get((t, k), 0) + 1
                     row, score = model.data[t][k]
-                    assert torch.equal(bits(rows[i]), bits(row)) and torch.equal(
-                        scores[i].cpu(), score
-                    )
-            assert seen == {k: 1 for k in model.data[t]}
+                    assert torch.equal(bits(rows[i, : spec.row_width].to(spec.dtype)), bits(row))
+                    assert torch.equal(scores[i, : spec.num_scores].cpu(), score)
+            assert seen == {(t, k): 1 for t in wanted for k in model.data[t]}, which
 
     def test_export_of_empty_table_yields_nothing(self, make: StorageFactory) -> None:
-        assert list(make().export(0)) == []
+        storage = make()
+        assert list(storage.export([0])) == [] and list(storage.export()) == []
 
     def test_large_batch_round_trips(self, make: StorageFactory) -> None:
         storage = make()
         model = _Model(len(storage.tables))
         g = torch.Generator().manual_seed(5)
         keys = torch.unique(torch.randint(INT64_MIN, INT64_MAX, (5000,), generator=g))
-        rows, scores = make_rows(storage.tables[0], keys.numel(), seed=6)
-        storage.insert(0, keys, rows, scores)
-        model.insert(0, keys, rows, scores)
-        assert storage.size(0) == keys.numel()
+        put(storage, model, 0, keys, *make_rows(storage.tables[0], keys.numel(), seed=6))
+        assert storage.sizes([0]) == [keys.numel()]
         assert_matches(storage, model, 0, keys)
 
     def test_flush_keeps_data(self, make: StorageFactory) -> None:
         storage = make()
         model = _Model(len(storage.tables))
-        rows, scores = make_rows(storage.tables[2], 4, seed=8)
-        storage.insert(2, torch.tensor([1, 2, 3, 4]), rows, scores)
-        model.insert(2, torch.tensor([1, 2, 3, 4]), rows, scores)
+        put(storage, model, 2, torch.tensor([1, 2, 3, 4]), *make_rows(storage.tables[2], 4, 8))
         storage.flush()
         assert_matches(storage, model, 2, torch.tensor([1, 2, 3, 4, 5]))
 
-    @pytest.mark.parametrize(
-        "case",
-        [
-            "table_id_out_of_range",
-            "keys_int32",
-            "keys_2d",
-            "rows_wrong_width",
-            "rows_wrong_dtype",
-            "scores_wrong_shape",
-            "rows_fewer_than_keys",
-        ],
-    )
+    # -- several tables per call ---------------------------------------------------------------
+
+    def test_interleaved_tables_in_one_call_round_trip(self, make: StorageFactory) -> None:
+        storage = make()
+        model = _Model(len(storage.tables))
+        T = len(storage.tables)
+        # the same key in every table of one call (pairs, not keys, are unique), then more keys
+        keys = torch.cat([torch.tensor(EDGE_KEYS * T), torch.arange(39) * 104729 - 7])
+        tids = torch.cat([torch.arange(T).repeat_interleave(7), interleaved_ids(T, 39, seed=1)])
+        order = torch.randperm(keys.numel(), generator=torch.Generator().manual_seed(3))
+        keys, tids = keys[order], tids[order]
+        n = keys.numel()
+        per_table = []
+        for t, spec in enumerate(storage.tables):
+            mine = (tids == t).nonzero().squeeze(1)
+            rows, scores = make_rows(spec, mine.numel(), seed=60 + t)
+            per_table.append((rows, scores))
+            model.insert(t, keys[mine], rows, scores)
+        pairs = set(zip(keys.tolist(), tids.tolist()))
+        assert len(pairs) == n, "the test's pairs must be unique"
+        storage.insert(keys, tids, *wide_rows(storage, tids, per_table))
+        assert stored_sizes(storage) == [len(d) for d in model.data]
+        probe_keys = torch.cat([keys, torch.tensor([42, 42, 42])])
+        probe_ids = torch.cat([tids, torch.tensor([0, 1, 2])])
+        order = torch.randperm(probe_keys.numel(), generator=torch.Generator().manual_seed(2))
+        assert_pairs_match(storage, model, probe_keys[order], probe_ids[order])
+
+    def test_padding_columns_are_ignored_on_insert(self, make: StorageFactory) -> None:
+        storage = make()
+        model = _Model(len(storage.tables))
+        keys, tids = torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2])
+        per_table = [make_rows(spec, 1, seed=70 + t) for t, spec in enumerate(storage.tables)]
+        rows, scores = wide_rows(storage, tids, per_table)
+        rows[1, storage.tables[1].row_width :] = 99.0  # garbage past table 1's width
+        scores[0, storage.tables[0].num_scores :] = 99
+        storage.insert(keys, tids, rows, scores)
+        for t, (r, s) in enumerate(per_table):
+            model.insert(t, keys[t : t + 1], r, s)
+        assert_pairs_match(storage, model, keys, tids)
+
+    def test_mixed_erase_removes_only_named_pairs(self, make: StorageFactory) -> None:
+        storage = make()
+        model = _Model(len(storage.tables))
+        keys = torch.arange(10)
+        for t, spec in enumerate(storage.tables):
+            put(storage, model, t, keys, *make_rows(spec, 10, seed=80 + t))
+        gone_keys, gone_ids = torch.tensor([3, 3, 4, 9, 500]), torch.tensor([0, 2, 1, 0, 1])
+        storage.erase(gone_keys, gone_ids)
+        for k, t in zip(gone_keys.tolist(), gone_ids.tolist()):
+            model.erase(t, torch.tensor([k]))
+        assert stored_sizes(storage) == [8, 9, 9]
+        all_keys = keys.repeat(3)
+        all_ids = torch.arange(3).repeat_interleave(10)
+        assert_pairs_match(storage, model, all_keys, all_ids)
+
+    def test_sizes_follow_the_asked_order(self, make: StorageFactory) -> None:
+        storage = make()
+        model = _Model(len(storage.tables))
+        for t, spec in enumerate(storage.tables):
+            put(storage, model, t, torch.arange(t + 1), *make_rows(spec, t + 1, seed=t))
+        assert storage.sizes([2, 0, 1]) == [3, 1, 2] and storage.sizes() == [1, 2, 3]
+        assert storage.sizes([]) == []
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+    def test_each_row_dtype_round_trips_bitwise(
+        self, make: StorageFactory, dtype: torch.dtype
+    ) -> None:
+        storage = make(default_tables(dtype))
+        assert storage.row_dtype == dtype
+        model = _Model(len(storage.tables))
+        keys = torch.tensor(EDGE_KEYS).repeat(3)
+        tids = torch.arange(3).repeat_interleave(len(EDGE_KEYS))
+        per_table = []
+        for t, spec in enumerate(storage.tables):
+            rows, scores = make_rows(spec, len(EDGE_KEYS), seed=100 + t)
+            per_table.append((rows, scores))
+            model.insert(t, torch.tensor(EDGE_KEYS), rows, scores)
+        storage.insert(keys, tids, *wide_rows(storage, tids, per_table))
+        assert_pairs_match(storage, model, keys.flip(0), tids.flip(0))
+
+    def test_tables_of_two_dtypes_are_rejected(self, make: StorageFactory) -> None:
+        mixed = default_tables()[:2] + [
+            StorageTableSpec("t_half", dim=2, row_width=2, dtype=torch.float16)
+        ]
+        with pytest.raises(ValueError, match="one dtype"):
+            make(mixed)
+
+    # -- bad input ----------------------------------------------------------------------------
+
+    BAD_INSERTS = [
+        "table_id_out_of_range",
+        "table_id_negative",
+        "table_ids_int32",
+        "table_ids_shorter",
+        "keys_int32",
+        "keys_2d",
+        "rows_wrong_width",
+        "rows_one_table_width",
+        "rows_wrong_dtype",
+        "scores_wrong_shape",
+        "scores_wrong_dtype",
+        "rows_fewer_than_keys",
+    ]
+
+    @pytest.mark.parametrize("case", BAD_INSERTS)
     def test_bad_insert_raises_before_writing(self, make: StorageFactory, case: str) -> None:
         storage = make()
-        spec = storage.tables[0]
-        keys = torch.tensor([1, 2, 3])
-        rows, scores = make_rows(spec, 3, seed=9)
-        args: Dict[str, Any] = {"table_id": 0, "keys": keys, "rows": rows, "scores": scores}
+        tids = torch.tensor([0, 1, 2, 0, 1, 2])
+        keys = torch.tensor([1, 1, 1, 2, 2, 2])
+        per_table = [make_rows(spec, 2, seed=90 + t) for t, spec in enumerate(storage.tables)]
+        rows, scores = wide_rows(storage, tids, per_table)
+        args: Dict[str, Any] = {"keys": keys, "table_ids": tids, "rows": rows, "scores": scores}
+        bad_ids = tids.clone()
+        bad_ids[4] = len(storage.tables)  # one bad id after good ones: still nothing written
+        neg_ids = tids.clone()
+        neg_ids[5] = -1
+        width, words = storage.max_row_width, storage.max_num_scores
         cases: Dict[str, Dict[str, Any]] = {
-            "table_id_out_of_range": {"table_id": len(storage.tables)},
+            "table_id_out_of_range": {"table_ids": bad_ids},
+            "table_id_negative": {"table_ids": neg_ids},
+            "table_ids_int32": {"table_ids": tids.to(torch.int32)},
+            "table_ids_shorter": {"table_ids": tids[:5]},
             "keys_int32": {"keys": keys.to(torch.int32)},
-            "keys_2d": {"keys": keys.view(3, 1)},
-            "rows_wrong_width": {"rows": torch.zeros(3, spec.row_width + 1, dtype=spec.dtype)},
-            "rows_wrong_dtype": {"rows": rows.to(torch.float64)},
-            "scores_wrong_shape": {
-                "scores": torch.zeros(3, spec.num_scores + 1, dtype=torch.int64)
+            "keys_2d": {"keys": keys.view(6, 1)},
+            "rows_wrong_width": {"rows": torch.zeros(6, width + 1, dtype=storage.row_dtype)},
+            "rows_one_table_width": {
+                "rows": torch.zeros(6, storage.tables[1].row_width, dtype=storage.row_dtype)
             },
-            "rows_fewer_than_keys": {"rows": rows[:2]},
+            "rows_wrong_dtype": {"rows": rows.to(torch.float64)},
+            "scores_wrong_shape": {"scores": torch.zeros(6, words + 1, dtype=torch.int64)},
+            "scores_wrong_dtype": {"scores": scores.to(torch.int32)},
+            "rows_fewer_than_keys": {"rows": rows[:5]},
         }
         bad = cases[case]
         with pytest.raises((ValueError, TypeError, IndexError)) as info:
             storage.insert(**{**args, **bad})
         message = str(info.value)
-        assert spec.name in message or "table_id" in message, message
-        assert all(storage.size(t) == 0 for t in range(len(storage.tables)))
+        named = [name for name in ("keys", "table_ids", "rows", "scores") if name in message]
+        assert named, f"the error names no argument: {message}"
+        if case.startswith("rows") and case != "rows_wrong_dtype":
+            assert any(spec.name in message for spec in storage.tables), message
+        assert stored_sizes(storage) == [0] * len(storage.tables), "a bad insert wrote"
 
     def test_bad_find_and_erase_name_the_problem(self, make: StorageFactory) -> None:
         storage = make()
-        with pytest.raises(IndexError, match="table_id"):
-            storage.find(99, torch.tensor([1]))
+        put(storage, _Model(3), 0, torch.tensor([1]), *make_rows(storage.tables[0], 1, 1))
+        with pytest.raises(IndexError, match="table_ids holds 99"):
+            storage.find(torch.tensor([1, 1]), torch.tensor([0, 99]))
+        with pytest.raises(TypeError, match="keys must be a 1-D int64"):
+            storage.find(torch.tensor([1.0]), torch.tensor([0]))
+        with pytest.raises(TypeError, match="table_ids must be a 1-D int64"):
+            storage.find(torch.tensor([1]), 0)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="one table per key"):
+            storage.find(torch.tensor([1, 2]), torch.tensor([0]))
         with pytest.raises(TypeError, match="int64"):
-            storage.find(0, torch.tensor([1.0]))
-        with pytest.raises(TypeError, match="int64"):
-            storage.erase(0, torch.tensor([1], dtype=torch.int32))
+            storage.erase(torch.tensor([1], dtype=torch.int32), torch.tensor([0]))
+        with pytest.raises(IndexError, match="table_ids holds -1"):
+            storage.erase(torch.tensor([1, 1]), torch.tensor([0, -1]))
+        assert storage.sizes([0]) == [1], "a rejected erase removed a key"
+        with pytest.raises(IndexError, match="table_id 5 out of range"):
+            storage.sizes([5])
+        with pytest.raises(IndexError, match="table_id 3 out of range"):
+            list(storage.export([0, 3]))
+        with pytest.raises(ValueError, match="batch_size"):
+            list(storage.export(None, batch_size=0))
 
     def test_random_operations_match_dict_model(self, make: StorageFactory) -> None:
         storage = make()
-        model = _Model(len(storage.tables))
+        T = len(storage.tables)
+        model = _Model(T)
         rng = random.Random(1234)
         pool = EDGE_KEYS + [rng.randrange(INT64_MIN, INT64_MAX) for _ in range(120)]
         for step in range(40):
-            t = rng.randrange(len(storage.tables))
-            keys = torch.tensor(rng.sample(pool, rng.randrange(0, 30)), dtype=torch.int64)
+            pairs = rng.sample([(k, t) for k in pool for t in range(T)], rng.randrange(0, 40))
+            keys = torch.tensor([k for k, _ in pairs], dtype=torch.int64)
+            tids = torch.tensor([t for _, t in pairs], dtype=torch.int64)
             op = rng.random()
             if op < 0.55:
-                rows, scores = make_rows(storage.tables[t], keys.numel(), seed=step)
-                storage.insert(t, keys, rows, scores)
-                model.insert(t, keys, rows, scores)
+                per_table = []
+                for t, spec in enumerate(storage.tables):
+                    mine = (tids == t).nonzero().squeeze(1)
+                    rows, scores = make_rows(spec, mine.numel(), seed=step * 10 + t)
+                    per_table.append((rows, scores))
+                    model.insert(t, keys[mine], rows, scores)
+                storage.insert(keys, tids, *wide_rows(storage, tids, per_table))
             elif op < 0.8:
-                storage.erase(t, keys)
-                model.erase(t, keys)
-            assert_matches(storage, model, t, torch.tensor(rng.sample(pool, 25)))
-            assert storage.size(t) == len(model.data[t])
+                storage.erase(keys, tids)
+                for k, t in pairs:
+                    model.erase(t, torch.tensor([k]))
+            probe = rng.sample([(k, t) for k in pool for t in range(T)], 40)
+            assert_pairs_match(
+                storage,
+                model,
+                torch.tensor([k for k, _ in probe], dtype=torch.int64),
+                torch.tensor([t for _, t in probe], dtype=torch.int64),
+            )
+            assert stored_sizes(storage) == [len(d) for d in model.data]
 
 
 class StoragePersistenceSuite:
     """For backends whose data outlives the object: a new instance over the same place sees it."""
 
-    def reopen_storage(self, storage: Storage) -> Storage:
+    def reopen_storage(self, storage: Storage) -> AnyStorage:
         """Close ``storage`` and return a new instance over the same data (same tables)."""
         raise NotImplementedError("implement reopen_storage(storage)")
 
@@ -325,17 +507,16 @@ class StoragePersistenceSuite:
         model = _Model(len(storage.tables))
         for t, spec in enumerate(storage.tables):
             keys = torch.tensor(EDGE_KEYS)
-            rows, scores = make_rows(spec, keys.numel(), seed=40 + t)
-            storage.insert(t, keys, rows, scores)
-            model.insert(t, keys, rows, scores)
-        storage.erase(0, torch.tensor([0]))
+            put(storage, model, t, keys, *make_rows(spec, keys.numel(), seed=40 + t))
+        storage.erase(torch.tensor([0, 1]), torch.tensor([0, 2]))
         model.erase(0, torch.tensor([0]))
+        model.erase(2, torch.tensor([1]))
         storage.flush()
-        reopened = self.reopen_storage(storage)
+        reopened = as_storage(self.reopen_storage(storage))
         try:
             for t in range(len(reopened.tables)):
                 assert_matches(reopened, model, t, torch.tensor(EDGE_KEYS))
-                assert reopened.size(t) == len(model.data[t])
+            assert stored_sizes(reopened) == [len(d) for d in model.data]
         finally:
             reopened.close()
 
@@ -350,12 +531,10 @@ class StorageDumpSuite:
         model = _Model(len(storage.tables))
         for t, spec in enumerate(storage.tables):
             keys = torch.arange(30) * (t + 1) - 7
-            rows, scores = make_rows(spec, 30, seed=50 + t)
-            storage.insert(t, keys, rows, scores)
-            model.insert(t, keys, rows, scores)
+            put(storage, model, t, keys, *make_rows(spec, 30, seed=50 + t))
         storage.dump(str(tmp_path))
         fresh = make()
         fresh.load(str(tmp_path))
+        assert stored_sizes(fresh) == [len(d) for d in model.data]
         for t in range(len(fresh.tables)):
-            assert fresh.size(t) == len(model.data[t])
             assert_matches(fresh, model, t, torch.arange(-10, 100))

@@ -20,7 +20,10 @@ class TestPyDictStorage(StorageSuite, StorageDumpSuite):
 def test_memory_usage_reports_host_bytes_only() -> None:
     spec = StorageTableSpec("t", dim=2, row_width=4)
     storage = PyDictStorage([spec])
-    storage.insert(0, torch.tensor([1, 2]), torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int64))
+    keys = torch.tensor([1, 2])
+    storage.insert(
+        keys, torch.zeros_like(keys), torch.zeros(2, 4), torch.zeros(2, 1, dtype=torch.int64)
+    )
     assert storage.memory_usage(MemoryType.HOST) == 2 * (8 + 16 + 8)
     assert storage.memory_usage(MemoryType.DEVICE) == 0
 

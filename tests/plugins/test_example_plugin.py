@@ -76,8 +76,10 @@ def test_installed_example_is_listed_and_resolved_by_name(installed: Path) -> No
         print(info.distribution, info.version, ",".join(info.hooks))
         storage = resolve_storage(DynamicEmbTableOptions(external_storage="example_array"),
                                   [StorageTableSpec("t", dim=2, row_width=2)], "cpu")
-        storage.insert(0, torch.tensor([7]), torch.tensor([[1.0, 2.0]]), torch.tensor([[3]]))
-        print(type(storage).__name__, storage.find(0, torch.tensor([7, 8]))[0].tolist())
+        t0 = torch.tensor([0])
+        storage.insert(torch.tensor([7]), t0, torch.tensor([[1.0, 2.0]]), torch.tensor([[3]]))
+        found = storage.find(torch.tensor([7, 8]), torch.tensor([0, 0]))[0].tolist()
+        print(type(storage).__name__, type(storage.inner).__name__, found)
         """
     )
     result = _python(installed, "-c", code)
@@ -88,7 +90,7 @@ def test_installed_example_is_listed_and_resolved_by_name(installed: Path) -> No
         plugin
         == "demb-example-plugin 0.1.0 dynamicemb_register_admission_strategies,dynamicemb_register_storages"
     )
-    assert storage == "ArrayStorage [True, False]"
+    assert storage == "PerTableAdapter ArrayStorage [True, False]"  # split by the adapter
 
 
 def test_installed_example_passes_its_own_tests(installed: Path) -> None:

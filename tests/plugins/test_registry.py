@@ -16,6 +16,7 @@ from dynamicemb_core.config import DynamicEmbScoreStrategy, DynamicEmbTableOptio
 from dynamicemb_core.plugins import (
     KNOWN_PLUGINS,
     DuplicatePluginError,
+    PerTableAdapter,
     PluginKind,
     PluginRegistry,
     PluginResultError,
@@ -287,7 +288,9 @@ def test_builtin_names_build_the_core_classes() -> None:
     tables = [StorageTableSpec("t", dim=4, row_width=4)]
     device = resolve_storage(DynamicEmbTableOptions(external_storage="device"), tables, "cpu")
     hybrid = resolve_storage(DynamicEmbTableOptions(external_storage="hybrid"), tables, "cpu")
-    assert type(device) is DeviceStorage and type(hybrid) is HybridStorage
+    # the core's tiers speak the per-table contract: resolved, they come behind the adapter
+    assert type(device) is PerTableAdapter and type(device.inner) is DeviceStorage
+    assert type(hybrid) is PerTableAdapter and type(hybrid.inner) is HybridStorage
     options = DynamicEmbTableOptions(
         admission_counter="kv",
         admission_counter_options={"capacity": 1024},

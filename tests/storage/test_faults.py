@@ -43,7 +43,7 @@ class TestCacheOverHostTable(FaultInjectionSuite):
         module = make_module(self.device, caching=True, local_hbm_for_values=rows * ROW_BYTES)
         tier = module.tables[0]
         assert isinstance(tier.backing, DeviceStorage)
-        tier.backing = FaultyStorage(tier.backing)
+        tier.backing = FaultyStorage(tier.backing)  # the host table, through the adapter
         return module, tier.backing
 
 
@@ -63,21 +63,37 @@ def test_faulty_storage_fails_the_nth_call_and_passes_the_rest() -> None:
     spec = table_spec()
     store = FaultyStorage(PyDictStorage([spec]), fail_nth={"insert": 2})
     rows, scores = torch.ones(3, spec.row_width), torch.zeros(3, 1, dtype=torch.int64)
-    store.insert(0, torch.arange(3), rows, scores)
+    t0 = torch.zeros(3, dtype=torch.int64)
+    store.insert(torch.arange(3), t0, rows, scores)
     with pytest.raises(InjectedStorageFault, match="insert call 2 .* refused"):
-        store.insert(0, torch.arange(3, 6), rows, scores)
-    assert store.size(0) == 3  # refused: nothing written
-    store.insert(0, torch.arange(3, 6), rows, scores)
-    assert store.size(0) == 6 and store.injected == [("insert", 2)]
+        store.insert(torch.arange(3, 6), t0, rows, scores)
+    assert store.sizes() == [3]  # refused: nothing written
+    store.insert(torch.arange(3, 6), t0, rows, scores)
+    assert store.sizes() == [6] and store.injected == [("insert", 2)]
     store.arm(when="after", fail_nth={"erase": 1})
     with pytest.raises(InjectedStorageFault, match="took effect"):
-        store.erase(0, torch.arange(2))
-    assert store.size(0) == 4  # the write happened; its acknowledgement was lost
+        store.erase(torch.arange(2), t0[:2])
+    assert store.sizes() == [4]  # the write happened; its acknowledgement was lost
     store.down()
     with pytest.raises(InjectedStorageFault):
-        store.find(0, torch.arange(2))
+        store.find(torch.arange(2), t0[:2])
     store.up()
-    assert not bool(store.find(0, torch.arange(2))[0].any())
+    assert not bool(store.find(torch.arange(2), t0[:2])[0].any())
+
+
+def test_faulty_storage_wraps_a_per_table_storage_through_the_adapter() -> None:
+    """A host table (the per-table contract) under FaultyStorage speaks the multi-table one."""
+    spec = table_spec()
+    host = DeviceStorage([spec], "cpu")
+    store = FaultyStorage(host, fail_nth={"find": 2})
+    assert store.inner.inner is host and store.table is host.table  # extras pass through
+    keys = torch.arange(4)
+    rows = torch.arange(4 * spec.row_width, dtype=torch.float32).view(4, -1)
+    store.insert(keys, torch.zeros_like(keys), rows, torch.zeros(4, 1, dtype=torch.int64))
+    found, got, _ = store.find(keys, torch.zeros_like(keys))
+    assert bool(found.all()) and torch.equal(got, rows) and host.size(0) == 4
+    with pytest.raises(InjectedStorageFault, match="find call 2"):
+        store.find(keys, torch.zeros_like(keys))
 
 
 def test_faulty_storage_random_failures_follow_the_seed() -> None:
@@ -86,7 +102,7 @@ def test_faulty_storage_random_failures_follow_the_seed() -> None:
         out = []
         for _ in range(20):
             try:
-                store.size(0)
+                store.sizes()
                 out.append(False)
             except InjectedStorageFault:
                 out.append(True)

@@ -129,7 +129,7 @@ def test_third_party_storage_through_the_abc_trains_like_a_device_table(device, 
         ),
     )
     _train_and_compare(device, tiered)
-    assert external.size(0) > 0
+    assert external.sizes()[0] > 0
 
 
 def test_external_storage_by_registered_name(device):

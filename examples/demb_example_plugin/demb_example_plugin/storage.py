@@ -1,7 +1,10 @@
 """``ArrayStorage``: rows in one growable host tensor per table, with a dict from key to row index.
 
-An example of the Storage contract, not a production tier: it shows the validation helpers, the
-shapes ``find`` must return, and a vectorized gather/scatter behind a Python index.
+An example of the per-table storage contract (``PerTableStorage``: one table id per call), not a
+production tier: it shows the validation helpers, the shapes ``find`` must return, and a vectorized
+gather/scatter behind a Python index. The core reaches it through its per-table adapter, which
+splits each multi-table call by table id; a backend that can serve several tables in one round
+trip implements ``Storage`` (``find(keys, table_ids)``) instead, as demb-redis does.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dynamicemb_core.plugins.storage_checks import (
     check_table_id,
     check_table_specs,
 )
-from dynamicemb_core.types import MemoryType, Storage, StorageTableSpec
+from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
 
 class _Table:
@@ -50,7 +53,7 @@ class _Table:
             )
 
 
-class ArrayStorage(Storage):
+class ArrayStorage(PerTableStorage):
     """Host-memory storage with vectorized row copies.
 
     Args:

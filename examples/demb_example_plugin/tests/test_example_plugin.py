@@ -9,6 +9,7 @@ from demb_example_plugin import ArrayStorage, HashSampleAdmissionStrategy
 
 from dynamicemb_core.config import DynamicEmbTableOptions
 from dynamicemb_core.plugins import (
+    PerTableAdapter,
     PluginKind,
     PluginRegistry,
     resolve_admission_strategy,
@@ -16,7 +17,7 @@ from dynamicemb_core.plugins import (
 )
 from dynamicemb_core.testing.counter_suite import AdmissionStrategySuite
 from dynamicemb_core.testing.storage_suite import StorageSuite
-from dynamicemb_core.types import AdmissionStrategy, Storage, StorageTableSpec
+from dynamicemb_core.types import AdmissionStrategy, PerTableStorage, StorageTableSpec
 
 
 def test_entry_point_is_discovered_by_the_registry() -> None:
@@ -34,14 +35,16 @@ def test_table_options_build_the_example_by_name() -> None:
         admit_strategy="example_hash_sample",
         admit_strategy_options={"rate": 0.5},
     )
-    assert isinstance(
-        resolve_storage(options, [StorageTableSpec("t", dim=2, row_width=2)], "cpu"), ArrayStorage
-    )
+    storage = resolve_storage(options, [StorageTableSpec("t", dim=2, row_width=2)], "cpu")
+    # a per-table storage: the core wraps it in the adapter that splits calls by table id
+    assert isinstance(storage, PerTableAdapter) and isinstance(storage.inner, ArrayStorage)
     assert resolve_admission_strategy(options).rate == 0.5
 
 
 class TestArrayStorage(StorageSuite):
-    def make_storage(self, tables: Sequence[StorageTableSpec], device: torch.device) -> Storage:
+    def make_storage(
+        self, tables: Sequence[StorageTableSpec], device: torch.device
+    ) -> PerTableStorage:
         return ArrayStorage(tables, device)
 
 

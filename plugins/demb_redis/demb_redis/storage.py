@@ -7,8 +7,9 @@ keys; values are whole stored rows (header, score words, embedding and optimizer
 of :mod:`dynamicemb_core.plugins.row_codec`, which refuses to decode a row written for another dim,
 optimizer, dtype or score strategy.
 
-Every batch is split in ``chunk_size`` pieces sent in one pipeline (one round trip). A batch that
-fails on a broken connection or a timeout is retried ``retries`` times with exponential backoff
+Every call may name keys of several tables (the multi-table ``Storage`` contract): its keys are
+grouped by table and each table's share split in ``chunk_size`` pieces, all sent in one pipeline
+(one round trip for the whole call, whatever the number of tables). A call that fails on a broken connection or a timeout is retried ``retries`` times with exponential backoff
 (writes are idempotent: HSET of the same values); then :class:`RedisStorageError` says which table,
 which operation and which server. Nothing ever returns zeros in place of data it could not read.
 """
@@ -26,13 +27,14 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, encode_keys
+from dynamicemb_core.plugins.storage_adapter import split_by_table
 from dynamicemb_core.plugins.storage_checks import (
-    check_erase,
-    check_export,
-    check_find,
-    check_insert,
-    check_table_id,
+    check_export_ids,
+    check_insert_pairs,
+    check_pairs,
+    check_table_ids,
     check_table_specs,
+    common_row_dtype,
 )
 from dynamicemb_core.types import DynamicEmbError, MemoryType, Storage, StorageTableSpec
 
@@ -71,7 +73,7 @@ def _redact(url: str) -> str:
 
 
 class RedisStorage(Storage):
-    """A Storage on one Redis server (or one cluster slot per table).
+    """A multi-table Storage on one Redis server (or one cluster slot per table).
 
     Args:
         tables: the logical tables, in table-id order; names become part of the Redis key.
@@ -108,6 +110,7 @@ class RedisStorage(Storage):
         client_options: Optional[Dict[str, Any]] = None,
     ) -> None:
         check_table_specs(type(self).__name__, tables)
+        common_row_dtype(tables)  # one rows matrix per call: tables of one dtype
         for label, value in [("model", model)] + [("table name", t.name) for t in tables]:
             if not isinstance(value, str) or not _NAME_RE.match(value):
                 raise ValueError(
@@ -152,8 +155,11 @@ class RedisStorage(Storage):
 
     # -- the one place that talks to Redis ---------------------------------------------------
 
-    def _call(self, op: str, table_id: Optional[int], fn: Callable[[], T]) -> T:
-        where = f"table {self.tables[table_id].name!r} " if table_id is not None else ""
+    def _call(self, op: str, table_ids: Optional[Sequence[int]], fn: Callable[[], T]) -> T:
+        where = ""
+        if table_ids:
+            names = ", ".join(repr(self.tables[t].name) for t in table_ids)
+            where = f"table{'s' if len(table_ids) > 1 else ''} {names} "
         start = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
@@ -186,80 +192,135 @@ class RedisStorage(Storage):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _pipelined(
-        self, op: str, table_id: int, build: Callable[[Any, int, int], None], n: int
-    ) -> List[Any]:
+        self,
+        op: str,
+        parts: Sequence[Tuple[int, int]],
+        build: Callable[[Any, int, int, int], None],
+    ) -> List[List[Any]]:
+        """One pipeline (one round trip) for several tables' shares of a call.
+
+        ``parts`` is ``[(table id, n)]``; ``build(pipe, table id, a, b)`` queues the commands of
+        items ``[a, b)`` of that table, ``chunk_size`` at a time. Returns each table's replies.
+        """
+
         def run() -> List[Any]:
             pipe = self.client.pipeline(transaction=False)
-            for start in range(0, n, self.chunk_size):
-                build(pipe, start, min(start + self.chunk_size, n))
+            for t, n in parts:
+                for start in range(0, n, self.chunk_size):
+                    build(pipe, t, start, min(start + self.chunk_size, n))
             return pipe.execute()
 
-        return self._call(op, table_id, run)
+        replies = self._call(op, [t for t, _ in parts], run)
+        out, at = [], 0
+        for _, n in parts:
+            count = -(-n // self.chunk_size)
+            out.append(replies[at : at + count])
+            at += count
+        return out
 
     # -- Storage ----------------------------------------------------------------------------
 
     def find(
-        self, table_id: int, keys: torch.Tensor
+        self, keys: torch.Tensor, table_ids: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        check_find(self.tables, table_id, keys)
-        fields = encode_keys(keys)
-        name = self._hash_keys[table_id]
-        values: List[Optional[bytes]] = []
-        if fields:
-            for chunk in self._pipelined(
-                "find", table_id, lambda p, a, b: p.hmget(name, fields[a:b]), len(fields)
-            ):
-                values.extend(chunk)
-        found, rows, scores = self._codecs[table_id].decode(values, keys)
+        n = check_pairs(self.tables, keys, table_ids)
+        found = torch.zeros(n, dtype=torch.bool)
+        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
+        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
+        groups = split_by_table(table_ids.cpu())
+        keys = keys.cpu()
+        fields = {t: encode_keys(keys[pos]) for t, pos in groups}
+        replies = self._pipelined(
+            "find",
+            [(t, pos.numel()) for t, pos in groups],
+            lambda p, t, a, b: p.hmget(self._hash_keys[t], fields[t][a:b]),
+        )
+        for (t, pos), chunks in zip(groups, replies):
+            values: List[Optional[bytes]] = [v for chunk in chunks for v in chunk]
+            f, r, sc = self._codecs[t].decode(values, keys[pos])
+            spec = self.tables[t]
+            found[pos] = f
+            rows[pos, : spec.row_width] = r
+            scores[pos, : spec.num_scores] = sc
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def insert(
-        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
     ) -> None:
-        check_insert(self.tables, table_id, keys, rows, scores)
+        check_insert_pairs(self.tables, keys, table_ids, rows, scores)
         if keys.numel() == 0:
             return
-        fields = encode_keys(keys)
-        values = self._codecs[table_id].encode(rows, scores)
-        name = self._hash_keys[table_id]
+        groups = split_by_table(table_ids.cpu())
+        keys, rows, scores = keys.cpu(), rows.cpu(), scores.cpu()
+        fields, values = {}, {}
+        for t, pos in groups:  # encode every table first: a codec error writes nothing
+            spec = self.tables[t]
+            fields[t] = encode_keys(keys[pos])
+            values[t] = self._codecs[t].encode(
+                rows[pos, : spec.row_width].contiguous(),
+                scores[pos, : spec.num_scores].contiguous(),
+            )
         self._pipelined(
             "insert",
-            table_id,
-            lambda p, a, b: p.hset(name, mapping=dict(zip(fields[a:b], values[a:b]))),
-            len(fields),
+            [(t, pos.numel()) for t, pos in groups],
+            lambda p, t, a, b: p.hset(
+                self._hash_keys[t], mapping=dict(zip(fields[t][a:b], values[t][a:b]))
+            ),
         )
 
-    def erase(self, table_id: int, keys: torch.Tensor) -> None:
-        check_erase(self.tables, table_id, keys)
-        fields = encode_keys(keys)
-        name = self._hash_keys[table_id]
-        if fields:
-            self._pipelined(
-                "erase", table_id, lambda p, a, b: p.hdel(name, *fields[a:b]), len(fields)
-            )
-
-    def size(self, table_id: int) -> int:
-        check_table_id(self.tables, table_id)
-        return int(
-            self._call("size", table_id, lambda: self.client.hlen(self._hash_keys[table_id]))
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        if check_pairs(self.tables, keys, table_ids) == 0:
+            return
+        groups = split_by_table(table_ids.cpu())
+        keys = keys.cpu()
+        fields = {t: encode_keys(keys[pos]) for t, pos in groups}
+        self._pipelined(
+            "erase",
+            [(t, pos.numel()) for t, pos in groups],
+            lambda p, t, a, b: p.hdel(self._hash_keys[t], *fields[t][a:b]),
         )
+
+    def sizes(self, table_ids: Optional[Sequence[int]] = None) -> List[int]:
+        """HLEN of each table's hash, all in one pipeline."""
+        ids = check_table_ids(self.tables, table_ids)
+        if not ids:
+            return []
+
+        def run() -> List[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for t in ids:
+                pipe.hlen(self._hash_keys[t])
+            return pipe.execute()
+
+        return [int(x) for x in self._call("size", ids, run)]
 
     def export(
-        self, table_id: int, batch_size: int = 65536
-    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """Yield every row once, by HSCAN.
+        self, table_ids: Optional[Sequence[int]] = None, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Yield every row of the tables once, table by table, by HSCAN.
 
         HSCAN may return a field twice when Redis rehashes the hash mid-scan, so fields already
         yielded are remembered (8 bytes plus Python overhead per key) and skipped.
         """
-        check_export(self.tables, table_id, batch_size)
+        for table_id in check_export_ids(self.tables, table_ids, batch_size):
+            yield from self._export_table(table_id, batch_size)
+
+    def _export_table(
+        self, table_id: int, batch_size: int
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
         name = self._hash_keys[table_id]
         seen: set = set()
         cursor = 0
         pending: Dict[bytes, bytes] = {}
         while True:
             cursor, page = self._call(
-                "export", table_id, lambda c=cursor: self.client.hscan(name, c, count=batch_size)
+                "export",
+                [table_id],
+                lambda c=cursor: self.client.hscan(name, c, count=batch_size),
             )
             for field, value in page.items():
                 if field not in seen:
@@ -275,15 +336,21 @@ class RedisStorage(Storage):
 
     def _decode_page(
         self, table_id: int, items: List[Tuple[bytes, bytes]]
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         for field, _ in items:
             if len(field) != KEY_BYTES:
                 raise RedisStorageError(
                     f"demb-redis: table {self.tables[table_id].name!r}: field of {len(field)} bytes in "
                     f"{self._hash_keys[table_id]!r}; something other than demb-redis wrote to this hash"
                 )
-        keys, rows, scores = self._codecs[table_id].decode_items(items)
-        return keys.to(self.device), rows.to(self.device), scores.to(self.device)
+        keys, r, sc = self._codecs[table_id].decode_items(items)
+        spec, n = self.tables[table_id], keys.numel()
+        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
+        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
+        rows[:, : spec.row_width] = r
+        scores[:, : spec.num_scores] = sc
+        tids = torch.full((n,), table_id, dtype=torch.int64)
+        return tuple(x.to(self.device) for x in (keys, tids, rows, scores))  # type: ignore[return-value]
 
     def flush(self) -> None:
         """Nothing is buffered: every call returns after Redis acknowledged it."""
@@ -302,5 +369,6 @@ class RedisStorage(Storage):
         if mem_type is not MemoryType.EXTERNAL:
             return 0
         return sum(
-            self.size(t) * (KEY_BYTES + codec.value_bytes) for t, codec in enumerate(self._codecs)
+            size * (KEY_BYTES + codec.value_bytes)
+            for size, codec in zip(self.sizes(), self._codecs)
         )

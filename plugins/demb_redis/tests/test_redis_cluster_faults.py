@@ -63,5 +63,5 @@ def test_train_through_a_cluster_and_restart_the_master_of_the_tables_slot(
     assert isinstance(err, StorageTierError) and "table 't'" in str(err)
     assert isinstance(err.__cause__, RedisStorageError)
     assert f"model {model!r}" in str(err) and "Redis Cluster node serving it" in str(err)
-    assert tiered.tables[0].spills(0) > 0 and store.size(0) > 0  # rows lived in the cluster
+    assert tiered.tables[0].spills(0) > 0 and store.sizes()[0] > 0  # rows lived in the cluster
     assert time.monotonic() - start < 30

@@ -15,6 +15,7 @@ from demb_redis.server import LocalRedisServer
 from dynamicemb_core.config import DynamicEmbTableOptions
 from dynamicemb_core.plugins import KNOWN_PLUGINS, PluginKind, PluginRegistry, resolve_storage
 from dynamicemb_core.plugins.row_codec import RowFormatError
+from dynamicemb_core.plugins.storage_adapter import find_in_table, insert_in_table
 from dynamicemb_core.testing.storage_suite import (
     StoragePersistenceSuite,
     StorageSuite,
@@ -39,7 +40,8 @@ def test_table_options_resolve_redis_by_name(redis_server: LocalRedisServer) -> 
         external_storage_options={"url": redis_server.url, "model": "resolve-test"},
     )
     storage = resolve_storage(options, [SPEC], "cpu")
-    assert isinstance(storage, RedisStorage) and storage.model == "resolve-test"
+    # the multi-table contract natively: no adapter in between
+    assert type(storage) is RedisStorage and storage.model == "resolve-test"
     storage.close()
 
 
@@ -65,7 +67,7 @@ def test_rows_live_in_one_hash_per_model_and_table_with_a_cluster_hash_tag(
 ) -> None:
     storage = RedisStorage([SPEC], url=redis_server.url, model="m1")
     rows, scores = make_rows(SPEC, 2, seed=0)
-    storage.insert(0, torch.tensor([1, -1]), rows, scores)
+    insert_in_table(storage, 0, torch.tensor([1, -1]), rows, scores)
     raw = redis.Redis.from_url(redis_server.url)
     stored = raw.hgetall(b"demb:{m1:emb}:rows")
     assert set(stored) == {(1).to_bytes(8, "little"), (-1).to_bytes(8, "little", signed=True)}
@@ -82,22 +84,26 @@ def test_models_are_separate_namespaces(redis_server: LocalRedisServer) -> None:
     a = RedisStorage([SPEC], url=redis_server.url, model="ns-a")
     b = RedisStorage([SPEC], url=redis_server.url, model="ns-b")
     rows, scores = make_rows(SPEC, 1, seed=1)
-    a.insert(0, torch.tensor([7]), rows, scores)
-    assert a.size(0) == 1 and b.size(0) == 0 and not b.find(0, torch.tensor([7]))[0].any()
+    insert_in_table(a, 0, torch.tensor([7]), rows, scores)
+    assert (
+        a.sizes([0])[0] == 1
+        and b.sizes([0])[0] == 0
+        and not find_in_table(b, 0, torch.tensor([7]))[0].any()
+    )
     a.clear()
 
 
 def test_reader_with_another_layout_refuses_the_rows(redis_server: LocalRedisServer) -> None:
     writer = RedisStorage([SPEC], url=redis_server.url, model="layout")
     rows, scores = make_rows(SPEC, 2, seed=2)
-    writer.insert(0, torch.tensor([10, 11]), rows, scores)
+    insert_in_table(writer, 0, torch.tensor([10, 11]), rows, scores)
     wider = StorageTableSpec("emb", dim=4, row_width=12)  # e.g. the optimizer changed to Adam
     reader = RedisStorage([wider], url=redis_server.url, model="layout")
     with pytest.raises(
         RowFormatError,
         match=r"table 'emb' \(model 'layout'\) key 11: .*row_width 8.*expects.*row_width 12",
     ):
-        reader.find(0, torch.tensor([11]))
+        find_in_table(reader, 0, torch.tensor([11]))
     writer.clear()
 
 
@@ -115,10 +121,10 @@ def test_password_is_passed_through_and_a_wrong_one_is_a_clear_error() -> None:
             RedisStorage([SPEC], url=server.url, password="wrong", retries=0)
         storage = RedisStorage([SPEC], url=server.url, password="s3cret")
         rows, scores = make_rows(SPEC, 1, seed=3)
-        storage.insert(0, torch.tensor([1]), rows, scores)
-        assert storage.find(0, torch.tensor([1]))[0].all()
+        insert_in_table(storage, 0, torch.tensor([1]), rows, scores)
+        assert find_in_table(storage, 0, torch.tensor([1]))[0].all()
         url_with_password = server.url.replace("redis://", "redis://:s3cret@")
-        assert RedisStorage([SPEC], url=url_with_password).size(0) == 1
+        assert RedisStorage([SPEC], url=url_with_password).sizes([0])[0] == 1
 
 
 def test_client_options_reach_the_connection() -> None:
@@ -146,12 +152,12 @@ def test_server_killed_mid_use_gives_a_clear_error_not_zeros() -> None:
             [SPEC], url=server.url, retries=2, retry_backoff_s=0.02, socket_timeout=1.0
         )
         rows, scores = make_rows(SPEC, 64, seed=4)
-        storage.insert(0, torch.arange(64), rows, scores)
-        assert storage.find(0, torch.arange(64))[0].all()
+        insert_in_table(storage, 0, torch.arange(64), rows, scores)
+        assert find_in_table(storage, 0, torch.arange(64))[0].all()
         server.kill()
         start = time.monotonic()
         with pytest.raises(RedisStorageError) as info:
-            storage.find(0, torch.arange(64))
+            find_in_table(storage, 0, torch.arange(64))
         assert time.monotonic() - start < 10
         message = str(info.value)
         assert (
@@ -161,9 +167,9 @@ def test_server_killed_mid_use_gives_a_clear_error_not_zeros() -> None:
         )
         assert "No data was returned in its place" in message
         with pytest.raises(RedisStorageError, match="insert on table 'emb'"):
-            storage.insert(0, torch.arange(64), rows, scores)
+            insert_in_table(storage, 0, torch.arange(64), rows, scores)
         with pytest.raises(RedisStorageError, match="size on table 'emb'"):
-            storage.size(0)
+            storage.sizes([0])[0]
     finally:
         server.stop()
 
@@ -174,7 +180,7 @@ def test_password_is_redacted_in_errors() -> None:
         storage = RedisStorage([SPEC], url=url, retries=0)
         server.kill()
         with pytest.raises(RedisStorageError) as info:
-            storage.size(0)
+            storage.sizes([0])[0]
         assert "topsecret" not in str(info.value) and ":***@127.0.0.1" in str(info.value)
 
 
@@ -184,19 +190,19 @@ def test_hung_server_times_out_after_bounded_retries() -> None:
             [SPEC], url=server.url, retries=1, retry_backoff_s=0.01, socket_timeout=0.3
         )
         rows, scores = make_rows(SPEC, 4, seed=5)
-        storage.insert(0, torch.arange(4), rows, scores)
+        insert_in_table(storage, 0, torch.arange(4), rows, scores)
         server.pause()
         try:
             start = time.monotonic()
             with pytest.raises(
                 RedisStorageError, match=r"find on table 'emb' .*after 2 attempts.*Timeout"
             ):
-                storage.find(0, torch.arange(4))
+                find_in_table(storage, 0, torch.arange(4))
             assert 0.5 < time.monotonic() - start < 5  # two 0.3 s timeouts, not a hang
         finally:
             server.resume()
         # the server is back: the same storage works again (broken connections are replaced)
-        found, got, _ = storage.find(0, torch.arange(4))
+        found, got, _ = find_in_table(storage, 0, torch.arange(4))
         assert found.all() and torch.equal(bits(got), bits(rows))
 
 
@@ -204,15 +210,17 @@ def test_redis_cluster_keeps_each_table_in_its_hash_tag_slot(redis_cluster) -> N
     cluster = redis_cluster  # shared by the session (conftest)
     tables = [StorageTableSpec(f"tbl{i}", dim=4, row_width=8) for i in range(6)]
     storage = RedisStorage(tables, url=cluster.url, model="m", cluster=True, chunk_size=100)
-    per_table = {}
-    for t, spec in enumerate(tables):
-        rows, scores = make_rows(spec, 300, seed=t)
-        storage.insert(t, torch.arange(300) * (t + 1), rows, scores)
-        per_table[t] = rows
-    for t in range(len(tables)):
-        found, got, _ = storage.find(t, torch.arange(300) * (t + 1))
-        assert found.all() and torch.equal(bits(got), bits(per_table[t]))
-        assert storage.size(t) == 300
+    # one mixed call for all six tables: one cluster pipeline, routed per table's node
+    keys = torch.cat([torch.arange(300) * (t + 1) for t in range(len(tables))])
+    tids = torch.arange(len(tables)).repeat_interleave(300)
+    order = torch.randperm(keys.numel(), generator=torch.Generator().manual_seed(0))
+    keys, tids = keys[order], tids[order]
+    rows, scores = make_rows(tables[0], keys.numel(), seed=1)
+    storage.insert(keys, tids, rows, scores)
+    found, got, got_scores = storage.find(keys.flip(0), tids.flip(0))
+    assert found.all() and torch.equal(bits(got), bits(rows.flip(0)))
+    assert torch.equal(got_scores, scores.flip(0))
+    assert storage.sizes() == [300] * len(tables)
     # each table's hash sits whole on the one node that owns its {model:table} slot
     holders = {}
     for server in cluster.servers:
@@ -224,4 +232,4 @@ def test_redis_cluster_keeps_each_table_in_its_hash_tag_slot(redis_cluster) -> N
     assert all(len(ports) == 1 for ports in holders.values())
     assert len({p for ports in holders.values() for p in ports}) > 1  # spread over nodes
     storage.clear()
-    assert all(storage.size(t) == 0 for t in range(len(tables)))
+    assert storage.sizes() == [0] * len(tables)

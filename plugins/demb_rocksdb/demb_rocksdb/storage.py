@@ -7,7 +7,9 @@ forward scan). Values are whole stored rows in the layout of
 ``NUL meta NUL <table>``, so reopening a database with another dim, dtype or score count fails at
 construction instead of on the first read.
 
-Writes go through one ``WriteBatch`` per call (atomic, one WAL append); reads are one multi-get.
+Every call may name keys of several tables (the multi-table ``Storage`` contract): writes go through
+one ``WriteBatch`` per call, whatever the number of tables (atomic, one WAL append); reads are one
+multi-get per call.
 Every write is in the write-ahead log before ``insert`` returns, so it survives the process being
 killed; :meth:`flush` also fsyncs the log for a machine crash (``sync_writes=True`` does so on every
 write).
@@ -27,13 +29,14 @@ from dynamicemb_core.plugins.row_codec import (
     RowCodec,
     encode_keys,
 )
+from dynamicemb_core.plugins.storage_adapter import split_by_table
 from dynamicemb_core.plugins.storage_checks import (
-    check_erase,
-    check_export,
-    check_find,
-    check_insert,
-    check_table_id,
+    check_export_ids,
+    check_insert_pairs,
+    check_pairs,
+    check_table_ids,
     check_table_specs,
+    common_row_dtype,
 )
 from dynamicemb_core.types import DynamicEmbError, MemoryType, Storage, StorageTableSpec
 
@@ -43,7 +46,7 @@ _META = b"\x00meta\x00"
 
 
 class RocksDBStorage(Storage):
-    """A Storage on a RocksDB database directory (one process at a time: RocksDB locks it).
+    """A multi-table Storage on a RocksDB database directory (one process at a time: RocksDB locks it).
 
     Args:
         tables: the logical tables, in table-id order; names become key prefixes.
@@ -63,6 +66,7 @@ class RocksDBStorage(Storage):
         max_open_files: int = -1,
     ) -> None:
         check_table_specs(type(self).__name__, tables)
+        common_row_dtype(tables)  # one rows matrix per call: tables of one dtype
         for spec in tables:
             if "\x00" in spec.name or not spec.name:
                 raise ValueError(
@@ -109,40 +113,67 @@ class RocksDBStorage(Storage):
                 )
         self._db.write(batch, self._write_options)
 
-    def _keys(self, table_id: int, keys: torch.Tensor) -> List[bytes]:
-        return encode_keys(keys, self._prefixes[table_id])
+    def _raw_keys(
+        self, keys: torch.Tensor, groups: List[Tuple[int, torch.Tensor]]
+    ) -> List[List[bytes]]:
+        """Each table's database keys (its prefix, then the key), in the call's order per table."""
+        return [encode_keys(keys[pos], self._prefixes[t]) for t, pos in groups]
 
     # -- Storage ----------------------------------------------------------------------------
 
     def find(
-        self, table_id: int, keys: torch.Tensor
+        self, keys: torch.Tensor, table_ids: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        check_find(self.tables, table_id, keys)
-        raw = self._keys(table_id, keys)
-        values: List[Optional[bytes]] = self._db[raw] if raw else []
-        found, rows, scores = self._codecs[table_id].decode(values, keys)
+        n = check_pairs(self.tables, keys, table_ids)
+        found = torch.zeros(n, dtype=torch.bool)
+        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
+        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
+        groups = split_by_table(table_ids.cpu())
+        keys = keys.cpu()
+        raw = self._raw_keys(keys, groups)
+        flat = [k for part in raw for k in part]
+        values: List[Optional[bytes]] = self._db[flat] if flat else []  # one multi-get
+        at = 0
+        for (t, pos), part in zip(groups, raw):
+            f, r, sc = self._codecs[t].decode(values[at : at + len(part)], keys[pos])
+            at += len(part)
+            spec = self.tables[t]
+            found[pos] = f
+            rows[pos, : spec.row_width] = r
+            scores[pos, : spec.num_scores] = sc
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def insert(
-        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        rows: torch.Tensor,
+        scores: torch.Tensor,
     ) -> None:
-        check_insert(self.tables, table_id, keys, rows, scores)
+        check_insert_pairs(self.tables, keys, table_ids, rows, scores)
         if keys.numel() == 0:
             return
-        batch = WriteBatch(raw_mode=True)
-        for key, value in zip(
-            self._keys(table_id, keys), self._codecs[table_id].encode(rows, scores)
-        ):
-            batch.put(key, value)
+        groups = split_by_table(table_ids.cpu())
+        keys, rows, scores = keys.cpu(), rows.cpu(), scores.cpu()
+        batch = WriteBatch(raw_mode=True)  # every table of the call: one atomic write
+        for (t, pos), part in zip(groups, self._raw_keys(keys, groups)):
+            spec = self.tables[t]
+            values = self._codecs[t].encode(
+                rows[pos, : spec.row_width].contiguous(),
+                scores[pos, : spec.num_scores].contiguous(),
+            )
+            for key, value in zip(part, values):
+                batch.put(key, value)
         self._db.write(batch, self._write_options)
 
-    def erase(self, table_id: int, keys: torch.Tensor) -> None:
-        check_erase(self.tables, table_id, keys)
-        if keys.numel() == 0:
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        if check_pairs(self.tables, keys, table_ids) == 0:
             return
+        groups = split_by_table(table_ids.cpu())
         batch = WriteBatch(raw_mode=True)
-        for key in self._keys(table_id, keys):
-            batch.delete(key)
+        for part in self._raw_keys(keys.cpu(), groups):
+            for key in part:
+                batch.delete(key)
         self._db.write(batch, self._write_options)
 
     def _scan(self, table_id: int) -> Iterator[Tuple[bytes, bytes]]:
@@ -152,35 +183,41 @@ class RocksDBStorage(Storage):
                 return
             yield key, value
 
-    def size(self, table_id: int) -> int:
-        """Exact count by a key scan of the table's range: O(rows), meant for stats, not hot paths."""
-        check_table_id(self.tables, table_id)
-        return sum(1 for _ in self._scan(table_id))
+    def sizes(self, table_ids: Optional[Sequence[int]] = None) -> List[int]:
+        """Exact counts by a key scan of each table's range: O(rows), meant for stats, not hot paths."""
+        return [sum(1 for _ in self._scan(t)) for t in check_table_ids(self.tables, table_ids)]
 
     def export(
-        self, table_id: int, batch_size: int = 65536
-    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        check_export(self.tables, table_id, batch_size)
-        page: List[Tuple[bytes, bytes]] = []
-        for item in self._scan(table_id):
-            page.append(item)
-            if len(page) == batch_size:
+        self, table_ids: Optional[Sequence[int]] = None, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Every row of the tables once, table by table (one forward scan of each range)."""
+        for table_id in check_export_ids(self.tables, table_ids, batch_size):
+            page: List[Tuple[bytes, bytes]] = []
+            for item in self._scan(table_id):
+                page.append(item)
+                if len(page) == batch_size:
+                    yield self._decode_page(table_id, page)
+                    page = []
+            if page:
                 yield self._decode_page(table_id, page)
-                page = []
-        if page:
-            yield self._decode_page(table_id, page)
 
     def _decode_page(
         self, table_id: int, page: List[Tuple[bytes, bytes]]
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         prefix_len = len(self._prefixes[table_id])
         if any(len(k) != prefix_len + KEY_BYTES for k, _ in page):
             raise ValueError(
                 f"demb-rocksdb: table {self.tables[table_id].name!r} at {self.path}: a key of unexpected "
                 f"length in the table's range; something other than demb-rocksdb wrote to this database"
             )
-        keys, rows, scores = self._codecs[table_id].decode_items(page, prefix_len)
-        return keys.to(self.device), rows.to(self.device), scores.to(self.device)
+        keys, r, sc = self._codecs[table_id].decode_items(page, prefix_len)
+        spec, n = self.tables[table_id], keys.numel()
+        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
+        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
+        rows[:, : spec.row_width] = r
+        scores[:, : spec.num_scores] = sc
+        tids = torch.full((n,), table_id, dtype=torch.int64)
+        return tuple(x.to(self.device) for x in (keys, tids, rows, scores))  # type: ignore[return-value]
 
     def flush(self) -> None:
         """fsync the write-ahead log: previous writes survive a machine crash too."""

@@ -15,6 +15,7 @@ import torch
 from demb_rocksdb import RocksDBStorage
 from dynamicemb_core.config import DynamicEmbTableOptions
 from dynamicemb_core.plugins import KNOWN_PLUGINS, PluginKind, PluginRegistry, resolve_storage
+from dynamicemb_core.plugins.storage_adapter import find_in_table
 from dynamicemb_core.testing.storage_suite import (
     StorageDumpSuite,
     StoragePersistenceSuite,
@@ -77,13 +78,15 @@ _WRITER = textwrap.dedent(
     """
     import sys, time, torch
     from demb_rocksdb import RocksDBStorage
-    from dynamicemb_core.testing.storage_suite import default_tables, make_rows
+    from dynamicemb_core.testing.storage_suite import default_tables, make_rows, wide_rows
     storage = RocksDBStorage(default_tables(), path=sys.argv[1])
-    for t, spec in enumerate(storage.tables):
-        keys = torch.arange(2000) * (t + 3) - 1000
-        rows, scores = make_rows(spec, keys.numel(), seed=t)
-        storage.insert(t, keys, rows, scores)
-    storage.erase(0, torch.arange(-1000, -900))
+    # every table in one insert (one WriteBatch), then one erase
+    keys = torch.cat([torch.arange(2000) * (t + 3) - 1000 for t in range(3)])
+    tids = torch.arange(3).repeat_interleave(2000)
+    per_table = [make_rows(spec, 2000, seed=t) for t, spec in enumerate(storage.tables)]
+    storage.insert(keys, tids, *wide_rows(storage, tids, per_table))
+    gone = torch.arange(-1000, -900)
+    storage.erase(gone, torch.zeros_like(gone))
     storage.flush()
     print("flushed", flush=True)
     time.sleep(120)
@@ -115,7 +118,7 @@ def test_flushed_writes_survive_a_killed_writer(killed_writer_dir: str) -> None:
         for t, spec in enumerate(storage.tables):
             keys = torch.arange(2000) * (t + 3) - 1000
             rows, scores = make_rows(spec, keys.numel(), seed=t)
-            found, got_rows, got_scores = storage.find(t, keys)
+            found, got_rows, got_scores = find_in_table(storage, t, keys)
             erased = (
                 (keys >= -1000) & (keys < -900)
                 if t == 0
@@ -124,4 +127,4 @@ def test_flushed_writes_survive_a_killed_writer(killed_writer_dir: str) -> None:
             assert torch.equal(found, ~erased)
             assert torch.equal(bits(got_rows[found]), bits(rows[found]))
             assert torch.equal(got_scores[found], scores[found])
-            assert storage.size(t) == int((~erased).sum())
+            assert storage.sizes([t])[0] == int((~erased).sum())
