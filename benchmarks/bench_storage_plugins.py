@@ -1,19 +1,26 @@
-"""Batched find and insert through the storage plugins against their raw clients, in one process.
+"""Per-table against batched multi-table calls through the storage plugins, and their raw clients.
 
     python benchmarks/bench_storage_plugins.py                 # full run, prints the Markdown table
     python benchmarks/bench_storage_plugins.py --write-docs    # and replace "## Storage plugins" in docs/benchmarks.md
     python benchmarks/bench_storage_plugins.py --small         # a quick smoke run (nox bench)
 
-Each case moves batches of 4096 rows of 512 bytes (128 float32, one int64 score word) between
-tensors and the backend:
-- ours: ``RedisStorage`` / ``RocksDBStorage`` ``insert(keys, rows, scores)`` and ``find(keys)``, from
-  and to torch tensors (key and row encoding, header checks and decoding included);
-- peer: the raw client on the same backend with the same value bytes already encoded: redis-py +
-  hiredis ``MSET`` / ``MGET``; rocksdict ``WriteBatch`` / multi-get.
+Each step moves a batch of 4096 (table, key) pairs spread uniformly over 10 tables (in shuffled
+order, as a grouped lookup sends them), rows of 512 bytes (128 float32, one int64 score word),
+between tensors and the backend, three ways on the same keys:
+- batched: ``RedisStorage`` / ``RocksDBStorage`` ``insert(keys, table_ids, rows, scores)`` and
+  ``find(keys, table_ids)``, one call for all 10 tables (Redis: one pipeline; RocksDB: one
+  multi-get / one WriteBatch), from and to torch tensors (encoding, header checks, decoding);
+- per table: the same storage driven as the per-table contract drives it (what the adapter does
+  for a ``PerTableStorage``, and what the lookup did with one call per table): 10 calls per step,
+  one per table, each on that table's keys;
+- peer: the raw client doing the same work with the value bytes already encoded, in one round trip:
+  redis-py + hiredis ``MSET`` / ``MGET`` of 4096 string keys; rocksdict one ``WriteBatch`` / one
+  multi-get of 4096 prefixed keys.
 
-Both run on the same keys (a 100k-key space, preloaded) in the same process, alternating, after a
-warm-up; each figure is the median over repeats. ``speedup = peer_time / our_time``: 1.0 is the raw
-client's rate, the target is >= 0.8. Redis is a local redis-server on a loopback port started here.
+All three run in one process, alternating per repeat, after a preload (finds always hit) and a
+warm-up; each figure is the median over repeats. ``batched / per table`` is the gain of one call
+over ten; ``vs peer = peer_time / batched_time`` (1.0 is the raw client's rate). Redis is a local
+redis-server on a loopback port started here.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, List, Sequence, Tuple
 
 import torch
 
@@ -38,46 +45,66 @@ if str(REPO) not in sys.path:  # run from a source checkout without the core ins
 SECTION = "## Storage plugins"
 BATCH = 4096
 DIM = 128  # 128 float32 = 512 bytes per row
+TABLES = 10
+
+# (case, batched rows/s, per-table rows/s, peer rows/s)
+Result = Tuple[str, float, float, float]
 
 
 def _compare(
-    ours: Callable[[], None], peer: Callable[[], None], rows_per_call: int, calls: int, repeats: int
-) -> Tuple[float, float]:
-    """(our rows/s, peer rows/s): medians over ``repeats``, ours and peer alternating per repeat so
-    that a busy machine slows both alike."""
-    ours()  # warm-up
-    peer()
-    times: Dict[str, List[float]] = {"ours": [], "peer": []}
+    fns: Sequence[Callable[[], None]], rows_per_call: int, calls: int, repeats: int
+) -> List[float]:
+    """Rows/s of each function: medians over ``repeats``, the functions alternating per repeat so
+    that a busy machine slows all alike."""
+    for fn in fns:  # warm-up
+        fn()
+    times: List[List[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for name, fn in (("ours", ours), ("peer", peer)):
+        for k, fn in enumerate(fns):
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
-            times[name].append((time.perf_counter() - start) / calls)
-    return rows_per_call / statistics.median(times["ours"]), rows_per_call / statistics.median(
-        times["peer"]
-    )
+            times[k].append((time.perf_counter() - start) / calls)
+    return [rows_per_call / statistics.median(t) for t in times]
 
 
 class _Batches:
-    """The same key batches, tensors and pre-encoded bytes for ours and the peer."""
+    """The same batches of (table, key) pairs: tensors for ours, pre-encoded bytes for the peer."""
 
-    def __init__(self, key_space: int, num_batches: int, codec_prefix: bytes = b"") -> None:
+    def __init__(
+        self, key_space: int, num_batches: int, table_prefix: Callable[[int], bytes]
+    ) -> None:
         from dynamicemb_core.plugins.row_codec import RowCodec, encode_keys
         from dynamicemb_core.types import StorageTableSpec
 
-        self.spec = StorageTableSpec("bench", dim=DIM, row_width=DIM)
-        codec = RowCodec(self.spec)
+        self.specs = [StorageTableSpec(f"bench{t}", dim=DIM, row_width=DIM) for t in range(TABLES)]
+        codec = RowCodec(self.specs[0])  # every table has the same layout
         g = torch.Generator().manual_seed(0)
-        self.all_keys = torch.randperm(key_space, generator=g).to(torch.int64) * 7919 - 12345
-        self.keys = [
-            self.all_keys[torch.randint(0, key_space, (BATCH,), generator=g)].unique()
-            for _ in range(num_batches)
-        ]
+        self.keys: List[torch.Tensor] = []
+        self.tids: List[torch.Tensor] = []
+        for _ in range(num_batches):
+            pairs = torch.unique(
+                torch.randint(0, key_space * TABLES, (BATCH,), generator=g)
+            )  # pair p = table p % TABLES, key (p // TABLES) * 7919 - 12345
+            order = torch.randperm(pairs.numel(), generator=g)
+            pairs = pairs[order]
+            self.keys.append((pairs // TABLES) * 7919 - 12345)
+            self.tids.append(pairs % TABLES)
         self.rows = [torch.randn(k.numel(), DIM, generator=g) for k in self.keys]
         self.scores = [torch.randint(0, 2**40, (k.numel(), 1), generator=g) for k in self.keys]
+        # per table: positions of its pairs in each batch (what a per-table caller sends)
+        self.by_table = [
+            [(t, (tids == t).nonzero().squeeze(1)) for t in range(TABLES)] for tids in self.tids
+        ]
         self.values = [codec.encode(r, s) for r, s in zip(self.rows, self.scores)]
-        self.raw_keys = [encode_keys(k, codec_prefix) for k in self.keys]
+        self.raw_keys = []
+        for keys, tids in zip(self.keys, self.tids):
+            raw = [b""] * keys.numel()
+            for t in range(TABLES):
+                pos = (tids == t).nonzero().squeeze(1)
+                for p, k in zip(pos.tolist(), encode_keys(keys[pos], table_prefix(t))):
+                    raw[p] = k
+            self.raw_keys.append(raw)
         self.i = 0
 
     def next(self) -> int:
@@ -85,74 +112,91 @@ class _Batches:
         return self.i
 
 
-def _ours_vs_peer(
+def _three_ways(
     args: argparse.Namespace,
     b: _Batches,
     storage: Any,
     peer_write: Callable[[int], Any],
     peer_read: Callable[[int], Sequence[Any]],
     cases: Tuple[str, str],
-) -> List[Tuple[str, float, float]]:
-    """Preload every batch into both, then time insert and find of ``storage`` against the peer's
-    ``peer_write(i)`` / ``peer_read(i)`` of the same batch ``i``; one row per case (insert, find)."""
+) -> List[Result]:
+    """Preload every batch into both, then time insert and find: batched, per table, peer."""
     for i in range(len(b.keys)):  # preload both so find always hits
-        storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
+        storage.insert(b.keys[i], b.tids[i], b.rows[i], b.scores[i])
         peer_write(i)
 
-    def ours_insert() -> None:
+    def batched_insert() -> None:
         i = b.next()
-        storage.insert(0, b.keys[i], b.rows[i], b.scores[i])
+        storage.insert(b.keys[i], b.tids[i], b.rows[i], b.scores[i])
+
+    def per_table_insert() -> None:
+        i = b.next()
+        for _, pos in b.by_table[i]:
+            storage.insert(b.keys[i][pos], b.tids[i][pos], b.rows[i][pos], b.scores[i][pos])
 
     def peer_insert() -> None:
         peer_write(b.next())
 
-    def ours_find() -> None:
-        found, _, _ = storage.find(0, b.keys[b.next()])
+    def batched_find() -> None:
+        i = b.next()
+        found, _, _ = storage.find(b.keys[i], b.tids[i])
         assert bool(found.all())
+
+    def per_table_find() -> None:
+        i = b.next()
+        for _, pos in b.by_table[i]:
+            found, _, _ = storage.find(b.keys[i][pos], b.tids[i][pos])
+            assert bool(found.all())
 
     def peer_find() -> None:
         assert peer_read(b.next())[0] is not None
 
-    n = b.keys[0].numel()
-    return [
-        (case, *_compare(ours, peer, n, args.calls, args.repeats))
-        for case, ours, peer in zip(cases, (ours_insert, ours_find), (peer_insert, peer_find))
-    ]
+    n = sum(k.numel() for k in b.keys) / len(b.keys)
+    out: List[Result] = []
+    for case, fns in zip(
+        cases,
+        (
+            (batched_insert, per_table_insert, peer_insert),
+            (batched_find, per_table_find, peer_find),
+        ),
+    ):
+        batched, per_table, peer = _compare(fns, int(n), args.calls, args.repeats)
+        out.append((case, batched, per_table, peer))
+    return out
 
 
-def bench_redis(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
+def bench_redis(args: argparse.Namespace) -> List[Result]:
     import redis
 
     from demb_redis import RedisStorage
     from demb_redis.server import LocalRedisServer
 
     with LocalRedisServer() as server:
-        b = _Batches(args.key_space, args.batches)
-        storage = RedisStorage([b.spec], url=server.url, model="bench")
+        # the peer uses plain string keys in one tagged namespace, one key per (table, key)
+        b = _Batches(args.key_space, args.batches, lambda t: b"demb:{bench:peer}:%d:" % t)
+        storage = RedisStorage(b.specs, url=server.url, model="bench")
         raw = redis.Redis.from_url(server.url)
-        # the peer uses plain string keys in the same tagged namespace, one key per row
-        peer_keys = [[b"demb:{bench:peer}:" + k for k in ks] for ks in b.raw_keys]
-        out = _ours_vs_peer(
+        out = _three_ways(
             args,
             b,
             storage,
-            lambda i: raw.mset(dict(zip(peer_keys[i], b.values[i]))),
-            lambda i: raw.mget(peer_keys[i]),
-            ("redis insert (HSET vs MSET)", "redis find (HMGET vs MGET)"),
+            lambda i: raw.mset(dict(zip(b.raw_keys[i], b.values[i]))),
+            lambda i: raw.mget(b.raw_keys[i]),
+            ("redis insert (pipelined HSET; peer MSET)", "redis find (pipelined HMGET; peer MGET)"),
         )
         storage.clear()
         storage.close()
     return out
 
 
-def bench_rocksdb(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
+def bench_rocksdb(args: argparse.Namespace) -> List[Result]:
     from rocksdict import Options, Rdict, WriteBatch
 
     from demb_rocksdb import RocksDBStorage
 
     with tempfile.TemporaryDirectory(prefix="demb-bench-") as tmp:
-        b = _Batches(args.key_space, args.batches, codec_prefix=b"bench\x00")
-        storage = RocksDBStorage([b.spec], path=os.path.join(tmp, "ours"))
+        b = _Batches(args.key_space, args.batches, lambda t: b"bench%d\x00" % t)
+        storage = RocksDBStorage(b.specs, path=os.path.join(tmp, "ours"))
         options = Options(raw_mode=True)
         options.create_if_missing(True)
         raw = Rdict(os.path.join(tmp, "peer"), options)
@@ -163,7 +207,7 @@ def bench_rocksdb(args: argparse.Namespace) -> List[Tuple[str, float, float]]:
                 wb.put(k, v)
             raw.write(wb)
 
-        out = _ours_vs_peer(
+        out = _three_ways(
             args,
             b,
             storage,
@@ -201,7 +245,7 @@ def _redis_server_version() -> str:
         return "unknown"
 
 
-def render(results: List[Tuple[str, float, float]], command: str) -> str:
+def render(results: List[Result], command: str) -> str:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
@@ -211,14 +255,20 @@ def render(results: List[Tuple[str, float, float]], command: str) -> str:
         f"{_redis_server_version()} on loopback, redis-py {_version('redis')} + hiredis {_version('hiredis')}, "
         f"rocksdict {_version('rocksdict')}. Commit {commit}. Command: `{command}`.",
         "",
-        f"Batches of {BATCH} rows x 512 B (128 float32 + one int64 score; 528 B stored with the header), "
-        "100k-key space, median of repeats. Rates in thousand rows per second; `speedup = peer_time / our_time`.",
+        f"Steps of {BATCH} (table, key) pairs spread over {TABLES} tables in shuffled order, rows of 512 B "
+        "(128 float32 + one int64 score; 528 B stored with the header), 100k keys per table, median "
+        "of repeats. Rates in thousand rows per second. Batched: one multi-table call per step; per "
+        f"table: {TABLES} calls per step, one per table; peer: the raw client, one round trip per step. "
+        "`vs peer = peer_time / batched_time`.",
         "",
-        "| case | ours (k rows/s) | peer: raw client (k rows/s) | speedup |",
-        "|---|---:|---:|---:|",
+        "| case | batched (k rows/s) | per table (k rows/s) | batched / per table | peer: raw client (k rows/s) | vs peer |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for case, ours, peer in results:
-        lines.append(f"| {case} | {ours / 1e3:.0f} | {peer / 1e3:.0f} | {ours / peer:.2f} |")
+    for case, batched, per_table, peer in results:
+        lines.append(
+            f"| {case} | {batched / 1e3:.0f} | {per_table / 1e3:.0f} | {batched / per_table:.2f} "
+            f"| {peer / 1e3:.0f} | {batched / peer:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -245,7 +295,7 @@ def main(argv: List[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.key_space, args.batches = (20_000, 4) if args.small else (100_000, 24)
     args.calls, args.repeats = (2, 2) if args.small else (8, 11)
-    results: List[Tuple[str, float, float]] = []
+    results: List[Result] = []
     if args.only in (None, "redis"):
         results += bench_redis(args)
     if args.only in (None, "rocksdb"):

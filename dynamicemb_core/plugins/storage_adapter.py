@@ -35,6 +35,7 @@ from dynamicemb_core.types import MemoryType, PerTableStorage, Storage
 __all__ = [
     "AnyStorage",
     "PerTableAdapter",
+    "TableGroups",
     "as_storage",
     "erase_in_table",
     "export_table",
@@ -49,18 +50,73 @@ AnyStorage = Union[Storage, PerTableStorage]
 Rows = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def split_by_table(table_ids: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
-    """``[(table id, positions)]`` for each table present in ``table_ids``, ascending by id.
+class TableGroups:
+    """A call's pairs grouped by table id: one stable sort, one read back of the per-table counts.
 
-    One stable sort and one read back of the per-table counts; positions keep the call's order
-    within each table.
+    Attributes:
+        order: (n,) int64 positions of the call, sorted by table id (stable: the call's order
+            within each table).
+        parts: ``[(table id, positions)]`` for each table present, ascending by id; each
+            ``positions`` is a slice of ``order``.
+        spans: ``[(table id, start, end)]``: the same tables' ranges in ``order``, so that
+            ``sort(x)[start:end]`` (a view of one gather, ``x[order]``) is the table's share.
     """
-    if table_ids.numel() == 0:
-        return []
-    order = torch.argsort(table_ids, stable=True)
-    present, counts = torch.unique_consecutive(table_ids[order], return_counts=True)
-    parts = torch.split(order, counts.tolist())
-    return list(zip((int(t) for t in present.tolist()), parts))
+
+    def __init__(self, table_ids: torch.Tensor) -> None:
+        self.n = table_ids.numel()
+        self.order = torch.argsort(table_ids, stable=True)
+        self.parts: List[Tuple[int, torch.Tensor]] = []
+        self.spans: List[Tuple[int, int, int]] = []
+        if self.n:
+            present, counts = torch.unique_consecutive(table_ids[self.order], return_counts=True)
+            sizes = counts.tolist()
+            ids = [int(t) for t in present.tolist()]
+            self.parts = list(zip(ids, torch.split(self.order, sizes)))
+            start = 0
+            for t, size in zip(ids, sizes):
+                self.spans.append((t, start, start + size))
+                start += size
+
+    def sort(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (n, ...) in table order (one gather; no copy when one table is present)."""
+        return x if len(self.spans) <= 1 else x[self.order]
+
+    def merge(
+        self,
+        storage: Storage,
+        results: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-table ``(found, rows, scores)`` (one per part, at the table's width) -> one find
+        result in the call's order, padded to ``storage``'s widths, on the results' device."""
+        width, words = storage.max_row_width, storage.max_num_scores
+        if not results:
+            dev = storage.device
+            return (
+                torch.zeros(0, dtype=torch.bool, device=dev),
+                torch.zeros(0, width, dtype=storage.row_dtype, device=dev),
+                torch.zeros(0, words, dtype=torch.int64, device=dev),
+            )
+        dev = results[0][1].device
+
+        def pad(t: torch.Tensor, w: int) -> torch.Tensor:
+            t = t.to(dev)
+            return t if t.shape[1] == w else torch.nn.functional.pad(t, (0, w - t.shape[1]))
+
+        found = torch.cat([f.to(dev) for f, _, _ in results])
+        rows = torch.cat([pad(r.to(storage.row_dtype), width) for _, r, _ in results])
+        scores = torch.cat([pad(s, words) for _, _, s in results])
+        if len(results) == 1:  # one table: the order is the identity
+            return found, rows, scores
+        inverse = torch.empty_like(self.order)
+        inverse[self.order] = torch.arange(self.n, device=self.order.device)
+        inverse = inverse.to(dev)
+        return found[inverse], rows[inverse], scores[inverse]
+
+
+def split_by_table(table_ids: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
+    """``[(table id, positions)]`` for each table present in ``table_ids``, ascending by id
+    (see :class:`TableGroups`)."""
+    return TableGroups(table_ids).parts
 
 
 class PerTableAdapter(Storage):
@@ -82,18 +138,11 @@ class PerTableAdapter(Storage):
         self.inner = inner
 
     def find(self, keys: torch.Tensor, table_ids: torch.Tensor) -> Rows:
-        n = check_pairs(self.tables, keys, table_ids)
-        found = torch.zeros(n, dtype=torch.bool, device=self.device)
-        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype, device=self.device)
-        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64, device=self.device)
-        for t, pos in split_by_table(table_ids):
-            f, r, s = self.inner.find(t, keys[pos])
-            spec = self.tables[t]
-            at = pos.to(self.device)
-            found[at] = f.to(self.device)
-            rows[at, : spec.row_width] = r.to(self.device, self.row_dtype)
-            scores[at, : spec.num_scores] = s.to(self.device)
-        return found, rows, scores
+        check_pairs(self.tables, keys, table_ids)
+        groups = TableGroups(table_ids)
+        results = [self.inner.find(t, keys[pos]) for t, pos in groups.parts]
+        found, rows, scores = groups.merge(self, results)
+        return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def insert(
         self,

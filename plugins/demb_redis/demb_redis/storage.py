@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, encode_keys
-from dynamicemb_core.plugins.storage_adapter import split_by_table
+from dynamicemb_core.plugins.storage_adapter import TableGroups
 from dynamicemb_core.plugins.storage_checks import (
     check_export_ids,
     check_insert_pairs,
@@ -223,25 +223,20 @@ class RedisStorage(Storage):
     def find(
         self, keys: torch.Tensor, table_ids: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = check_pairs(self.tables, keys, table_ids)
-        found = torch.zeros(n, dtype=torch.bool)
-        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
-        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
-        groups = split_by_table(table_ids.cpu())
-        keys = keys.cpu()
-        fields = {t: encode_keys(keys[pos]) for t, pos in groups}
+        check_pairs(self.tables, keys, table_ids)
+        groups = TableGroups(table_ids.cpu())
+        keys = groups.sort(keys.cpu())
+        fields = {t: encode_keys(keys[a:b]) for t, a, b in groups.spans}
         replies = self._pipelined(
             "find",
-            [(t, pos.numel()) for t, pos in groups],
+            [(t, b - a) for t, a, b in groups.spans],
             lambda p, t, a, b: p.hmget(self._hash_keys[t], fields[t][a:b]),
         )
-        for (t, pos), chunks in zip(groups, replies):
-            values: List[Optional[bytes]] = [v for chunk in chunks for v in chunk]
-            f, r, sc = self._codecs[t].decode(values, keys[pos])
-            spec = self.tables[t]
-            found[pos] = f
-            rows[pos, : spec.row_width] = r
-            scores[pos, : spec.num_scores] = sc
+        results = [
+            self._codecs[t].decode([v for chunk in chunks for v in chunk], keys[a:b])
+            for (t, a, b), chunks in zip(groups.spans, replies)
+        ]
+        found, rows, scores = groups.merge(self, results)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def insert(
@@ -254,19 +249,18 @@ class RedisStorage(Storage):
         check_insert_pairs(self.tables, keys, table_ids, rows, scores)
         if keys.numel() == 0:
             return
-        groups = split_by_table(table_ids.cpu())
-        keys, rows, scores = keys.cpu(), rows.cpu(), scores.cpu()
+        groups = TableGroups(table_ids.cpu())
+        keys, rows, scores = (groups.sort(x.cpu()) for x in (keys, rows, scores))
         fields, values = {}, {}
-        for t, pos in groups:  # encode every table first: a codec error writes nothing
+        for t, a, b in groups.spans:  # encode every table first: a codec error writes nothing
             spec = self.tables[t]
-            fields[t] = encode_keys(keys[pos])
+            fields[t] = encode_keys(keys[a:b])
             values[t] = self._codecs[t].encode(
-                rows[pos, : spec.row_width].contiguous(),
-                scores[pos, : spec.num_scores].contiguous(),
+                rows[a:b, : spec.row_width], scores[a:b, : spec.num_scores]
             )
         self._pipelined(
             "insert",
-            [(t, pos.numel()) for t, pos in groups],
+            [(t, b - a) for t, a, b in groups.spans],
             lambda p, t, a, b: p.hset(
                 self._hash_keys[t], mapping=dict(zip(fields[t][a:b], values[t][a:b]))
             ),
@@ -275,12 +269,12 @@ class RedisStorage(Storage):
     def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
         if check_pairs(self.tables, keys, table_ids) == 0:
             return
-        groups = split_by_table(table_ids.cpu())
-        keys = keys.cpu()
-        fields = {t: encode_keys(keys[pos]) for t, pos in groups}
+        groups = TableGroups(table_ids.cpu())
+        keys = groups.sort(keys.cpu())
+        fields = {t: encode_keys(keys[a:b]) for t, a, b in groups.spans}
         self._pipelined(
             "erase",
-            [(t, pos.numel()) for t, pos in groups],
+            [(t, b - a) for t, a, b in groups.spans],
             lambda p, t, a, b: p.hdel(self._hash_keys[t], *fields[t][a:b]),
         )
 

@@ -29,7 +29,7 @@ from dynamicemb_core.plugins.row_codec import (
     RowCodec,
     encode_keys,
 )
-from dynamicemb_core.plugins.storage_adapter import split_by_table
+from dynamicemb_core.plugins.storage_adapter import TableGroups
 from dynamicemb_core.plugins.storage_checks import (
     check_export_ids,
     check_insert_pairs,
@@ -113,34 +113,23 @@ class RocksDBStorage(Storage):
                 )
         self._db.write(batch, self._write_options)
 
-    def _raw_keys(
-        self, keys: torch.Tensor, groups: List[Tuple[int, torch.Tensor]]
-    ) -> List[List[bytes]]:
-        """Each table's database keys (its prefix, then the key), in the call's order per table."""
-        return [encode_keys(keys[pos], self._prefixes[t]) for t, pos in groups]
+    def _raw_keys(self, keys: torch.Tensor, groups: TableGroups) -> List[List[bytes]]:
+        """Each table's database keys (its prefix, then the key); ``keys`` in table order."""
+        return [encode_keys(keys[a:b], self._prefixes[t]) for t, a, b in groups.spans]
 
     # -- Storage ----------------------------------------------------------------------------
 
     def find(
         self, keys: torch.Tensor, table_ids: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = check_pairs(self.tables, keys, table_ids)
-        found = torch.zeros(n, dtype=torch.bool)
-        rows = torch.zeros(n, self.max_row_width, dtype=self.row_dtype)
-        scores = torch.zeros(n, self.max_num_scores, dtype=torch.int64)
-        groups = split_by_table(table_ids.cpu())
-        keys = keys.cpu()
+        check_pairs(self.tables, keys, table_ids)
+        groups = TableGroups(table_ids.cpu())
+        keys = groups.sort(keys.cpu())
         raw = self._raw_keys(keys, groups)
         flat = [k for part in raw for k in part]
         values: List[Optional[bytes]] = self._db[flat] if flat else []  # one multi-get
-        at = 0
-        for (t, pos), part in zip(groups, raw):
-            f, r, sc = self._codecs[t].decode(values[at : at + len(part)], keys[pos])
-            at += len(part)
-            spec = self.tables[t]
-            found[pos] = f
-            rows[pos, : spec.row_width] = r
-            scores[pos, : spec.num_scores] = sc
+        results = [self._codecs[t].decode(values[a:b], keys[a:b]) for t, a, b in groups.spans]
+        found, rows, scores = groups.merge(self, results)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
     def insert(
@@ -153,14 +142,13 @@ class RocksDBStorage(Storage):
         check_insert_pairs(self.tables, keys, table_ids, rows, scores)
         if keys.numel() == 0:
             return
-        groups = split_by_table(table_ids.cpu())
-        keys, rows, scores = keys.cpu(), rows.cpu(), scores.cpu()
+        groups = TableGroups(table_ids.cpu())
+        keys, rows, scores = (groups.sort(x.cpu()) for x in (keys, rows, scores))
         batch = WriteBatch(raw_mode=True)  # every table of the call: one atomic write
-        for (t, pos), part in zip(groups, self._raw_keys(keys, groups)):
+        for (t, a, b), part in zip(groups.spans, self._raw_keys(keys, groups)):
             spec = self.tables[t]
             values = self._codecs[t].encode(
-                rows[pos, : spec.row_width].contiguous(),
-                scores[pos, : spec.num_scores].contiguous(),
+                rows[a:b, : spec.row_width], scores[a:b, : spec.num_scores]
             )
             for key, value in zip(part, values):
                 batch.put(key, value)
@@ -169,9 +157,9 @@ class RocksDBStorage(Storage):
     def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
         if check_pairs(self.tables, keys, table_ids) == 0:
             return
-        groups = split_by_table(table_ids.cpu())
+        groups = TableGroups(table_ids.cpu())
         batch = WriteBatch(raw_mode=True)
-        for part in self._raw_keys(keys.cpu(), groups):
+        for part in self._raw_keys(groups.sort(keys.cpu()), groups):
             for key in part:
                 batch.delete(key)
         self._db.write(batch, self._write_options)
