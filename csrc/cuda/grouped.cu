@@ -13,6 +13,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "dynamicemb/check.h"
@@ -107,7 +109,17 @@ __global__ void gather_kernel(const float* __restrict__ values, DeviceMeta meta,
   const int64_t W = ok ? meta.width(t) : 0;
   const int64_t take = ok ? (width < W ? width : W) : 0;
   const float* src = ok ? values + meta.offset(t) + s * W : values;
-  for (int64_t d = threadIdx.x; d < width; d += kWarp) out[i * width + d] = d < take ? src[d] : 0.0f;
+  float* dst = out + i * width;
+  if ((take & 3) == 0 && (width & 3) == 0 && ((reinterpret_cast<uintptr_t>(src) |
+                                               reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
+    // 16-byte loads and stores: a row of 128 floats is one pass of the warp.
+    for (int64_t d = threadIdx.x * 4; d < width; d += kWarp * 4) {
+      *reinterpret_cast<float4*>(dst + d) = d < take ? *reinterpret_cast<const float4*>(src + d)
+                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    return;
+  }
+  for (int64_t d = threadIdx.x; d < width; d += kWarp) dst[d] = d < take ? src[d] : 0.0f;
 }
 
 __global__ void scatter_kernel(float* __restrict__ values, DeviceMeta meta,
@@ -245,29 +257,67 @@ __global__ void bag_of_kernel(const int64_t* __restrict__ offsets, int64_t num_b
   for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
 }
 
-__device__ inline int64_t key_of_chunk(const int64_t* chunk_start, int64_t num_unique, int64_t c) {
-  int64_t lo = 0, hi = num_unique;
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (chunk_start[mid] <= c) lo = mid; else hi = mid;
-  }
-  return lo;
+/// The key of each chunk of positions (one thread per key writes its chunks' entries).
+__global__ void chunk_key_kernel(const int64_t* __restrict__ chunk_start, int64_t num_unique,
+                                 int64_t* __restrict__ chunk_key) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= num_unique) return;
+  for (int64_t c = chunk_start[k]; c < chunk_start[k + 1]; ++c) chunk_key[c] = k;
 }
 
+__device__ inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+/// One warp per chunk of up to kChunk positions of one key: the chunk's sum, in position order.
+/// With ``vec`` (width and grad_out's columns multiples of 4) each lane sums 4 adjacent columns
+/// with 16-byte loads, so a row of dim <= 128 takes one pass over the chunk's positions.
 __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, DeviceMeta meta,
                                   const int64_t* __restrict__ perm, const int64_t* __restrict__ starts,
                                   const int64_t* __restrict__ chunk_start,
+                                  const int64_t* __restrict__ chunk_key,
                                   const int64_t* __restrict__ bag_of, const int64_t* __restrict__ offsets,
                                   const float* __restrict__ weights, const int64_t* __restrict__ ft,
                                   const int64_t* __restrict__ dofs, int64_t B, int64_t num_unique,
-                                  int64_t max_chunks, int64_t width, int64_t mode,
+                                  int64_t max_chunks, int64_t width, int64_t mode, bool vec,
                                   float* __restrict__ partial) {
   const int64_t c = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (c >= max_chunks || c >= chunk_start[num_unique]) return;
-  const int64_t k = key_of_chunk(chunk_start, num_unique, c);
+  const int64_t k = chunk_key[c];
   const int64_t lo = starts[k] + (c - chunk_start[k]) * kChunk;
   const int64_t hi = min(starts[k + 1], lo + kChunk);
   const int64_t D = meta.dim(ft[bag_of[perm[lo]] / B]);
+  float* out = partial + c * width;
+  if (vec) {
+    for (int64_t d = threadIdx.x * 4; d < width; d += kWarp * 4) {
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (d < D) {
+        for (int64_t j = lo; j < hi; ++j) {
+          const int64_t i = perm[j];
+          const int64_t bag = bag_of[i];
+          float scale = weights ? weights[i] : 1.0f;
+          if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
+          const float* src =
+              (mode == kPoolNone ? grad + i * G : grad + (bag % B) * G + dofs[bag / B]) + d;
+          float4 g;
+          if (d + 3 < D && aligned16(src)) {
+            g = *reinterpret_cast<const float4*>(src);
+          } else {
+            g.x = src[0];
+            g.y = d + 1 < D ? src[1] : 0.0f;
+            g.z = d + 2 < D ? src[2] : 0.0f;
+            g.w = d + 3 < D ? src[3] : 0.0f;
+          }
+          acc.x += scale * g.x;
+          acc.y += scale * g.y;
+          acc.z += scale * g.z;
+          acc.w += scale * g.w;
+        }
+      }
+      *reinterpret_cast<float4*>(out + d) = acc;
+    }
+    return;
+  }
   for (int64_t d = threadIdx.x; d < width; d += kWarp) {
     float acc = 0.0f;
     if (d < D) {
@@ -280,7 +330,7 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, Dev
         acc += scale * src[d];
       }
     }
-    partial[c * width + d] = acc;
+    out[d] = acc;
   }
 }
 
@@ -296,11 +346,18 @@ __global__ void key_sums_kernel(const float* __restrict__ partial,
   }
 }
 
-at::Tensor reduce_cuda(const at::Tensor& grad_out, const at::Tensor& meta, const at::Tensor& inverse,
-                       const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
-                       const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
-                       int64_t batch_size, int64_t num_unique, int64_t width, bool check,
-                       const char* op) {
+/// The per-chunk partial sums of a reduction and where each key's chunks start.
+struct Partials {
+  at::Tensor partial;      // (chunks, width)
+  at::Tensor chunk_start;  // (u + 1,)
+  bool empty;              // nothing to sum (n, u or width is 0)
+};
+
+Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
+                         const at::Tensor& inverse, const at::Tensor& offsets,
+                         const std::optional<at::Tensor>& weights, const at::Tensor& feature_tables,
+                         const at::Tensor& d_offsets, int64_t mode, int64_t batch_size,
+                         int64_t num_unique, int64_t width, bool check, const char* op) {
   check_meta(meta, grad_out.device(), op);
   check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
   check_on_device(inverse, grad_out.device(), "inverse", op);
@@ -331,33 +388,58 @@ at::Tensor reduce_cuda(const at::Tensor& grad_out, const at::Tensor& meta, const
     }
   }
   const int64_t n = inv.numel(), num_bags = off.numel() - 1;
-  auto out = at::empty({num_unique, width}, g.options());
-  if (n == 0 || num_unique == 0 || width == 0) return out.zero_();
+  if (n == 0 || num_unique == 0 || width == 0) return {at::Tensor(), at::Tensor(), true};
   auto stream = at::cuda::getCurrentCUDAStream();
-  const auto sorted = at::sort(inv, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  // Stable sort of the positions by key; 32-bit keys halve the radix passes of 64-bit ones.
+  const bool narrow = num_unique <= std::numeric_limits<int32_t>::max();
+  const auto sorted = at::sort(narrow ? inv.to(at::kInt) : inv, /*stable=*/true, /*dim=*/0,
+                               /*descending=*/false);
   const auto& sorted_keys = std::get<0>(sorted);
   const auto perm = std::get<1>(sorted).contiguous();
-  const auto starts = at::searchsorted(sorted_keys, at::arange(num_unique + 1, inv.options()));
+  const auto starts =
+      at::searchsorted(sorted_keys, at::arange(num_unique + 1, sorted_keys.options()));
   const auto counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
   auto chunk_start = at::zeros({num_unique + 1}, inv.options());
   chunk_start.narrow(0, 1, num_unique)
       .copy_(at::cumsum(at::floor_divide(counts + (kChunk - 1), kChunk), 0));
+  // Every key has at least one position, so chunks <= n / kChunk + u; the grid covers that
+  // bound and chunk ids past the real count find no key (chunk_key is -1 there).
   const int64_t max_chunks = n / kChunk + num_unique;
+  auto chunk_key = at::empty({max_chunks}, inv.options());
   auto partial = at::empty({max_chunks, width}, g.options());
   auto bag_of = at::empty({n}, inv.options());
   const int threads = 256;
   bag_of_kernel<<<(num_bags + threads - 1) / threads, threads, 0, stream>>>(
       off.data_ptr<int64_t>(), num_bags, bag_of.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  chunk_key_kernel<<<(num_unique + threads - 1) / threads, threads, 0, stream>>>(
+      chunk_start.data_ptr<int64_t>(), num_unique, chunk_key.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // The real number of chunks stays on the device (chunk_start[u]); warps past it return.
+  const bool vec = width % 4 == 0 && g.size(1) % 4 == 0;
   chunk_sums_kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
       g.data_ptr<float>(), g.size(1), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
       perm.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(),
-      bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(), w.defined() ? w.data_ptr<float>() : nullptr,
-      ft.data_ptr<int64_t>(), dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width,
-      mode, partial.data_ptr<float>());
+      chunk_key.data_ptr<int64_t>(), bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
+      w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(),
+      dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width, mode, vec,
+      partial.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  key_sums_kernel<<<blocks_for(num_unique), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-      partial.data_ptr<float>(), chunk_start.data_ptr<int64_t>(), num_unique, width,
+  return {partial, chunk_start, false};
+}
+
+at::Tensor reduce_cuda(const at::Tensor& grad_out, const at::Tensor& meta, const at::Tensor& inverse,
+                       const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
+                       const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
+                       int64_t batch_size, int64_t num_unique, int64_t width, bool check,
+                       const char* op) {
+  const Partials parts = reduce_partials(grad_out, meta, inverse, offsets, weights, feature_tables,
+                                         d_offsets, mode, batch_size, num_unique, width, check, op);
+  auto out = at::empty({num_unique, width}, grad_out.options());
+  if (parts.empty) return out.zero_();
+  key_sums_kernel<<<blocks_for(num_unique), dim3(kWarp, kRowsPerBlock), 0,
+                    at::cuda::getCurrentCUDAStream()>>>(
+      parts.partial.data_ptr<float>(), parts.chunk_start.data_ptr<int64_t>(), num_unique, width,
       out.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -404,6 +486,34 @@ __global__ void update_kernel(float* __restrict__ values, DeviceMeta meta,
     float* m = w + D;
     float* v = w + 2 * D;
     for (int64_t d = threadIdx.x; d < D; d += kWarp) adam_element(w[d], m[d], v[d], g[d], p);
+  }
+}
+
+/// grouped_reduce_update's last pass for the element-wise optimizers: one warp per key sums the
+/// key's chunk partials (in chunk order, as key_sums_kernel does) and updates its row at once, so
+/// the (u, width) gradient is never written; the rows equal key_sums_kernel then update_kernel.
+__global__ void key_update_kernel(float* __restrict__ values, DeviceMeta meta,
+                                  const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
+                                  const float* __restrict__ partial,
+                                  const int64_t* __restrict__ chunk_start, int64_t num_unique,
+                                  int64_t width, int64_t optimizer, UpdateParams p) {
+  const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (k >= num_unique) return;
+  const int64_t t = tids[k], s = slots[k];
+  if (!meta.valid(t, s)) return;
+  const int64_t D = meta.dim(t);
+  float* w = values + meta.offset(t) + s * meta.width(t);
+  const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
+  for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+    float g = 0.0f;
+    for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
+    if (optimizer == kSgd) {
+      sgd_element(w[d], g, p);
+    } else if (optimizer == kAdagrad) {
+      adagrad_element(w[d], w[D + d], g, p);
+    } else {
+      adam_element(w[d], w[D + d], w[2 * D + d], g, p);
+    }
   }
 }
 
@@ -468,8 +578,8 @@ void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::T
                 make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step));
 }
 
-// The GPU form of the fused op is the reduction then the update (the (u, width) gradient lives in
-// the caching allocator for one launch); the CPU kernel is the truly fused one.
+// The GPU form of the fused op: the chunk partials, then one warp per key sums them and updates
+// its row (row-wise Adagrad, which needs a row's whole gradient first, goes through the gradient).
 void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
                                 const at::Tensor& table_ids, const at::Tensor& slots,
                                 const at::Tensor& grad_out, const at::Tensor& inverse,
@@ -491,26 +601,61 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
     check_rows_cuda(meta, tid, sl, op);
   }
   DEMB_CHECK_VALUE(max_dim >= 0, op, ": max_dim must be >= 0, got ", max_dim);
-  const auto grads = reduce_cuda(grad_out, meta, inverse, offsets, weights, feature_tables,
-                                 d_offsets, mode, batch_size, sl.numel(), max_dim, check, op);
-  launch_update(values, meta, tid, sl, grads, optimizer,
-                make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step));
+  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
+  const int64_t u = sl.numel();
+  const Partials parts = reduce_partials(grad_out, meta, inverse, offsets, weights, feature_tables,
+                                         d_offsets, mode, batch_size, u, max_dim, check, op);
+  if (parts.empty || optimizer == kRowwiseAdagrad) {
+    // Row-wise Adagrad needs each row's sum of squares before its update: the gradient first.
+    at::Tensor grads = at::zeros({u, max_dim}, grad_out.options());
+    if (!parts.empty) {
+      key_sums_kernel<<<blocks_for(u), dim3(kWarp, kRowsPerBlock), 0,
+                        at::cuda::getCurrentCUDAStream()>>>(
+          parts.partial.data_ptr<float>(), parts.chunk_start.data_ptr<int64_t>(), u, max_dim,
+          grads.data_ptr<float>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    launch_update(values, meta, tid, sl, grads, optimizer, p);
+    return;
+  }
+  key_update_kernel<<<blocks_for(u), dim3(kWarp, kRowsPerBlock), 0,
+                      at::cuda::getCurrentCUDAStream()>>>(
+      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), parts.partial.data_ptr<float>(),
+      parts.chunk_start.data_ptr<int64_t>(), u, max_dim, optimizer, p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// ---- segmented unique: sort by (table id, key) with two stable radix sorts, one readback ----
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented_unique_cuda(
-    const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
-  const char* op = "segmented_unique";
-  check_segmented_unique(keys, table_ids, num_tables, op);
-  const at::cuda::CUDAGuard guard(keys.device());
-  const auto k = keys.contiguous();
-  const auto t = table_ids.contiguous();
+// ---- segmented unique: one stable radix sort of a (table id, key) word, one readback ----
+
+using UniqueResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+/// The unique pairs once the positions are sorted so that equal pairs are adjacent (``order``:
+/// sorted position -> input position; ``head``: (n,) int64, 1 where a sorted run of one pair
+/// starts; ``host``: [u, ..., per-table counts (num_tables)] read back, counts at ``tables_at``).
+UniqueResult unique_from_runs(const at::Tensor& order, const at::Tensor& sk, const at::Tensor& st,
+                              const at::Tensor& group, const at::Tensor& host, int64_t tables_at,
+                              int64_t num_tables) {
+  const int64_t n = order.numel();
+  const auto opts = sk.options();
+  const int64_t u = host.data_ptr<int64_t>()[0];
+  auto inverse = at::empty({n}, opts);
+  inverse.scatter_(0, order, group);
+  auto uk = at::empty({u}, opts);
+  auto ut = at::empty({u}, opts);
+  uk.scatter_(0, group, sk);  // every member of a run carries the same pair
+  ut.scatter_(0, group, st);
+  auto counts = at::zeros({u}, opts);
+  counts.index_add_(0, group, at::ones({n}, opts));
+  return {uk, ut, inverse, counts, host.narrow(0, tables_at, num_tables).clone()};
+}
+
+/// The exact form: sort by key, then stably by table id (two radix sorts); used when the one-word
+/// form finds two different pairs with the same word.
+UniqueResult segmented_unique_two_sorts(const at::Tensor& k, const at::Tensor& t,
+                                        int64_t num_tables) {
   const int64_t n = k.numel();
   const auto opts = k.options();
-  if (n == 0) {
-    return {k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), k.new_empty({0}),
-            at::zeros({num_tables}, opts.device(at::kCPU))};
-  }
   const auto by_key = at::sort(k, /*stable=*/true, 0, false);
   at::Tensor order = std::get<1>(by_key);
   at::Tensor sk = std::get<0>(by_key);
@@ -530,20 +675,105 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented
                (st.narrow(0, 1, n - 1) != st.narrow(0, 0, n - 1)));
   }
   const auto group = at::cumsum(head, 0, at::kLong) - 1;
-  auto inverse = at::empty({n}, opts);
-  inverse.scatter_(0, order, group);
   auto per_table = at::zeros({num_tables}, opts);
   per_table.index_add_(0, st, head.to(at::kLong));
-  // The one readback: u and the per-table counts, together.
   const auto host = at::cat({group.narrow(0, n - 1, 1) + 1, per_table}).cpu();
-  const int64_t u = host.data_ptr<int64_t>()[0];
-  auto uk = at::empty({u}, opts);
-  auto ut = at::empty({u}, opts);
-  uk.scatter_(0, group, sk);  // every member of a group carries the same pair
-  ut.scatter_(0, group, st);
-  auto counts = at::zeros({u}, opts);
-  counts.index_add_(0, group, at::ones({n}, opts));
-  return {uk, ut, inverse, counts, host.narrow(0, 1, num_tables).clone()};
+  return unique_from_runs(order, sk, st, group, host, 1, num_tables);
+}
+
+// The sort word of a pair: the key with its table id mixed in (a bijection of the key for each
+// table; table 0's word is the key itself). Two different pairs share a word only when their
+// tables differ and their keys differ by exactly the two tables' mixes.
+constexpr uint64_t kTableMix = 0x9E3779B97F4A7C15ULL;
+constexpr int kSharedTables = 256;
+
+__global__ void pair_word_kernel(const int64_t* __restrict__ keys,
+                                 const int64_t* __restrict__ tids, int64_t n,
+                                 int64_t* __restrict__ words) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  words[i] = static_cast<int64_t>(static_cast<uint64_t>(keys[i]) ^
+                                  (static_cast<uint64_t>(tids[i]) * kTableMix));
+}
+
+/// Over the sorted words: run heads (1 where a word differs from the previous one), the number of
+/// pairs per table (shared-memory counts per block when the tables are few), and a flag set when
+/// one word holds two different pairs.
+__global__ void run_heads_kernel(const int64_t* __restrict__ words, const int64_t* __restrict__ sk,
+                                 const int64_t* __restrict__ st, int64_t n, int64_t num_tables,
+                                 int64_t* __restrict__ head, unsigned long long* __restrict__ per_table,
+                                 int64_t* __restrict__ clash) {
+  __shared__ unsigned int counts[kSharedTables];
+  const bool shared = num_tables <= kSharedTables;
+  if (shared) {
+    for (int64_t j = threadIdx.x; j < num_tables; j += blockDim.x) counts[j] = 0;
+  }
+  __syncthreads();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const bool h = i == 0 || words[i] != words[i - 1];
+    head[i] = h ? 1 : 0;
+    if (!h && (sk[i] != sk[i - 1] || st[i] != st[i - 1])) *clash = 1;
+    const int64_t t = st[i];
+    if (h && t >= 0 && t < num_tables) {
+      if (shared) {
+        atomicAdd(&counts[t], 1u);
+      } else {
+        atomicAdd(&per_table[t], 1ULL);
+      }
+    }
+  }
+  __syncthreads();
+  if (shared) {
+    for (int64_t j = threadIdx.x; j < num_tables; j += blockDim.x) {
+      if (counts[j]) atomicAdd(&per_table[j], static_cast<unsigned long long>(counts[j]));
+    }
+  }
+}
+
+UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
+                                   int64_t num_tables) {
+  const char* op = "segmented_unique";
+  check_segmented_unique(keys, table_ids, num_tables, op);
+  const at::cuda::CUDAGuard guard(keys.device());
+  const auto k = keys.contiguous();
+  const auto t = table_ids.contiguous();
+  const int64_t n = k.numel();
+  const auto opts = k.options();
+  if (n == 0) {
+    return {k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), k.new_empty({0}),
+            at::zeros({num_tables}, opts.device(at::kCPU))};
+  }
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const int threads = 256;
+  const int64_t blocks = (n + threads - 1) / threads;
+  at::Tensor words = k;
+  if (num_tables > 1) {
+    words = at::empty({n}, opts);
+    pair_word_kernel<<<blocks, threads, 0, stream>>>(k.data_ptr<int64_t>(), t.data_ptr<int64_t>(),
+                                                     n, words.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  // One stable sort: equal pairs end up adjacent, each run in input order.
+  const auto by_word = at::sort(words, /*stable=*/true, 0, false);
+  const auto& sw = std::get<0>(by_word);
+  const auto order = std::get<1>(by_word);
+  const auto sk = num_tables > 1 ? k.index_select(0, order) : sw;
+  const auto st = t.index_select(0, order);
+  auto head = at::empty({n}, opts);
+  // [u, clash, per-table counts]: the one readback.
+  auto small = at::zeros({2 + num_tables}, opts);
+  run_heads_kernel<<<blocks, threads, 0, stream>>>(
+      sw.data_ptr<int64_t>(), sk.data_ptr<int64_t>(), st.data_ptr<int64_t>(), n, num_tables,
+      head.data_ptr<int64_t>(),
+      reinterpret_cast<unsigned long long*>(small.data_ptr<int64_t>() + 2),
+      small.data_ptr<int64_t>() + 1);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto group = at::cumsum(head, 0) - 1;
+  small.narrow(0, 0, 1).copy_(group.narrow(0, n - 1, 1) + 1);
+  const auto host = small.cpu();
+  if (host.data_ptr<int64_t>()[1] != 0) return segmented_unique_two_sorts(k, t, num_tables);
+  return unique_from_runs(order, sk, st, group, host, 2, num_tables);
 }
 
 }  // namespace
