@@ -19,6 +19,19 @@ Run:
         --batch 4096 --repeats 12 --split   # forward / backward apart, and where a step syncs
     PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
         --batch 4096 --pooling none --table-counts 1,10,26   # upstream DynamicEmb's shape
+    PYTHONPATH=. python benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 \
+        --batch 4096 --pooling none --table-counts 10 --setups cache0.8,cache1.0,hybrid,host
+
+Storage setups (``--setups``, upstream DynamicEmb's benchmark shape; CUDA only except ``hbm``):
+    hbm        every value row in device memory; peer: TBE with ``EmbeddingLocation.DEVICE``.
+    cacheF     10 % of the rows' bytes in device memory as a cache in front of host memory
+               (``caching=True``); the batches draw their ids from ``F`` x the cache's rows (cache
+               footprint F: 0.8 fits the cache, 1.0 fills it); peer: TBE's UVM cache
+               (``EmbeddingLocation.MANAGED_CACHING``, ``cache_load_factor`` 0.1).
+    hybrid     10 % of the rows in device memory, the rest in host memory (split by slot); peer:
+               TBE in UVM (``EmbeddingLocation.MANAGED``).
+    host       every value row in host memory (a zero device budget); peer: TBE in UVM.
+Our tables hold ``next_pow2(num_ids)`` rows; TBE's ``num_ids``.
 """
 
 from __future__ import annotations
@@ -111,18 +124,33 @@ def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device
     return "\n".join(tables)
 
 
-def ours_module(args, optimizer, device) -> torch.nn.Module:
+SETUPS = ("hbm", "cache0.8", "cache1.0", "hybrid", "host")
+
+
+def setup_ids(args, setup: str) -> int:
+    """The id space the batches draw from: a cache setup's footprint times the cache's rows."""
+    if setup.startswith("cache"):
+        return max(1, int(float(setup[len("cache") :]) * 0.1 * args.num_ids))
+    return args.num_ids
+
+
+def ours_module(args, optimizer, device, setup: str = "hbm") -> torch.nn.Module:
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
     from dynamicemb_core.optim import optimizer_kind, row_width
 
     pooling = DynamicEmbPoolingMode.NONE if args.pooling == "none" else DynamicEmbPoolingMode.SUM
-    cap = 1 << int(np.ceil(np.log2(args.num_ids / 0.5)))  # load factor <= 0.5: no eviction
-    # a budget holding every row: the whole table in device memory (0 would put it on the host)
-    hbm = cap * row_width(optimizer_kind(optimizer), args.dim, True) * 4
+    cap = 1 << int(np.ceil(np.log2(args.num_ids)))  # TBE's rows, rounded up to a power of two
+    full = cap * row_width(optimizer_kind(optimizer), args.dim, True) * 4
+    # hbm: a budget holding every row (0 would put them all on the host); the others: 10 %
+    hbm = {"hbm": full, "host": 0}.get(setup, full // 10)
     opts = [
         DynamicEmbTableOptions(
-            dim=args.dim, max_capacity=cap, init_capacity=cap, local_hbm_for_values=hbm
+            dim=args.dim,
+            max_capacity=cap,
+            init_capacity=cap,
+            local_hbm_for_values=hbm,
+            caching=setup.startswith("cache"),
         )
         for _ in range(args.tables)
     ]
@@ -138,8 +166,8 @@ def ours_module(args, optimizer, device) -> torch.nn.Module:
     return module
 
 
-def ours_step(args, optimizer, batches, device) -> Callable[[int], None]:
-    module = ours_module(args, optimizer, device)
+def ours_step(args, optimizer, batches, device, setup: str = "hbm") -> Callable[[int], None]:
+    module = ours_module(args, optimizer, device, setup)
 
     def step(i: int) -> None:
         idx, off = batches[i % len(batches)]
@@ -206,7 +234,7 @@ def split_steps(module, batches, warmup: int, repeats: int, device: torch.device
     return "\n".join(lines)
 
 
-def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:
+def tbe_step(args, optimizer, batches, device, setup: str = "hbm") -> Callable[[int], None]:
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -215,13 +243,20 @@ def tbe_step(args, optimizer, batches, device) -> Callable[[int], None]:
     )
 
     on_cuda = device.type == "cuda"
-    loc = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
+    loc = EmbeddingLocation.HOST
+    if on_cuda:
+        loc = {
+            "hbm": EmbeddingLocation.DEVICE,
+            "hybrid": EmbeddingLocation.MANAGED,
+            "host": EmbeddingLocation.MANAGED,
+        }.get(setup, EmbeddingLocation.MANAGED_CACHING)
     cdev = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
         [(args.num_ids, args.dim, loc, cdev) for _ in range(args.tables)],
         optimizer=optimizer,
         learning_rate=0.01,
         pooling_mode=PoolingMode.NONE if args.pooling == "none" else PoolingMode.SUM,
+        cache_load_factor=0.1,  # read only by MANAGED_CACHING tables
         **({"device": device} if on_cuda else {}),
     )
 
@@ -270,9 +305,11 @@ def header(args, device: torch.device) -> str:
         f"GPU: {gpu}; torch {torch.__version__}, fbgemm_gpu {getattr(fbgemm_gpu, '__version__', '?')}, "
         f"torchrec {getattr(torchrec, '__version__', '?')}; commit {commit}\n"
         f"Command: `python benchmarks/bench_training.py --device {device.type} --ids {args.ids} "
-        f"--num-ids {args.num_ids} --tables {args.tables} --dim {args.dim} --batch {args.batch} "
-        f"--threads {args.threads} --pooling {args.pooling}{' --small' if args.small else ''}`\n"
-        f"Shape: {args.tables} tables x dim {args.dim}, {args.pooling.upper()} pooling, "
+        f"--num-ids {args.num_ids} --table-counts {args.table_counts or args.tables} "
+        f"--setups {args.setups} --dim {args.dim} --batch {args.batch} --threads {args.threads} "
+        f"--pooling {args.pooling} --warmup {args.warmup} --repeats {args.repeats} "
+        f"--batches {args.batches}{' --small' if args.small else ''}`\n"
+        f"Shape: tables x dim {args.dim}, {args.pooling.upper()} pooling, "
         f"~{args.ids} ids a batch "
         f"(power law alpha {args.alpha}, {args.num_ids} ids per table), median of {args.repeats} "
         f"steps (ours and the peer alternating) after {args.warmup} warm-up steps each (the "
@@ -302,6 +339,11 @@ def main(argv: List[str] | None = None) -> None:
         help="comma-separated table counts to run one after another (upstream's 1,10,26); "
         "default: --tables",
     )
+    p.add_argument(
+        "--setups",
+        default="hbm",
+        help="comma-separated storage setups: " + ", ".join(SETUPS) + " (see the module docs)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument(
         "--no-peer", action="store_true", help="time ours only (no FBGEMM build at hand)"
@@ -325,53 +367,91 @@ def main(argv: List[str] | None = None) -> None:
 
     device = torch.device(args.device)
     counts = [int(c) for c in args.table_counts.split(",") if c] or [args.tables]
-    for count in counts:
-        args.tables = count
-        run_shape(args, device, EmbOptimType)
+    setups = [x for x in args.setups.split(",") if x]
+    for setup in setups:
+        if setup not in SETUPS:
+            p.error(f"--setups: unknown setup {setup!r}; known: {', '.join(SETUPS)}")
+        if setup != "hbm" and device.type != "cuda":
+            p.error(f"--setups {setup}: host-memory setups need --device cuda")
+    if not (args.profile or args.split):
+        print(header(args, device))
+        print(TABLE_HEAD, flush=True)
+    rows = []
+    for setup in setups:
+        for count in counts:
+            args.tables = count
+            rows += run_shape(args, device, EmbOptimType, setup)
+    if rows:
+        print("\nAll rows:\n" + TABLE_HEAD)
+        print("\n".join(row_line(r) for r in rows))
 
 
-def run_shape(args, device: torch.device, EmbOptimType) -> None:
-    """Time ours (and the peer) at ``args.tables`` tables; print the table or the split report."""
+def run_shape(args, device: torch.device, EmbOptimType, setup: str) -> List[tuple]:
+    """Time ours (and the peer) at ``args.tables`` tables in one storage setup; returns the rows
+    (printed as they come, so a run cut short keeps what it measured)."""
+    ids = setup_ids(args, setup)
     batches = [
         tuple(
             t.to(device)
-            for t in power_law_batch(args.tables, args.batch, args.ids, args.num_ids, args.alpha, s)
+            for t in power_law_batch(args.tables, args.batch, args.ids, ids, args.alpha, s)
         )
         for s in range(args.batches)
     ]
-    rows = []
+    rows: List[tuple] = []
     for name in args.optimizers.split(","):
         opt = EmbOptimType.EXACT_SGD if name == "sgd" else EmbOptimType.ADAM
+        title = f"{setup}, {args.tables} tables, {name.upper()}, {args.pooling.upper()}"
         if args.split:
-            module = ours_module(args, opt, device)
+            module = ours_module(args, opt, device, setup)
             report = split_steps(module, batches, args.warmup, args.repeats, device)
-            print(f"== {name.upper()}, {args.tables} tables, {args.pooling.upper()}\n{report}")
+            print(f"== {title}\n{report}", flush=True)
+            del module
             continue
-        ours = ours_step(args, opt, batches, device)
+        ours = ours_step(args, opt, batches, device, setup)
         if args.profile:
-            print(f"== {name.upper()}\n{profile_steps(ours, args.warmup, device)}")
+            print(f"== ours: {title}\n{profile_steps(ours, args.warmup, device)}", flush=True)
+            del ours
+            if not args.no_peer and device.type == "cuda":
+                peer = tbe_step(args, opt, batches, device, setup)
+                print(f"== TBE: {title}\n{profile_steps(peer, args.warmup, device)}", flush=True)
+                del peer
             continue
         if args.no_peer:
             (t_ours,) = time_pair([ours], args.warmup, args.repeats, device)
-            rows.append((f"{name.upper()} training step", t_ours, "not run", float("nan")))
+            rows.append((setup, args.tables, name.upper(), t_ours, "not run", float("nan")))
             del ours
-            continue
-        if name == "adam" and device.type == "cpu":
-            peer_name = "torch SparseAdam + EmbeddingBag(sparse)"
-            peer = sparse_adam_step(args, batches, device)
         else:
-            peer_name = "FBGEMM TBE (TorchRec fused)"
-            peer = tbe_step(args, opt, batches, device)
-        t_ours, t_peer = time_pair([ours, peer], args.warmup, args.repeats, device)
-        rows.append((f"{name.upper()} training step", t_ours, peer_name, t_peer))
-        del ours, peer
-    if args.profile or args.split:
-        return
-    print(header(args, device))
-    print("| case | ours (ms) | peer | peer (ms) | speedup = peer / ours |")
-    print("|---|---:|---|---:|---:|")
-    for case, ours, peer_name, peer in rows:
-        print(f"| {case} | {ours:.2f} | {peer_name} | {peer:.2f} | {peer / ours:.2f} |")
+            if name == "adam" and device.type == "cpu":
+                peer_name = "torch SparseAdam + EmbeddingBag(sparse)"
+                peer = sparse_adam_step(args, batches, device)
+            else:
+                where = (
+                    TBE_PLACEMENT.get(setup, "(UVM cache)") if device.type == "cuda" else "(CPU)"
+                )
+                peer_name = "FBGEMM TBE " + where
+                peer = tbe_step(args, opt, batches, device, setup)
+            t_ours, t_peer = time_pair([ours, peer], args.warmup, args.repeats, device)
+            rows.append((setup, args.tables, name.upper(), t_ours, peer_name, t_peer))
+            del ours, peer
+        print(row_line(rows[-1]), flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+TBE_PLACEMENT = {"hbm": "(HBM)", "hybrid": "(UVM)", "host": "(UVM)"}
+TABLE_HEAD = (
+    "| setup | tables | optimizer | ours (ms) | peer | peer (ms) | ours / peer | peer / ours |\n"
+    "|---|---:|---|---:|---|---:|---:|---:|"
+)
+
+
+def row_line(row: tuple) -> str:
+    setup, tables, opt, ours, peer_name, peer = row
+    return (
+        f"| {setup} | {tables} | {opt} | {ours:.2f} | {peer_name} | {peer:.2f} | "
+        f"{ours / peer:.2f} | {peer / ours:.2f} |"
+    )
 
 
 if __name__ == "__main__":
