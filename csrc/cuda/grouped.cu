@@ -391,7 +391,7 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
   if (n == 0 || num_unique == 0 || width == 0) return {at::Tensor(), at::Tensor(), true};
   auto stream = at::cuda::getCurrentCUDAStream();
   // Stable sort of the positions by key; 32-bit keys halve the radix passes of 64-bit ones.
-  const bool narrow = num_unique <= std::numeric_limits<int32_t>::max();
+  const bool narrow = num_unique < std::numeric_limits<int32_t>::max();
   const auto sorted = at::sort(narrow ? inv.to(at::kInt) : inv, /*stable=*/true, /*dim=*/0,
                                /*descending=*/false);
   const auto& sorted_keys = std::get<0>(sorted);
