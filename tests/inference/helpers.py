@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import torch
@@ -205,3 +208,19 @@ def in_config_order(out: torch.Tensor, dims: Sequence[int], batch_size: int) -> 
     return torch.cat(
         [out[:, starts[f] : starts[f] + dims[FEATURE_TABLE_MAP[f]]] for f in feature_order()], 1
     )
+
+
+def static_cxx_runtime_compiler(folder: Path) -> str:
+    """A g++ that links libstdc++ statically into every shared object it links (what the GPU
+    machine's ``$CXX`` does on its own; dynamicemb_core/inference/toolchain.py)."""
+    gxx = shutil.which("g++")
+    assert gxx is not None, "the ops library needs g++: the suite cannot run without it"
+    script = Path(folder) / "static-g++"
+    script.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = "-shared" ] && exec '
+        f'{gxx} "$@" -static-libstdc++; done\n'
+        f'exec {gxx} "$@"\n'
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)

@@ -133,7 +133,7 @@ def test_aoti_package_serves_and_follows_replay(device: torch.device, tmp_path) 
 
 def test_package_without_constants_serves_the_attached_module(tmp_path) -> None:
     """``embed_constants=False`` leaves the tables out of the package; attached, it serves the live
-    module and follows its replays (CPU: the bench uses this path on CUDA and checks its output)."""
+    module and follows its replays (CPU; the bench takes this path on CUDA and checks its output)."""
     from dynamicemb_core.inference.runtime import load_package
 
     trainer = H.trained_tables(P.SUM, device="cpu")

@@ -10,25 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from pathlib import Path
 
+import pytest
+import torch
+
 from dynamicemb_core.inference import toolchain
-
-
-def _static_toolchain(folder: Path) -> str:
-    """A g++ that links libstdc++ statically into every shared object."""
-    gxx = shutil.which("g++")
-    assert gxx is not None, "the ops library needs g++: the suite cannot run without it"
-    script = folder / "static-g++"
-    script.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do [ "$a" = "-shared" ] && exec '
-        f'{gxx} "$@" -static-libstdc++; done\n'
-        f'exec {gxx} "$@"\n'
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
-    return str(script)
+from tests.inference import helpers as H
 
 
 def test_process_libstdcxx_is_read_from_the_memory_map(tmp_path: Path) -> None:
@@ -50,7 +38,7 @@ def test_process_libstdcxx_is_read_from_the_memory_map(tmp_path: Path) -> None:
 
 def test_the_probe_tells_a_static_cxx_runtime_from_a_shared_one(tmp_path: Path) -> None:
     assert toolchain.links_cxx_runtime_statically(shutil.which("g++") or "g++") is False
-    assert toolchain.links_cxx_runtime_statically(_static_toolchain(tmp_path)) is True
+    assert toolchain.links_cxx_runtime_statically(H.static_cxx_runtime_compiler(tmp_path)) is True
     assert toolchain.links_cxx_runtime_statically(str(tmp_path / "no-such-compiler")) is False
 
 
@@ -63,7 +51,7 @@ def test_inductor_links_the_shared_runtime_through_a_static_toolchain(
     monkeypatch.setattr(inductor_config.cpp, "cxx", (None, shutil.which("g++")))
     assert toolchain.inductor_configs() == {}  # a toolchain that links it dynamically is left alone
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, _static_toolchain(tmp_path)))
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, H.static_cxx_runtime_compiler(tmp_path)))
     configs = toolchain.inductor_configs()
     assert set(configs) == {"cpp.cxx"}
     script = configs["cpp.cxx"][1]
@@ -72,3 +60,39 @@ def test_inductor_links_the_shared_runtime_through_a_static_toolchain(
     assert toolchain.inductor_configs() == configs  # one script per (compiler, runtime)
     # the runtime handed to the linker is the one this process (torch) runs on
     assert toolchain.process_libstdcxx() in Path(script).read_text()
+
+
+@pytest.mark.slow
+def test_a_package_from_a_static_runtime_toolchain_loads_and_serves(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """End to end through a g++ that links libstdc++ statically: compile_package must relink the
+    package against the shared runtime, else loading it fails (std::bad_cast with g++ 12 here,
+    SIGSEGV on the GPU machine). Slow: Inductor builds its precompiled header anew for the compiler
+    (minutes on a loaded 2-core machine)."""
+    import torch._inductor.config as inductor_config
+
+    from dynamicemb_core.config import DynamicEmbPoolingMode
+    from dynamicemb_core.inference import (
+        InferenceEmbeddingBagCollection,
+        LookupModule,
+        attach,
+        compile_package,
+        export_model,
+    )
+    from dynamicemb_core.inference.runtime import load_package
+
+    monkeypatch.setenv("DYNAMICEMB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, H.static_cxx_runtime_compiler(tmp_path)))
+    trainer = H.trained_tables(DynamicEmbPoolingMode.SUM, device="cpu")
+    served = LookupModule(InferenceEmbeddingBagCollection.from_model(trainer))
+    indices, offsets, _ = H.batch(800, 16, 600, "cpu")
+    package = compile_package(
+        export_model(served, (indices, offsets)),
+        str(tmp_path / "relinked.pt2"),
+        fast_compile=True,
+        embed_constants=False,
+    )
+    compiled = load_package(package)
+    attach(compiled, served)
+    assert torch.equal(compiled(indices, offsets), H.reference(trainer, indices, offsets))
