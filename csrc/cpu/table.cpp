@@ -473,6 +473,7 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
       }
       const int64_t policy = s.policies[home.table];
       const int64_t t_now = now[home.table];
+      if (policy_keeps_words(policy)) return;  // the concurrent form of apply_touch
       if (policy == kLfu || policy == kCompound) {
         __atomic_fetch_add(&w[0], 1, __ATOMIC_RELAXED);
         __atomic_store_n(&w[1], policy == kCompound ? t_now : 0, __ATOMIC_RELAXED);

@@ -51,6 +51,7 @@ struct FindParams {
  * of the call, so plain stores agree. Keep in step with apply_touch.
  */
 __device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_t* words) {
+  if (policy_keeps_words(policy)) return;
   switch (policy) {
     case kLfu:
       atomicAdd(reinterpret_cast<unsigned long long*>(words), 1ull);

@@ -23,8 +23,9 @@ __all__ = [
     "to_ages",
 ]
 
-# NO_EVICTION scores by timestamp too (docs/table_design.md, "Policy codes and score words").
-_CLOCKS = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.NO_EVICTION)
+# NO_EVICTION scores by insertion number, not by time (docs/table_design.md, "Policy codes and
+# score words"): its column travels as it is, like STEP's.
+_CLOCKS = (DynamicEmbScoreStrategy.TIMESTAMP,)
 
 
 def score_column_names(options: DynamicEmbTableOptions) -> Tuple[str, ...]:
@@ -55,8 +56,8 @@ def default_scores(
 ) -> torch.Tensor:
     """Scores for rows restored without their source scores: every key scores alike.
 
-    Clock columns get ``now``; STEP and CUSTOMIZED get the table's ``current`` score; LFU counts 1 (one
-    access, as for a freshly inserted key). Built from zeros so a column no rule fills is deterministic.
+    Clock columns get ``now``; STEP, CUSTOMIZED and NO_EVICTION get the table's ``current`` score (its
+    next insertion number for NO_EVICTION); LFU counts 1 (one access, as for a freshly inserted key). Built from zeros so a column no rule fills is deterministic.
 
     Returns:
         (n, num_scores) int64 on ``device``, in the strategy tuple's order.

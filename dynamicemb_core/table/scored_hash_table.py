@@ -94,6 +94,9 @@ class ScoredHashTable:
         self._reversed = torch.tensor([s.timestamp_first for s in specs], device=dev)
         self._compound = torch.tensor([s.policy == COMPOUND_POLICY for s in specs], device=dev)
         self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
+        # NO_EVICTION: each table's next insertion number (the score of its next new key)
+        self._any_no_eviction = any(s.no_eviction for s in specs)
+        self._next_number = torch.zeros(len(specs), dtype=i64, device=dev)
         # on the host on every device: the CUDA kernels read these handles on the host, and a
         # CPU tensor spares each inserting call a device-to-host copy
         self._score_fns = torch.tensor([self._score_fn_address(s) for s in specs], dtype=i64)
@@ -340,6 +343,7 @@ class ScoredHashTable:
             )
             evicted = self._no_evictions(max(s.num_scores for s in self.specs))
         slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
+        self._number_new_keys(table_ids, slots, is_new, None)
         self.counters.record(table_ids, slots, is_new, sizes_before, self._state.sizes, lookup=True)
         self._collect_evicted(evicted)
         assert is_new is not None
@@ -386,10 +390,12 @@ class ScoredHashTable:
         retain = any(
             self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
         )
-        evicting = want_evicted or retain
+        # NO_EVICTION tables number their new keys, for which the call must report is_new
+        evicting = want_evicted or retain or any(self.specs[t].no_eviction for t in involved)
         sizes_before = self._state.sizes.clone()
         slots, is_new, evicted = self._run_insert(keys, tids, cur, words, evicting, table_ids)
         slots, is_new = self._retry_no_eviction(keys, tids, cur, words, evicting, slots, is_new)
+        self._number_new_keys(tids, slots, is_new, words)
         self.counters.record(tids, slots, is_new, sizes_before, self._state.sizes, lookup=lookup)
         self._collect_evicted(evicted)
         if rows is not None:
@@ -506,6 +512,46 @@ class ScoredHashTable:
             "NO_EVICTION insert did not converge after 64 doublings; this is a bug"
         )
 
+    def _number_new_keys(
+        self, tids: Tensor, slots: Tensor, is_new: Optional[Tensor], words: Optional[Tensor]
+    ) -> None:
+        """NO_EVICTION: score each key a call placed with its table's next insertion number.
+
+        The seed thresholds a NO_EVICTION table's incremental dump on this absolute score: keys
+        numbered at or above a ``get_score`` taken earlier are the keys inserted since. New keys of
+        one call are numbered in slot order (deterministic, one number per key however often it
+        occurs); later touches leave the number (score_policy.h, ``policy_keeps_words``). Keys placed
+        with given scores (a checkpoint load, a replay) keep them, and the next number passes the
+        largest. Device ops only: no host synchronisation.
+        """
+        if not self._any_no_eviction or is_new is None or tids.numel() == 0:
+            return
+        placed = is_new & (slots >= 0) & self._no_eviction[tids]
+        if words is not None:
+            top = torch.where(placed, words[:, 0] + 1, torch.zeros_like(slots))
+            self._next_number.scatter_reduce_(0, tids, top, "amax")
+            return
+        total = self._offsets[-1]
+        glob = torch.where(placed, self._state.slot_offsets[tids] + slots, total)
+        order_g, order = torch.sort(glob)  # tables are contiguous regions: grouped by table
+        order_t = tids[order]
+        valid = order_g < total
+        first = valid.clone()
+        first[1:] &= order_g[1:] != order_g[:-1]
+        first_i = first.to(torch.int64)
+        per_table = torch.zeros_like(self._next_number).index_add_(0, order_t, first_i)
+        before = per_table.cumsum(0) - per_table
+        number = self._next_number[order_t] + first_i.cumsum(0) - 1 - before[order_t]
+        # every occurrence of a key computes its first's number; amax over new keys' 0 writes it
+        column = self._state.scores[:, 0]
+        column.scatter_reduce_(
+            0,
+            torch.where(valid, order_g, torch.zeros_like(order_g)),
+            torch.where(valid, number, torch.full_like(number, -(2**63))),
+            "amax",
+        )
+        self._next_number += per_table
+
     def _collect_evicted(self, evicted: EvictedItems) -> None:
         if evicted.keys.numel() == 0:
             return
@@ -603,6 +649,8 @@ class ScoredHashTable:
             )
         self._placement_epoch += 1
         table_ops.insert_at(keys, tids, slots, self._state, words, False)
+        if spec.no_eviction:  # replayed numbers: the next new key numbers past them
+            self._number_new_keys(tids, slots, torch.ones_like(keys, dtype=torch.bool), words)
         if rows is not None and spec.row_width:
             table_ops.scatter_rows(self._values[t], slots, rows)
 
@@ -745,9 +793,10 @@ class ScoredHashTable:
         self._custom_scores[t] = score
 
     def get_score(self, table_id: int) -> int:
-        """The score the next call will use: step, custom score, 0 for LFU, or the clock (ns).
+        """The score the next call will use: step, custom score, 0 for LFU, NO_EVICTION's next
+        insertion number, or the clock (ns).
 
-        Clock tables (TIMESTAMP, NO_EVICTION, compound) read the clock the kernels stamp on this
+        Clock tables (TIMESTAMP, compound) read the clock the kernels stamp on this
         table's device (``device_clock``: steady_clock on CPU, ``%globaltimer`` on CUDA), so the
         value compares with exported timestamps; on CUDA the read waits for the current stream.
         """
@@ -759,6 +808,8 @@ class ScoredHashTable:
             return self._custom_scores[t]
         if policy == _LFU:
             return 0
+        if self.specs[t].no_eviction:
+            return int(self._next_number[t])
         return table_ops.device_clock(self._state.sizes)
 
     def advance_step(self, table_id: Optional[int] = None) -> None:

@@ -32,7 +32,7 @@ MAX_BUCKET_CAPACITY = (1 << 63) - 1
 TIMESTAMP, STEP, CUSTOMIZED, LFU, NO_EVICTION, COMPOUND = 0, 1, 2, 3, 4, 5
 POLICY_NAMES = ("TIMESTAMP", "STEP", "CUSTOMIZED", "LFU", "NO_EVICTION", "COMPOUND")
 # Policies whose (first or only) time word reads the clock when the call's score is negative.
-_TIME_BASED = (TIMESTAMP, NO_EVICTION, COMPOUND)
+_TIME_BASED = (TIMESTAMP, COMPOUND)
 
 Row = Optional[Tuple[float, ...]]  # None: contents the contract leaves unspecified
 
@@ -215,17 +215,21 @@ class RefTable:
     def new_entry_scores(self, occurrences: int, now: Optional[int]) -> Tuple[int, int]:
         """Scores of a key this call places (no input scores)."""
         p = self.spec.policy
+        if p == NO_EVICTION:
+            return 0, 0  # numbered after the call (RefScoredHashTable._number_new_keys)
         if p != LFU:
             now = self._require_time(now)
         if p == LFU:
             return occurrences, 0
         if p == COMPOUND:
             return occurrences, now
-        return now, 0  # TIMESTAMP / NO_EVICTION: time; STEP / CUSTOMIZED: the call's score
+        return now, 0  # TIMESTAMP: time; STEP / CUSTOMIZED: the call's score
 
     def touch(self, entry: RefEntry, occurrences: int, now: Optional[int]) -> None:
         """Write the policy's score into an existing key's slot."""
         p = self.spec.policy
+        if p == NO_EVICTION:
+            return  # a key keeps its insertion number
         if p != LFU:
             now = self._require_time(now)
         if p == LFU:
@@ -296,6 +300,8 @@ class RefScoredHashTable:
         # CHOICE: the step and the custom score both start at 0.
         self.steps = [0] * len(specs)
         self.custom_scores = [0] * len(specs)
+        # NO_EVICTION: the next insertion number of each table (the score of its next new key)
+        self.next_numbers = [0] * len(specs)
         self.evicted_buffers: List[Set[int]] = [set() for _ in specs]
 
     # -- helpers --------------------------------------------------------------------------------
@@ -312,7 +318,7 @@ class RefScoredHashTable:
             return self.steps[t]
         if policy == CUSTOMIZED:
             return self.custom_scores[t]
-        if policy == LFU:
+        if policy in (LFU, NO_EVICTION):
             return 0  # ignored
         return None  # the model cannot predict a clock: using it raises (see _require_time)
 
@@ -444,6 +450,7 @@ class RefScoredHashTable:
             for i, s, n in zip(idx, sub_slots, sub_new):
                 slots[i], is_new[i] = s, n
 
+        self._number_new_keys(tids, slots, is_new, internal)
         for ev in evicted:
             if self.tables[ev.table_id].spec.retain_key:
                 self.evicted_buffers[ev.table_id].add(ev.key)
@@ -452,6 +459,22 @@ class RefScoredHashTable:
                 if s >= 0:
                     self.tables[t].rows[s] = tuple(float(v) for v in row)
         return RefInsertResult(slots, is_new, evicted)
+
+    def _number_new_keys(self, tids, slots, is_new, internal) -> None:
+        """NO_EVICTION: the keys a call placed score their table's next insertion numbers, in
+        ascending slot order; placed with given scores, they keep them and the numbering passes
+        the largest."""
+        for t, table in enumerate(self.tables):
+            if table.spec.policy != NO_EVICTION:
+                continue
+            placed = [i for i, (tt, s, n) in enumerate(zip(tids, slots, is_new)) if tt == t and n]
+            if internal is not None:
+                for i in placed:
+                    self.next_numbers[t] = max(self.next_numbers[t], internal[i][0] + 1)
+                continue
+            for s in sorted({slots[i] for i in placed}):
+                table.slots[s].s0 = self.next_numbers[t]
+                self.next_numbers[t] += 1
 
     # -- public API, mirroring ScoredHashTable ----------------------------------------------------
     def find(self, keys, table_ids=None, *, update_score=False, score=None) -> RefFindResult:
@@ -538,6 +561,8 @@ class RefScoredHashTable:
         for i, (key, s) in enumerate(zip(keys, slots)):
             s0, s1 = table.internal_scores(scores[i]) if scores is not None else (0, 0)
             table.slots[s] = RefEntry(int(key), s0, s1)
+            if table.spec.policy == NO_EVICTION:
+                self.next_numbers[table_id] = max(self.next_numbers[table_id], s0 + 1)
             if rows is not None:
                 table.rows[s] = tuple(float(v) for v in rows[i])
         return None
@@ -586,6 +611,8 @@ class RefScoredHashTable:
         self.custom_scores[table_id] = int(score)
 
     def get_score(self, table_id: int) -> Optional[int]:
+        if self.tables[table_id].spec.policy == NO_EVICTION:
+            return self.next_numbers[table_id]
         return self._now(table_id, None)
 
     def advance_step(self, table_id: Optional[int] = None) -> None:

@@ -124,7 +124,8 @@ def test_timestamp_uses_given_score_or_the_clock() -> None:
     assert before <= table.export(0).scores.item() <= after
 
 
-@pytest.mark.parametrize("strategy", [S.TIMESTAMP, S.NO_EVICTION, (S.LFU, S.TIMESTAMP)])
+# NO_EVICTION scores insertion numbers, not time (tests/checkpoint/test_no_eviction_scores.py)
+@pytest.mark.parametrize("strategy", [S.TIMESTAMP, (S.LFU, S.TIMESTAMP)])
 def test_get_score_of_a_clock_table_reads_the_kernels_clock(
     device: torch.device, strategy, monkeypatch
 ) -> None:

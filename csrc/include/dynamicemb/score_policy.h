@@ -20,7 +20,7 @@ enum ScorePolicy : int64_t {
   kStep = 1,        ///< word0 = the table's step at the last touch
   kCustomized = 2,  ///< word0 = the user's score at the last touch
   kLfu = 3,         ///< word0 = access count
-  kNoEviction = 4,  ///< word0 = time of the last touch; a full bucket refuses new keys
+  kNoEviction = 4,  ///< word0 = the key's insertion number (set once); a full bucket refuses new keys
   kCompound = 5,    ///< word0 = access count, word1 = time of the last touch
   kNumPolicies = 6,
 };
@@ -39,8 +39,15 @@ DEMB_HOST_DEVICE bool is_valid_policy(int64_t policy) {
 
 /** @brief True when the policy's time word reads `now` (a clock when cur_score < 0). */
 DEMB_HOST_DEVICE bool policy_uses_clock(int64_t policy) {
-  return policy == kTimestamp || policy == kNoEviction || policy == kCompound;
+  return policy == kTimestamp || policy == kCompound;
 }
+
+/**
+ * @brief True when a touch leaves the slot's words as they are: NO_EVICTION scores a key by its
+ * insertion number, which the Python class writes once after the key is placed (a new key keeps
+ * {0, 0} until then), as the seed's NO_EVICTION thresholds on that absolute score.
+ */
+DEMB_HOST_DEVICE bool policy_keeps_words(int64_t policy) { return policy == kNoEviction; }
 
 /** @brief True when a full bucket may evict a slot for a new key. */
 DEMB_HOST_DEVICE bool policy_can_evict(int64_t policy) { return policy != kNoEviction; }
@@ -62,6 +69,7 @@ DEMB_HOST_DEVICE int64_t resolve_now(int64_t policy, int64_t cur_score, int64_t 
  * @param now    resolve_now(...) for the key's table.
  */
 DEMB_HOST_DEVICE void apply_touch(int64_t policy, int64_t now, int64_t* words) {
+  if (policy_keeps_words(policy)) return;
   switch (policy) {
     case kLfu:
       words[0] += 1;
@@ -71,7 +79,7 @@ DEMB_HOST_DEVICE void apply_touch(int64_t policy, int64_t now, int64_t* words) {
       words[0] += 1;
       words[1] = now;
       break;
-    default:  // TIMESTAMP, STEP, CUSTOMIZED, NO_EVICTION
+    default:  // TIMESTAMP, STEP, CUSTOMIZED
       words[0] = now;
       words[1] = 0;
       break;
