@@ -9,6 +9,8 @@
 #                                  lookup) under both insert engines: DEMB_DETERMINISM_MODE=0 and =1
 #   scripts/gpu_check.sh bench_table     the CUDA table benchmark (vs index_select and HKV's figures)
 #   scripts/gpu_check.sh bench_training  the training step vs FBGEMM TBE (needs FBGEMM's CUDA build)
+#   scripts/gpu_check.sh serving   the CUDA AOTInductor package test, then bench_serving (one after
+#                                  the other: each compiles packages, a few minutes in all)
 #
 # Logs go to $OUT (the device tool brings them back). Several phases may be named in one call.
 set -uo pipefail
@@ -110,6 +112,17 @@ bench_training() {
     2>&1 | tee "$OUT/bench_training_cuda.md" | tail -8
 }
 
+serving() {
+  python3 -m dynamicemb_core build 2>&1 | tail -1
+  timeout "${SERVING_TEST_TIMEOUT:-300}" python3 -X faulthandler -m pytest -p no:cacheprovider -q -rfE \
+    -m gpu tests/inference/test_export.py >"$OUT/serving_tests.log" 2>&1
+  echo "serving tests: rc $? $(tail -1 "$OUT/serving_tests.log")"
+  timeout "${BENCH_TIMEOUT:-300}" python3 benchmarks/bench_serving.py --device cuda \
+    >"$OUT/bench_serving_cuda.md" 2>"$OUT/bench_serving_cuda.err"
+  echo "bench_serving: rc $?"
+  cat "$OUT/bench_serving_cuda.md"
+}
+
 for phase in "$@"; do
   case "$phase" in
     install) install || status=1 ;;
@@ -118,6 +131,7 @@ for phase in "$@"; do
     modes) modes || status=1 ;;
     bench_table) bench_table || status=1 ;;
     bench_training) bench_training || status=1 ;;
+    serving) serving || status=1 ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
