@@ -465,9 +465,9 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
   });
 }
 
-// Reduction and update fused: each key's gradient is applied as soon as it is summed, so the
-// (u, D) gradient is never materialised; the rows come out bit-identical to
-// grouped_reduce_grads followed by grouped_update.
+// Reduction and update fused: each block of keys' gradients is applied right after the block is
+// summed (a block's sums stay in cache), so the (u, D) gradient is never materialised; the rows
+// come out bit-identical to grouped_reduce_grads followed by grouped_update.
 void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                                const at::Tensor& table_ids, const at::Tensor& slots,
                                const at::Tensor& grad_out, const at::Tensor& inverse,

@@ -236,7 +236,9 @@ def segmented_unique(
         int64; the first four on ``keys.device`` with ``unique_keys[inverse] == keys`` and
         ``unique_table_ids[inverse] == table_ids``; ``table_counts`` (unique keys per table) on the
         CPU, read back with u in one copy (one device sync on CUDA for the whole batch). Order:
-        first occurrence on CPU, by (table id, key) on CUDA.
+        first occurrence on CPU; on CUDA, by one 64-bit sort word per pair (the key XOR the table id
+        times an odd constant), or by (table id, key) in the rare batch where two pairs share a word.
+        Deterministic on both.
     """
     return _ops().segmented_unique.default(keys, table_ids, num_tables)
 
