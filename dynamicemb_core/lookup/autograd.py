@@ -42,9 +42,6 @@ class TableLookup:
         columns: per feature of the table, its first output column (pooled).
         apply_grads: ``apply_grads(grads (u, D))`` updates the table; None when nothing trains.
         dim: D, kept for the backward once ``rows`` is released.
-        apply_bag_grads: ``apply_bag_grads(part, grad_bags (b, D), mode)`` reduces the bag
-            gradients and updates the table in one fused op; returns False when it cannot (then
-            ``apply_grads`` runs). None: always the two-step path.
         weight_rows: (u, D) float32 copy of the unique keys' rows as the forward read them, kept
             only when the per-sample weights need a gradient (see :func:`weight_grads`).
     """
@@ -60,7 +57,6 @@ class TableLookup:
     columns: List[int]
     apply_grads: Optional[Callable[[torch.Tensor], None]]
     dim: int = 0
-    apply_bag_grads: Optional[Callable[["TableLookup", torch.Tensor, int], bool]] = None
     weight_rows: Optional[torch.Tensor] = None
 
 
@@ -196,9 +192,6 @@ class LookupFunction(torch.autograd.Function):
                 grad_w[part.positions] = weight_grads(part, grad_bags)
                 part.weight_rows = None
             if part.apply_grads is None:
-                continue
-            fused = part.apply_bag_grads
-            if grad_bags is not None and fused is not None and fused(part, grad_bags, ctx.mode):
                 continue
             if grad_bags is None:
                 grads = sequence_grads(part, grad_out)

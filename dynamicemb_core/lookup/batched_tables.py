@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ from dynamicemb_core.optim import (
     row_width,
 )
 from dynamicemb_core.optim.args import output_dtype_from
-from dynamicemb_core.storage import HOME_NONE, DeviceStorage, LookupTier
+from dynamicemb_core.storage import HOME_NONE, LookupTier
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage, TableView
 from dynamicemb_core.table.metrics import METRIC_NAMES
 from dynamicemb_core.table.safe_check import UnplacedKeyReport
@@ -62,16 +62,17 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
             weight_decay, weight_decay_mode, initial_accumulator_value).
 
-    When no table has a cache or an external storage, the tables form one group
-    (:mod:`dynamicemb_core.lookup.grouped`): one hash table, one device value buffer and, for hybrid
-    tables (rows beyond their ``local_hbm_for_values`` budget), one host value buffer for all of
-    them; one pass per step whatever their number (tables that do not train and tables with an
-    admission strategy included). Otherwise each table has its own storage tier and
-    the step loops over the tables.
+    The tables stored in device memory, whole or hybrid (rows beyond their ``local_hbm_for_values``
+    budget in host memory), form one group (:mod:`dynamicemb_core.lookup.grouped`): one hash table,
+    one device value buffer and one host value buffer for all of them; one pass per step whatever
+    their number (tables that do not train and tables with an admission strategy included). A table
+    with a cache in front of a host table or an external storage has its own storage tier, and the
+    step loops over those tables; a module with both kinds splits each batch by feature between
+    the group and the tiered tables and joins their outputs.
 
     Attributes:
         tables: per table, its storage (a :class:`~dynamicemb_core.storage.LookupTier`, which is a
-            plugin ``Storage`` holding that one table as table id 0; for a grouped module, a
+            plugin ``Storage`` holding that one table as table id 0; for a grouped table, a
             :class:`~dynamicemb_core.storage.grouped.TableView` of the group).
         optimizer_args: the hyper-parameters; ``set_learning_rate`` changes the rate between steps.
     """
@@ -98,11 +99,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.table_options = list(table_options)
         self.feature_table_map = list(feature_table_map)
         self.dims = self._validate_tables()
-        self._features_of_table = [
-            [f for f, t in enumerate(self.feature_table_map) if t == table]
-            for table in range(len(self.table_names))
-        ]
-        self._columns = self._feature_columns()
         self.tables: List[LookupTier] = []
         self._admission: List[Optional[tuple]] = []
         specs = [
@@ -117,38 +113,19 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             for t, (name, opts) in enumerate(zip(self.table_names, self.table_options))
         ]
         self._group: Optional[TableGroup] = None
+        self._group_tables: List[int] = []
         self._admission = [self._build_admission(opts) for opts in self.table_options]
         kinds = [
             tier_kind(opts, spec, self.device) for opts, spec in zip(self.table_options, specs)
         ]
-        if all(kind in ("device", "hybrid") for kind in kinds):
-            storage = GroupedDeviceStorage(
-                specs,
-                self.device,
-                dims=self.dims,
-                table_options=self.table_options,
-                device_rows=[
-                    rows_in_budget(spec, device_budget_bytes(opts, spec))
-                    if kind == "hybrid"
-                    else None
-                    for opts, spec, kind in zip(self.table_options, specs, kinds)
-                ],
-            )
-            self._group = TableGroup(
-                storage,
-                self.feature_table_map,
-                self.pooling_mode is not DynamicEmbPoolingMode.NONE,
-                self._kind,
-                self._optimizer_args_now,
-                [o.initializer_args for o in self.table_options],
-                [o.eval_initializer_args for o in self.table_options],
-                trains=[o.training for o in self.table_options],
-                admission=self._admission,
-            )
-            self.tables = [TableView(storage, t) for t in range(len(specs))]
-        else:
-            for opts, spec in zip(self.table_options, specs):
-                self.tables.append(build_tier(opts, spec, self.device))
+        grouped = [t for t, kind in enumerate(kinds) if kind in ("device", "hybrid")]
+        self.tables = [None] * len(specs)  # type: ignore[list-item]
+        if grouped:
+            self._build_group(grouped, specs, kinds)
+        for t, (opts, spec) in enumerate(zip(self.table_options, specs)):
+            if t not in grouped:
+                self.tables[t] = build_tier(opts, spec, self.device)
+        self._parts = _Parts(self.feature_table_map, self.dims, grouped, len(specs), self.device)
         for tier in self.tables:
             start_steps(tier)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
@@ -202,14 +179,38 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             )
         return dims
 
-    def _feature_columns(self) -> List[List[int]]:
-        cols: List[List[int]] = [[] for _ in self.table_names]
-        start = 0
-        for t in self.feature_table_map:
-            cols[t].append(start)
-            start += self.dims[t]
-        self._total_dim = start
-        return cols
+    def _build_group(
+        self, grouped: List[int], specs: List[StorageTableSpec], kinds: List[str]
+    ) -> None:
+        """One group for the device-resident and hybrid tables (group ids: their order here)."""
+        local = {t: i for i, t in enumerate(grouped)}
+        opts = [self.table_options[t] for t in grouped]
+        storage = GroupedDeviceStorage(
+            [specs[t] for t in grouped],
+            self.device,
+            dims=[self.dims[t] for t in grouped],
+            table_options=opts,
+            device_rows=[
+                rows_in_budget(specs[t], device_budget_bytes(self.table_options[t], specs[t]))
+                if kinds[t] == "hybrid"
+                else None
+                for t in grouped
+            ],
+        )
+        self._group = TableGroup(
+            storage,
+            [local[t] for t in self.feature_table_map if t in local],
+            self.pooling_mode is not DynamicEmbPoolingMode.NONE,
+            self._kind,
+            self._optimizer_args_now,
+            [o.initializer_args for o in opts],
+            [o.eval_initializer_args for o in opts],
+            trains=[o.training for o in opts],
+            admission=[self._admission[t] for t in grouped],
+        )
+        self._group_tables = list(grouped)
+        for t in grouped:
+            self.tables[t] = TableView(storage, local[t])
 
     def _build_admission(self, opts: DynamicEmbTableOptions) -> Optional[tuple]:
         if opts.admit_strategy is None:
@@ -321,11 +322,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def _lookup_table(
         self, t: int, keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Rows to read, the row of each index, and the unique keys' homes (None: no training).
-
-        Fast path (training, one device buffer, no admission, every key placed): the forward reads
-        the embedding columns of the table's own rows by slot, so nothing is gathered twice.
-        """
+        """Rows to read, the row of each index, and the unique keys' homes (None: no training)."""
         opts, dim, tier = self.table_options[t], self.dims[t], self.tables[t]
         if not (self.training and opts.training):
             res = tier.lookup(0, keys, touch=False)
@@ -335,17 +332,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 emb[missing] = initialize_embeddings(opts.eval_initializer_args, keys[missing], dim)
             return emb, inverse, None
         init = lambda k: self._new_rows(t, k)  # noqa: E731
-        view = tier.embedding_rows(0, dim)
         if self._admission[t] is None:
-            res = tier.acquire(0, keys, init, with_rows=view is None)
-            failed = res.count_unplaced()
-            self._safe_check(t, failed)
-            view = tier.embedding_rows(0, dim) if res.rows is None else None
-            if view is not None and failed == 0:
-                return view, res.homes[inverse], res.homes
-            rows = res.rows if res.rows is not None else tier.lookup(0, keys, touch=False).rows
-            assert rows is not None
-            return rows[:, :dim].contiguous(), inverse, res.homes
+            res = tier.acquire(0, keys, init)
+            self._safe_check(t, res.count_unplaced())
+            return res.full_rows()[:, :dim].contiguous(), inverse, res.homes
         admitted = torch.ones_like(keys, dtype=torch.bool)
         admission = self._admission[t]
         assert admission is not None
@@ -393,40 +383,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
         return apply_grads
 
-    def _bag_grad_applier(
-        self, t: int, homes: torch.Tensor
-    ) -> Optional[Callable[[TableLookup, torch.Tensor, int], bool]]:
-        """EXACT_SGD on a one-buffer device table: reduce and update in one op, else None.
-
-        Same result as ``reduce_grads`` then the table's ``update`` (which, for one buffer, runs
-        ``sgd_update`` on the homes as slots), without the (u, D) gradient tensor in between.
-        """
-        tier = self.tables[t]
-        if self._kind is not OptimizerKind.SGD or not isinstance(tier, DeviceStorage):
-            return None
-        epoch = tier.placement_epoch(0)
-
-        def apply(part: TableLookup, grad_bags: torch.Tensor, mode: int) -> bool:
-            if tier.placement_epoch(0) != epoch:
-                return False  # homes may be stale: the two-step path looks the keys up again
-            blocks = tier.row_blocks(0)
-            if len(blocks) != 1 or part.offsets is None:
-                return False
-            lookup_ops.sgd_reduce_update(
-                blocks[0][0],
-                homes,
-                grad_bags,
-                part.inverse,
-                part.offsets,
-                part.weights,
-                mode,
-                float(self.optimizer_args.learning_rate),
-                check=False,  # homes from the table, inverse from unique, offsets validated
-            )
-            return True
-
-        return apply
-
     def forward(
         self,
         indices: torch.Tensor,
@@ -445,7 +401,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         Returns:
             (B, sum of feature dims) for SUM/MEAN, (N, D) for NONE, of ``output_dtype``.
         """
-        pooled = self.pooling_mode is not DynamicEmbPoolingMode.NONE
         B = validate_inputs(
             indices,
             offsets,
@@ -460,13 +415,67 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             and per_sample_weights.requires_grad
             and torch.is_grad_enabled()
         )
-        if self._group is not None:
-            return self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights)
+        parts = self._parts
+        if parts.split is None:
+            if parts.grouped:
+                out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights)
+            else:
+                out = self._tiered_forward(
+                    indices, offsets, per_sample_weights, B, learn_weights, parts.tiered
+                )
+        else:
+            out = self._split_forward(indices, offsets, per_sample_weights, B, learn_weights)
+        if self.training and any(o.training for o in self.table_options):
+            # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
+            self._step += 1
+            advance_steps(self.tables)  # STEP scores: this forward wrote the old step
+        return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
+
+    def _split_forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor],
+        B: int,
+        learn_weights: bool,
+    ) -> torch.Tensor:
+        """A module with grouped and tiered tables: each kind's features in its own pass."""
+        parts = self._parts
+        assert parts.split is not None
+        seg_g, seg_t = split_by_table(indices, offsets, None, parts.split, B, True)
+        outs, positions = [], []
+        for seg, grouped in ((seg_g, True), (seg_t, False)):
+            assert seg.positions is not None
+            w = None if per_sample_weights is None else per_sample_weights[seg.positions]
+            if grouped:
+                out = self._grouped_forward(seg.indices, seg.offsets, w, B, learn_weights)
+            else:
+                out = self._tiered_forward(
+                    seg.indices, seg.offsets, w, B, learn_weights, parts.tiered
+                )
+            outs.append(out)
+            positions.append(seg.positions)
+        if self.pooling_mode is DynamicEmbPoolingMode.NONE:
+            order = torch.argsort(torch.cat(positions))
+            return torch.cat(outs)[order]
+        return torch.cat(outs, 1)[:, parts.columns]
+
+    def _tiered_forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor],
+        B: int,
+        learn_weights: bool,
+        layout: "_Layout",
+    ) -> torch.Tensor:
+        """The forward of the tiered tables: one storage pass per table."""
+        pooled = self.pooling_mode is not DynamicEmbPoolingMode.NONE
         segments = split_by_table(
             indices,
             offsets,
             None if per_sample_weights is None else per_sample_weights.detach(),
-            self._features_of_table,
+            layout.features_of_table,
             B,
             not pooled or learn_weights,
         )
@@ -487,11 +496,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                     offsets=seg.offsets if pooled else None,
                     weights=seg.weights,
                     positions=seg.positions,
-                    columns=self._columns[t],
+                    columns=layout.columns[t],
                     apply_grads=self._grad_applier(t, keys, homes) if homes is not None else None,
-                    apply_bag_grads=(
-                        self._bag_grad_applier(t, homes) if homes is not None and pooled else None
-                    ),
                 )
             )
         mode = None
@@ -500,21 +506,16 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             mode = lookup_ops.POOL_SUM
             if self.pooling_mode is DynamicEmbPoolingMode.MEAN:
                 mode = lookup_ops.POOL_MEAN
-            shape = (B, self._total_dim)
-        if self.training and any(o.training for o in self.table_options):
-            # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
-            self._step += 1
-            advance_steps(self.tables)  # STEP scores: this forward wrote the old step
-        out = LookupFunction.apply(
+            shape = (B, layout.total_dim)
+        return LookupFunction.apply(
             self._dummy,
             per_sample_weights if learn_weights else None,
             parts,
             mode,
             shape,
             B,
-            sum(1 for f in self._features_of_table if f),
+            sum(1 for f in layout.features_of_table if f),
         )
-        return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     def _grouped_forward(
         self,
@@ -530,7 +531,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         training = self.training and group.any_trains
         step, rows, slots, unplaced = group.lookup(indices, offsets, B, training)
         if unplaced is not None:
-            for t, count in enumerate(unplaced):
+            for t, count in zip(self._group_tables, unplaced):
                 self._safe_check(t, count)
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:
@@ -539,11 +540,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             mode = lookup_ops.POOL_MEAN
         if per_sample_weights is not None:
             step.weights = per_sample_weights.detach().float()
-        if training:
-            # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
-            self._step += 1
-            advance_steps(self.tables)  # STEP scores: this forward wrote the old step
-        out = GroupedLookupFunction.apply(
+        return GroupedLookupFunction.apply(
             self._dummy,
             per_sample_weights if learn_weights else None,
             group,
@@ -552,7 +549,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             mode,
             self,
         )
-        return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     def _grouped_prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
         """Place the batch's keys of every grouped table that trains (as a training forward)."""
@@ -578,23 +574,31 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         are shared state, so the GPU runs the calls in the order the host made them.
         """
         B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
-        if self._group is not None:
-            with _ordered_with(forward_stream, self.device):
-                self._grouped_prefetch(indices, offsets, B)
-            return
-        segments = split_by_table(indices, offsets, None, self._features_of_table, B, False)
+        parts = self._parts
         with _ordered_with(forward_stream, self.device):
-            for seg in segments:
-                t = seg.table
-                if seg.indices.numel() == 0 or not (
-                    self.training and self.table_options[t].training
-                ):
-                    continue
-                keys = lookup_ops.unique(seg.indices)[0]
-                if self._admission[t] is not None:
-                    # Only keys already stored somewhere: admission decides about new ones later.
-                    keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
-                self.tables[t].prefetch(0, keys, functools.partial(self._new_rows, t))
+            if parts.split is None:
+                if parts.grouped:
+                    self._grouped_prefetch(indices, offsets, B)
+                else:
+                    self._tiered_prefetch(indices, offsets, B, parts.tiered)
+                return
+            seg_g, seg_t = split_by_table(indices, offsets, None, parts.split, B, False)
+            self._grouped_prefetch(seg_g.indices, seg_g.offsets, B)
+            self._tiered_prefetch(seg_t.indices, seg_t.offsets, B, parts.tiered)
+
+    def _tiered_prefetch(
+        self, indices: torch.Tensor, offsets: torch.Tensor, B: int, layout: "_Layout"
+    ) -> None:
+        segments = split_by_table(indices, offsets, None, layout.features_of_table, B, False)
+        for seg in segments:
+            t = seg.table
+            if seg.indices.numel() == 0 or not (self.training and self.table_options[t].training):
+                continue
+            keys = lookup_ops.unique(seg.indices)[0]
+            if self._admission[t] is not None:
+                # Only keys already stored somewhere: admission decides about new ones later.
+                keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
+            self.tables[t].prefetch(0, keys, functools.partial(self._new_rows, t))
 
     def flush(self) -> None:
         """Write cached rows back to their next tier and flush external storages."""
@@ -615,3 +619,63 @@ def _ordered_with(stream: Optional["torch.cuda.Stream"], device: torch.device) -
     current.wait_stream(stream)
     yield
     stream.wait_stream(current)
+
+
+class _Layout:
+    """Which features of a (sub-)batch each tiered table reads and where its columns start.
+
+    Features are numbered as in the (sub-)batch the tiered pass sees; tables read by no feature of
+    it (the grouped ones) have none.
+    """
+
+    def __init__(
+        self, features: Sequence[int], feature_table_map: Sequence[int], dims: Sequence[int], T: int
+    ) -> None:
+        self.features_of_table: List[List[int]] = [[] for _ in range(T)]
+        self.columns: List[List[int]] = [[] for _ in range(T)]
+        start = 0
+        for i, f in enumerate(features):
+            t = feature_table_map[f]
+            self.features_of_table[t].append(i)
+            self.columns[t].append(start)
+            start += dims[t]
+        self.total_dim = start
+
+
+class _Parts:
+    """How a batch is cut between the group and the tiered tables.
+
+    Attributes:
+        split: ``[group features, tiered features]`` when the module has both kinds (a batch is
+            cut by feature, one host sync), else None.
+        grouped: every feature reads a grouped table (the group's pass alone serves a batch).
+        tiered: the layout of the tiered pass (over the tiered features, or all of them).
+        columns: (total_dim,) int64 for a pooled output: column c of the module's output is
+            column ``columns[c]`` of the group's output followed by the tiered output.
+    """
+
+    def __init__(
+        self,
+        feature_table_map: Sequence[int],
+        dims: Sequence[int],
+        grouped: Sequence[int],
+        T: int,
+        device: torch.device,
+    ) -> None:
+        F = len(feature_table_map)
+        in_group = [feature_table_map[f] in set(grouped) for f in range(F)]
+        gf = [f for f in range(F) if in_group[f]]
+        tf = [f for f in range(F) if not in_group[f]]
+        self.split: Optional[List[List[int]]] = [gf, tf] if gf and tf else None
+        self.grouped = not tf  # every feature reads a grouped table
+        self.tiered = _Layout(
+            tf if self.split is not None else range(F), feature_table_map, dims, T
+        )
+        cat_start, start = {}, 0
+        for f in gf + tf:
+            cat_start[f] = start
+            start += dims[feature_table_map[f]]
+        cols: List[int] = []
+        for f in range(F):
+            cols.extend(range(cat_start[f], cat_start[f] + dims[feature_table_map[f]]))
+        self.columns = torch.tensor(cols, dtype=torch.int64, device=device)

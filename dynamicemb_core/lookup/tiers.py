@@ -1,4 +1,4 @@
-"""Pick and build each table's storage from its options (the one place this choice is made).
+"""Pick each table's storage kind from its options (the one place this choice is made).
 
 - ``external_storage`` set: a device cache (``local_hbm_for_values`` bytes; none when 0) over that
   storage, resolved by name through the plugin registry, or used as given.
@@ -7,6 +7,9 @@
 - ``local_hbm_for_values`` below the rows' bytes: a hybrid table (rows split device / host). The
   seed's default budget, 0, means no rows in device memory: every value row in host memory.
 - otherwise (the budget holds every row): the whole table on the device.
+
+Device and hybrid tables live in the lookup module's group (``storage/grouped.py``, sized here by
+:func:`device_budget_bytes` and :func:`rows_in_budget`); :func:`build_tier` builds the cached ones.
 
 A nonzero budget (for the cache, or the hybrid table's device part) smaller than one bucket of rows
 is rounded up to one bucket with a warning, as the seed does. On a CPU table device memory is host
@@ -22,7 +25,7 @@ from typing import Optional
 import torch
 
 from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
-from dynamicemb_core.storage import CachedStorage, DeviceStorage, HybridStorage, LookupTier
+from dynamicemb_core.storage import CachedStorage, DeviceStorage, LookupTier
 from dynamicemb_core.types import PerTableStorage, Storage, StorageTableSpec
 
 __all__ = ["build_tier", "device_budget_bytes", "rows_in_budget", "tier_kind"]
@@ -117,7 +120,7 @@ def tier_kind(options: DynamicEmbTableOptions, spec: StorageTableSpec, device: t
 def build_tier(
     options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device
 ) -> LookupTier:
-    """The storage of one table, built from its options (see the module docstring)."""
+    """The storage of one cached table (:func:`tier_kind` ``"cached"``; see the module docstring)."""
     capacity = int(options.max_capacity or 0)
     if options.external_storage is not None:
         hbm = int(options.local_hbm_for_values)  # 0: no cache in front of the external storage
@@ -128,14 +131,14 @@ def build_tier(
         return CachedStorage(
             [spec], device, backing, [cache_rows], table_options=[options], backing_ids=[table_id]
         )
-    if options.caching:
-        hbm = device_budget_bytes(options, spec, at_least_one_bucket=True)
-        host = DeviceStorage([spec], torch.device("cpu"), table_options=[options])
-        cache_rows = rows_in_budget(spec, hbm)
-        if capacity:
-            cache_rows = min(cache_rows, capacity)
-        return CachedStorage([spec], device, host, [cache_rows], table_options=[options])
-    if tier_kind(options, spec, device) == "hybrid":
-        hbm = device_budget_bytes(options, spec)
-        return HybridStorage([spec], device, table_options=[options], hbm_bytes=[hbm])
-    return DeviceStorage([spec], device, table_options=[options])
+    if not options.caching:
+        raise ValueError(
+            f"table {spec.name!r}: build_tier builds cached tables; a {tier_kind(options, spec, device)}"
+            " table lives in the lookup module's group"
+        )
+    hbm = device_budget_bytes(options, spec, at_least_one_bucket=True)
+    host = DeviceStorage([spec], torch.device("cpu"), table_options=[options])
+    cache_rows = rows_in_budget(spec, hbm)
+    if capacity:
+        cache_rows = min(cache_rows, capacity)
+    return CachedStorage([spec], device, host, [cache_rows], table_options=[options])

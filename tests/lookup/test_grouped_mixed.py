@@ -8,6 +8,7 @@ table against what its own options promise, and against twin single-table module
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -19,6 +20,8 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+from dynamicemb_core.storage import CachedStorage
+from dynamicemb_core.storage.grouped import TableView
 from tests.lookup import oracle
 
 CONST = DynamicEmbInitializerMode.CONSTANT
@@ -202,3 +205,89 @@ def test_device_and_hybrid_tables_share_one_group_and_train_like_device_tables(d
         assert torch.equal(f1, f2)
         torch.testing.assert_close(r2[f2], r1[f1], rtol=1e-6, atol=1e-6)
     assert hybrid.tables[2].capacity(0) > 64  # grew: its rows moved across the device/host split
+
+
+def _kinds_module(device, pooling, optimizer, kinds, dims):
+    """Tables of the given storage kinds ("device", "hybrid", "cached"); features 0..T-1 read
+    tables 0..T-1, then feature T reads table 0 again."""
+    row_bytes = 3 * max(dims) * 4  # ADAM: embedding + two moments, float32
+    extra = {
+        "device": {},
+        "hybrid": {"local_hbm_for_values": 32 * row_bytes},
+        "cached": {"caching": True, "local_hbm_for_values": 64 * row_bytes},
+    }
+    opts = [
+        DynamicEmbTableOptions(
+            dim=d,
+            init_capacity=64,
+            max_capacity=1024,
+            bucket_capacity=16,
+            initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+            **oracle.device_resident(dict(extra[k])),
+        )
+        for k, d in zip(kinds, dims)
+    ]
+    names = [f"t{i}" for i in range(len(kinds))]
+    features = list(range(len(kinds))) + [0]
+    return BatchedDynamicEmbeddingTables(
+        opts, names, features, pooling, optimizer, device, learning_rate=0.05
+    )
+
+
+@pytest.mark.parametrize(
+    "pooling,weighted",
+    [
+        (DynamicEmbPoolingMode.SUM, True),
+        (DynamicEmbPoolingMode.MEAN, False),
+        (DynamicEmbPoolingMode.NONE, False),
+    ],
+)
+def test_module_with_grouped_and_cached_tables_trains_like_an_all_device_module(
+    device, pooling, weighted
+):
+    """A cached table beside device and hybrid tables: the module splits each batch by feature
+    between the group (device + hybrid) and the cached table, and joins the outputs in feature
+    order; outputs, weight gradients and stored rows match a module whose tables are all in
+    device memory."""
+    kinds = ["device", "cached", "hybrid"]
+    dims = [4, 6, 5] if pooling is not DynamicEmbPoolingMode.NONE else [4, 4, 4]
+    optimizer = EmbOptimType.ADAM
+    mixed = _kinds_module(device, pooling, optimizer, kinds, dims)
+    plain = _kinds_module(device, pooling, optimizer, ["device"] * 3, dims)
+    assert isinstance(mixed.tables[0], TableView) and isinstance(mixed.tables[2], TableView)
+    assert isinstance(mixed.tables[1], CachedStorage)
+    assert mixed.tables[2].device_rows(0) < mixed.tables[2].capacity(0)
+    g = torch.Generator().manual_seed(11)
+    B = 6
+    for _ in range(6):
+        lengths = torch.randint(0, 5, (4 * B,), generator=g)
+        n = int(lengths.sum())
+        keys = torch.randint(0, 300, (n,), generator=g).to(device)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(device)
+        w = torch.rand(n, generator=g).to(device) if weighted else None
+        w1 = None if w is None else w.clone().requires_grad_(True)
+        w2 = None if w is None else w.clone().requires_grad_(True)
+        want, got = plain(keys, offsets, w1), mixed(keys, offsets, w2)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        coeff = torch.randn(want.shape, generator=g).to(device)
+        (want * coeff).sum().backward()
+        (got * coeff).sum().backward()
+        if weighted:
+            torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-5)
+    assert mixed.step == plain.step == 6
+    mixed.flush()
+    probe = torch.arange(300, device=device)
+    for t in range(3):
+        f1, r1, _ = plain.tables[t].find(0, probe)
+        f2, r2, _ = mixed.tables[t].find(0, probe)
+        assert torch.equal(f1, f2)
+        torch.testing.assert_close(r2[f2], r1[f1], rtol=1e-5, atol=1e-5)
+    # a prefetch places each kind's keys (one key in the first bag of each feature)
+    keys = torch.tensor([1000, 1001, 1002, 1003], device=device)
+    lengths = torch.zeros(4 * B, dtype=torch.int64)
+    lengths[::B] = 1
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(device)
+    mixed.prefetch(keys, offsets)
+    assert bool(mixed.tables[0].find(0, keys[[0, 3]])[0].all())
+    assert bool(mixed.tables[1].cache.table.find(keys[1:2], 0).found.all())
+    assert bool(mixed.tables[2].find(0, keys[2:3])[0].all())
