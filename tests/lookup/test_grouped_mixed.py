@@ -275,6 +275,10 @@ def test_module_with_grouped_and_cached_tables_trains_like_an_all_device_module(
         if weighted:
             torch.testing.assert_close(w2.grad, w1.grad, rtol=1e-5, atol=1e-5)
     assert mixed.step == plain.step == 6
+    # the grouped tables count placements as the all-device module does; the cached one counts too
+    got, want = mixed.metrics(), plain.metrics()
+    assert got["t0"] == want["t0"] and got["t2"] == want["t2"]
+    assert got["t1"]["hits"] + got["t1"]["misses"] > 0
     mixed.flush()
     probe = torch.arange(300, device=device)
     for t in range(3):
