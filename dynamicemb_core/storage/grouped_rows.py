@@ -3,14 +3,16 @@
 Table ``t``'s slots ``[0, device_rows[t])`` keep their rows in the device buffer, slots
 ``[device_rows[t], capacity[t])`` in the host buffer (pinned when the device is CUDA). Each buffer is
 flat float32 with its own (T, 4) meta ``[value_offset, row_width, capacity, dim]`` (the layout of
-csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part unchanged: a call
-on all rows runs the op once per part, each part seeing the other part's slots as -1 (a slot the
-ops skip or read as zeros). Gathers add the two parts (a row is in exactly one), scatters and fused
-updates touch each row in its own part. A group with no host rows (every table within its device
-budget) runs each op once, on the device buffer.
+csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part unchanged, each part
+seeing the other part's slots as -1 (a slot the ops skip or read as zeros). A gather adds the two
+parts (a row is in exactly one), a scatter writes each row in its own part. The pooled output
+gathers the batch's unique rows first and pools them on the device; the backward reduces the
+gradient per unique key on the device, then updates each part's rows in place, the host part with
+only its own keys' gradients. A group with no host rows (every table within its device budget) runs each
+op once, on the device buffer.
 
-On CUDA the host part runs the CPU kernels on the pinned buffer, with the op's index tensors copied
-to the host and its result copied back: correct, and as slow as such copies are.
+On CUDA the host part runs the CPU kernels on the pinned buffer: per step it sees only its own
+unique keys (their rows copied to the device, their gradients to the host), never the whole batch.
 """
 
 from __future__ import annotations
@@ -185,27 +187,32 @@ class GroupedRows:
         batch_size: int,
         total_dim: int,
     ) -> torch.Tensor:
-        """:func:`lookup_ops.grouped_pooled_gather` over both parts (pooling is linear in rows)."""
-        out: Optional[torch.Tensor] = None
-        for values, meta, part in self._parts(table_ids, slots):
-            move = self._mover(values)
-            got = lookup_ops.grouped_pooled_gather(
-                values,
-                meta,
-                part,
-                move(inverse),
-                move(offsets),
-                None if weights is None else move(weights),
-                move(feature_tables),
-                move(d_offsets),
-                mode,
-                batch_size,
-                total_dim,
-                check=False,
-            )
-            out = got if out is None else out + got.to(self.device)
-        assert out is not None
-        return out
+        """:func:`lookup_ops.grouped_pooled_gather` of the unique keys' rows.
+
+        With host rows, the u unique rows are gathered first (the host part's on the host, then
+        copied over) and pooled on the device, so the host handles only its own rows.
+        """
+        values, meta = self.values, self.meta
+        if self.has_host:
+            u = slots.numel()
+            width = max(self.dims)
+            rows = self.gather(table_ids, slots, width)
+            values, meta = rows.reshape(-1), _shared_meta(u, width, self.dims, self.device)
+            slots = torch.arange(u, device=self.device)
+        return lookup_ops.grouped_pooled_gather(
+            values,
+            meta,
+            slots,
+            inverse,
+            offsets,
+            weights,
+            feature_tables,
+            d_offsets,
+            mode,
+            batch_size,
+            total_dim,
+            check=False,
+        )
 
     def reduce_update(
         self,
@@ -223,37 +230,81 @@ class GroupedRows:
         optimizer: Tuple[Any, ...],
         frozen: Sequence[int] = (),
     ) -> None:
-        """:func:`lookup_ops.grouped_reduce_update` on both parts: each part reduces the gradient
-        and updates its own rows. ``optimizer``: ``(code, lr, eps, beta1, beta2, weight_decay,
-        weight_decay_mode, step)``. ``frozen``: tables that hold no optimizer state (their slots
-        must be -1)."""
+        """The backward's fused update of the unique keys' rows (slots -1 skipped).
+
+        Without host rows: one :func:`lookup_ops.grouped_reduce_update`. With host rows: one
+        :func:`lookup_ops.grouped_reduce_grads` on the device, then :func:`lookup_ops.grouped_update`
+        on each part, the host part with only its own keys' gradients copied over. ``optimizer``:
+        ``(code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step)``. ``frozen``: tables
+        that hold no optimizer state (their slots must be -1).
+        """
         code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step = optimizer
-        for values, meta, part in self._parts(table_ids, slots):
-            move = self._mover(values)
+        hyper = (
+            int(code),
+            float(lr),
+            float(eps),
+            float(beta1),
+            float(beta2),
+            float(weight_decay),
+            int(weight_decay_mode),
+            int(step),
+        )
+        if not self.has_host:
             lookup_ops.grouped_reduce_update(
-                values,
-                _frozen(meta, frozen),
-                move(table_ids),
-                part,
-                move(grad_out),
-                move(inverse),
-                move(offsets),
-                None if weights is None else move(weights),
-                move(feature_tables),
-                move(d_offsets),
+                self.values,
+                _frozen(self.meta, frozen),
+                table_ids,
+                slots,
+                grad_out,
+                inverse,
+                offsets,
+                weights,
+                feature_tables,
+                d_offsets,
                 mode,
                 batch_size,
                 max_dim,
-                int(code),
-                float(lr),
-                float(eps),
-                float(beta1),
-                float(beta2),
-                float(weight_decay),
-                int(weight_decay_mode),
-                int(step),
+                *hyper,
                 check=False,
             )
+            return
+        grads = lookup_ops.grouped_reduce_grads(
+            grad_out,
+            self.meta,
+            inverse,
+            offsets,
+            weights,
+            feature_tables,
+            d_offsets,
+            mode,
+            batch_size,
+            slots.numel(),
+            max_dim,
+            check=False,
+        )
+        (dev_values, dev_meta, dev_slots), (host_values, host_meta, host_slots) = self._parts(
+            table_ids, slots
+        )
+        lookup_ops.grouped_update(
+            dev_values, _frozen(dev_meta, frozen), table_ids, dev_slots, grads, *hyper, check=False
+        )
+        mine = (host_slots >= 0).nonzero().squeeze(1)
+        if mine.numel():
+            here = mine.to(self.device)
+            lookup_ops.grouped_update(
+                host_values,
+                _frozen(host_meta, frozen),
+                table_ids[here].to(_CPU),
+                host_slots[mine],
+                grads[here].to(_CPU),
+                *hyper,
+                check=False,
+            )
+
+
+def _shared_meta(u: int, width: int, dims: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Meta of ``u`` rows of ``width`` that every table's slots address (slot i = row i)."""
+    return torch.tensor([[0, width, u, d] for d in dims], dtype=torch.int64).to(device)
 
 
 def _frozen(meta: torch.Tensor, frozen: Sequence[int]) -> torch.Tensor:
