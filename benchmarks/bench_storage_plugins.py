@@ -292,7 +292,15 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="few calls and repeats (smoke run)")
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument("--only", choices=["redis", "rocksdb"], help="run one backend")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: the small per-call tensor ops only lose to a "
+        "thread pool on a shared machine, and the peer does no torch work)",
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     args.key_space, args.batches = (20_000, 4) if args.small else (100_000, 24)
     args.calls, args.repeats = (2, 2) if args.small else (8, 11)
     results: List[Result] = []

@@ -35,6 +35,7 @@ __all__ = [
     "RowCodec",
     "RowFormatError",
     "decode_keys",
+    "decode_spans",
     "encode_keys",
 ]
 
@@ -242,3 +243,32 @@ class RowCodec:
             f"{expected} ({self.value_bytes} bytes). The table was written with another dim, "
             f"optimizer, dtype or score strategy: use a fresh namespace or migrate the data"
         )
+
+
+def decode_spans(
+    codecs: Sequence["RowCodec"],
+    spans: Sequence[Tuple[int, int, int]],
+    values: Sequence[Optional[bytes]],
+    keys: torch.Tensor,
+) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Decode a multi-table call's values, grouped by table.
+
+    Args:
+        codecs: one codec per table id.
+        spans: ``[(table id, start, end)]``: table id's values are ``values[start:end]``.
+        values, keys: the call's values and keys in that (table) order.
+
+    Returns:
+        ``(found, rows, scores)`` covering ``values`` in order: one per span, or a single one for
+        all of them when every table present shares one layout (one join and one copy for the
+        whole call). A bad value raises the error of its own table's codec.
+    """
+    if not spans:
+        return []
+    first = codecs[spans[0][0]]
+    if len(spans) > 1 and all(np.array_equal(codecs[t].header, first.header) for t, _, _ in spans):
+        try:
+            return [first.decode(values, keys)]
+        except RowFormatError:
+            pass  # decode per table below: the error then names the right table
+    return [codecs[t].decode(values[a:b], keys[a:b]) for t, a, b in spans]

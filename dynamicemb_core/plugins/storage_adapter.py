@@ -86,8 +86,9 @@ class TableGroups:
         storage: Storage,
         results: Sequence[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-table ``(found, rows, scores)`` (one per part, at the table's width) -> one find
-        result in the call's order, padded to ``storage``'s widths, on the results' device."""
+        """Find results covering the call in table order (one per table present, or fewer that
+        cover several tables each) -> one find result in the call's order, padded to
+        ``storage``'s widths, on the results' device (one scatter per output)."""
         width, words = storage.max_row_width, storage.max_num_scores
         if not results:
             dev = storage.device
@@ -102,15 +103,18 @@ class TableGroups:
             t = t.to(dev)
             return t if t.shape[1] == w else torch.nn.functional.pad(t, (0, w - t.shape[1]))
 
-        found = torch.cat([f.to(dev) for f, _, _ in results])
-        rows = torch.cat([pad(r.to(storage.row_dtype), width) for _, r, _ in results])
-        scores = torch.cat([pad(s, words) for _, _, s in results])
-        if len(results) == 1:  # one table: the order is the identity
+        def joined(parts: List[torch.Tensor]) -> torch.Tensor:
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+        found = joined([f.to(dev) for f, _, _ in results])
+        rows = joined([pad(r.to(storage.row_dtype), width) for _, r, _ in results])
+        scores = joined([pad(s, words) for _, _, s in results])
+        if len(self.spans) <= 1:  # one table: the order is the identity
             return found, rows, scores
-        inverse = torch.empty_like(self.order)
-        inverse[self.order] = torch.arange(self.n, device=self.order.device)
-        inverse = inverse.to(dev)
-        return found[inverse], rows[inverse], scores[inverse]
+        order = self.order.to(dev)
+        return tuple(  # type: ignore[return-value]
+            torch.empty_like(x).index_copy_(0, order, x) for x in (found, rows, scores)
+        )
 
 
 def split_by_table(table_ids: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:

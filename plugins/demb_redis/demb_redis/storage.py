@@ -26,7 +26,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, encode_keys
+from dynamicemb_core.plugins.row_codec import KEY_BYTES, RowCodec, decode_spans, encode_keys
 from dynamicemb_core.plugins.storage_adapter import TableGroups
 from dynamicemb_core.plugins.storage_checks import (
     check_export_ids,
@@ -232,10 +232,8 @@ class RedisStorage(Storage):
             [(t, b - a) for t, a, b in groups.spans],
             lambda p, t, a, b: p.hmget(self._hash_keys[t], fields[t][a:b]),
         )
-        results = [
-            self._codecs[t].decode([v for chunk in chunks for v in chunk], keys[a:b])
-            for (t, a, b), chunks in zip(groups.spans, replies)
-        ]
+        values = [v for chunks in replies for chunk in chunks for v in chunk]
+        results = decode_spans(self._codecs, groups.spans, values, keys)
         found, rows, scores = groups.merge(self, results)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 

@@ -27,6 +27,7 @@ from dynamicemb_core.plugins.row_codec import (
     HEADER_BYTES,
     KEY_BYTES,
     RowCodec,
+    decode_spans,
     encode_keys,
 )
 from dynamicemb_core.plugins.storage_adapter import TableGroups
@@ -128,7 +129,7 @@ class RocksDBStorage(Storage):
         raw = self._raw_keys(keys, groups)
         flat = [k for part in raw for k in part]
         values: List[Optional[bytes]] = self._db[flat] if flat else []  # one multi-get
-        results = [self._codecs[t].decode(values[a:b], keys[a:b]) for t, a, b in groups.spans]
+        results = decode_spans(self._codecs, groups.spans, values, keys)
         found, rows, scores = groups.merge(self, results)
         return found.to(self.device), rows.to(self.device), scores.to(self.device)
 
