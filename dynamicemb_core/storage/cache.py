@@ -357,6 +357,7 @@ class CachedStorage(LookupTier):
         others, saved = others[held.found], held.scores[held.found]
         res = table.find_or_insert(torch.cat([keys, others]), table_id)
         table.insert(others, table_id, scores=saved)
+        table.counters.discount_hits(table_id, others.numel())  # stored, along for protection
         n = keys.numel()
         return InsertResult(res.slots[:n], res.is_new[:n], res.evicted)
 

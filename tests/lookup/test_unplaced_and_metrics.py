@@ -200,3 +200,26 @@ def test_warning_warns_every_batch(device, kind):
     mine = [w for w in caught if issubclass(w.category, DynamicEmbWarning)]
     assert len(mine) == 3 * len(TABLES)
     assert all("read as zeros" in str(w.message) for w in mine)
+
+
+def test_pinned_keys_riding_along_are_not_counted_as_hits(device):
+    """A cache carries prefetch-pinned keys in every placing call to protect them; they were not
+    looked up, so the forward's hits and misses count its own keys only."""
+    opts = DynamicEmbTableOptions(
+        dim=DIM,
+        max_capacity=256,
+        bucket_capacity=16,
+        caching=True,
+        local_hbm_for_values=64 * ROW_BYTES,
+        initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
+    )
+    m = BatchedDynamicEmbeddingTables(
+        [opts], ["t"], [0], DynamicEmbPoolingMode.NONE, EmbOptimType.EXACT_SGD, device
+    )
+    pinned = torch.arange(100, 108, device=device)
+    m.prefetch(pinned, torch.tensor([0, 8], device=device))
+    m.reset_metrics()
+    own = torch.tensor([1, 2, 3, 100], device=device)  # 100 is cached (prefetched): a hit
+    m(own, torch.tensor([0, 4], device=device))
+    got = m.metrics()["t"]
+    assert (got["hits"], got["misses"]) == (1, 3)
