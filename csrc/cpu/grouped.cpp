@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -506,6 +507,52 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                  });
 }
 
+// A unique pair and its number of occurrences (one cache line holds the fields a probe reads).
+struct UniquePair {
+  int64_t key, tid, count;
+};
+
+// The open-addressing dedup of segmented_unique_cpu, in one serial pass in input order: probe slots
+// hold unique ids of type Index (32-bit for any batch below 2^31 ids: half the probe array), the
+// pairs themselves live in one array of UniquePair, and the probe slot of the id kPrefetchAhead
+// positions ahead is prefetched.
+template <typename Index>
+std::vector<UniquePair> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n, int64_t* inv,
+                                    int64_t* tc) {
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  const uint64_t mask = static_cast<uint64_t>(cap - 1);
+  auto home = [&](int64_t i) {
+    return (hash_key(kp[i]) ^ (static_cast<uint64_t>(tp[i]) * 0x9E3779B97F4A7C15ULL)) & mask;
+  };
+  std::vector<Index> slot_of(cap, Index(-1));
+  std::vector<UniquePair> pairs;
+  pairs.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) __builtin_prefetch(&slot_of[home(i + kPrefetchAhead)], 0, 3);
+    const int64_t key = kp[i], t = tp[i];
+    uint64_t h = home(i);
+    while (true) {
+      const Index u = slot_of[h];
+      if (u < 0) {
+        slot_of[h] = static_cast<Index>(pairs.size());
+        inv[i] = static_cast<int64_t>(pairs.size());
+        pairs.push_back(UniquePair{key, t, 1});
+        ++tc[t];
+        break;
+      }
+      UniquePair& p = pairs[u];
+      if (p.key == key && p.tid == t) {
+        inv[i] = u;
+        ++p.count;
+        break;
+      }
+      h = (h + 1) & mask;
+    }
+  }
+  return pairs;
+}
+
 // Deduplicates (table id, key) pairs with an open-addressing hash set, in one serial pass: pairs
 // come out in order of first occurrence (deterministic, as the per-table unique).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented_unique_cpu(
@@ -521,46 +568,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented
     DEMB_CHECK_INDEX(tp[i] >= 0 && tp[i] < num_tables, op, ": table_ids[", i, "]=", tp[i],
                      " out of range [0, ", num_tables, ")");
   }
-  int64_t cap = 16;
-  while (cap < 2 * n) cap <<= 1;
-  const uint64_t mask = static_cast<uint64_t>(cap - 1);
-  std::vector<int64_t> slot_of(cap, -1);
   auto inverse = at::empty({n}, k.options());
-  int64_t* inv = inverse.data_ptr<int64_t>();
-  std::vector<int64_t> uniq, utid, counts;
-  uniq.reserve(n);
-  utid.reserve(n);
-  counts.reserve(n);
   auto table_counts = at::zeros({num_tables}, k.options());
-  int64_t* tc = table_counts.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t h = (hash_key(kp[i]) ^ (static_cast<uint64_t>(tp[i]) * 0x9E3779B97F4A7C15ULL)) & mask;
-    while (true) {
-      const int64_t u = slot_of[h];
-      if (u < 0) {
-        slot_of[h] = static_cast<int64_t>(uniq.size());
-        inv[i] = slot_of[h];
-        uniq.push_back(kp[i]);
-        utid.push_back(tp[i]);
-        counts.push_back(1);
-        ++tc[tp[i]];
-        break;
-      }
-      if (uniq[u] == kp[i] && utid[u] == tp[i]) {
-        inv[i] = u;
-        ++counts[u];
-        break;
-      }
-      h = (h + 1) & mask;
-    }
+  std::vector<UniquePair> pairs;
+  if (n < std::numeric_limits<int32_t>::max()) {
+    pairs = dedup_pairs<int32_t>(kp, tp, n, inverse.data_ptr<int64_t>(),
+                                 table_counts.data_ptr<int64_t>());
+  } else {
+    pairs = dedup_pairs<int64_t>(kp, tp, n, inverse.data_ptr<int64_t>(),
+                                 table_counts.data_ptr<int64_t>());
   }
-  const int64_t m = static_cast<int64_t>(uniq.size());
+  const int64_t m = static_cast<int64_t>(pairs.size());
   auto out_keys = at::empty({m}, k.options());
   auto out_tids = at::empty({m}, k.options());
   auto out_counts = at::empty({m}, k.options());
-  std::copy(uniq.begin(), uniq.end(), out_keys.data_ptr<int64_t>());
-  std::copy(utid.begin(), utid.end(), out_tids.data_ptr<int64_t>());
-  std::copy(counts.begin(), counts.end(), out_counts.data_ptr<int64_t>());
+  int64_t* ok = out_keys.data_ptr<int64_t>();
+  int64_t* ot = out_tids.data_ptr<int64_t>();
+  int64_t* oc = out_counts.data_ptr<int64_t>();
+  for (int64_t u = 0; u < m; ++u) {
+    ok[u] = pairs[u].key;
+    ot[u] = pairs[u].tid;
+    oc[u] = pairs[u].count;
+  }
   return {out_keys, out_tids, inverse, out_counts, table_counts};
 }
 
