@@ -132,14 +132,22 @@ class GroupedDeviceStorage(DeviceStorage):
         return self.rows.meta
 
     def _move_rows(self, table_id: int, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
-        """Growth listener: new rows with table ``table_id`` at its new capacity."""
+        """Growth listener: new rows with table ``table_id`` at its new capacity.
+
+        With hybrid tables (a device budget), the old device rows are staged in host memory and
+        released before the new device buffer is allocated, so the device part stays within the
+        budgets while rows move (one copy of the device part each way per growth).
+        """
         old = self.rows
+        if any(limit is not None for limit in self._device_limits):
+            old = old.to_host()
+            del self.rows  # the old device buffer goes before the new one comes
         new = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
         for t in range(len(self.tables)):
             if t == table_id:
                 tids = torch.full_like(old_slots, t)
-                moved = old.gather(tids, old_slots, self.widths[t])
-                new.scatter(torch.full_like(new_slots, t), new_slots, moved)
+                moved = old.gather(tids.to(old.device), old_slots.to(old.device), self.widths[t])
+                new.scatter(torch.full_like(new_slots, t), new_slots, moved.to(self.device))
             else:
                 for (dst, _), (src, _) in zip(new.blocks(t), old.blocks(t)):
                     dst.copy_(src)

@@ -101,6 +101,19 @@ class GroupedRows:
         self._split = torch.zeros(0, dtype=torch.int64, device=values.device)
         return self
 
+    def to_host(self) -> "GroupedRows":
+        """A copy of these rows with the device part in host memory (the host part shared): what
+        growth reads from once the device buffer is released. Its ops take host tensors."""
+        if self.device.type == "cpu":
+            return self
+        staged = GroupedRows.__new__(GroupedRows)
+        staged.__dict__.update(self.__dict__)
+        staged.device = _CPU
+        staged.values = self.values.to(_CPU)
+        staged.meta = self.meta.to(_CPU)
+        staged._split = self._split.to(_CPU)
+        return staged
+
     @staticmethod
     def _numel(meta: List[List[int]]) -> int:
         return sum(cap * width for _, width, cap, _ in meta)
