@@ -25,6 +25,7 @@ from dynamicemb_core.config import (
     DynamicEmbScoreStrategy as S,
 )
 from dynamicemb_core.table import ScoredHashTable, TableSpec
+from dynamicemb_core.table.environment import determinism_mode
 from dynamicemb_core.table.hashing import bucket_of
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
 
@@ -244,11 +245,15 @@ def test_slots_written_in_a_call_are_protected(device: torch.device) -> None:
     res = table.insert_and_evict(tensor(new, device))
     placed = res.slots[res.slots >= 0]
     assert placed.numel() == 16 and placed.unique().numel() == 16
-    assert (res.slots[16:] == -1).all()  # the bucket is full of keys written by this call
-    # (the deterministic rule: the first 16 new keys in input order win; the key-parallel CUDA
-    # engine, DEMB_DETERMINISM_MODE=0, places 16 of the 20 too, chosen by its schedule)
     assert sorted(res.evicted.keys.tolist()) == list(range(100, 116))
-    assert table.find(tensor(new, device)).found.tolist() == [True] * 16 + [False] * 4
+    found = table.find(tensor(new, device))
+    # the bucket is full of keys written by this call: the 4 left over find no slot
+    assert found.found.tolist() == (res.slots >= 0).tolist()
+    if device.type == "cpu" or determinism_mode():
+        # the deterministic rule: the first 16 new keys in input order win
+        assert found.found.tolist() == [True] * 16 + [False] * 4
+    # (the key-parallel CUDA engine, DEMB_DETERMINISM_MODE=0, places 16 of the 20 too, chosen by
+    # its schedule)
 
 
 def test_present_key_keeps_its_slot_when_a_new_key_comes_first(device: torch.device) -> None:
