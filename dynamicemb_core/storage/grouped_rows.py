@@ -164,8 +164,8 @@ class GroupedRows:
         """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1)."""
         out: Optional[torch.Tensor] = None
         for values, meta, part in self._parts(table_ids, slots):
-            tids = table_ids if values is self.values else table_ids.to(_CPU)
-            got = lookup_ops.grouped_gather(values, meta, tids, part, width, check=check)
+            move = self._mover(values)
+            got = lookup_ops.grouped_gather(values, meta, move(table_ids), part, width, check=check)
             out = got if out is None else out + got.to(self.device)
         assert out is not None
         return out
@@ -180,12 +180,8 @@ class GroupedRows:
     ) -> None:
         """In place: ``rows[i]`` at ``(table_ids[i], slots[i])`` (slot -1 skipped)."""
         for values, meta, part in self._parts(table_ids, slots):
-            if values is self.values:
-                lookup_ops.grouped_scatter(values, meta, table_ids, part, rows, check=check)
-            else:
-                lookup_ops.grouped_scatter(
-                    values, meta, table_ids.to(_CPU), part, rows.to(_CPU), check=check
-                )
+            move = self._mover(values)
+            lookup_ops.grouped_scatter(values, meta, move(table_ids), part, move(rows), check=check)
 
     def pooled_gather(
         self,
