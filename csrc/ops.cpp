@@ -82,7 +82,6 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, bool check=True) -> ()");
   // reduce_grads then sgd_update in one op, without the (u, D) gradient tensor: slots (u,) are the
   // unique keys' slots (-1 skipped); bit-identical to the two ops (the training backward's SGD path).
-  m.def("sgd_reduce_update(Tensor(a!) values, Tensor slots, Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int pool_mode, float lr, bool check=True) -> ()");
   // EXACT_ADAGRAD on rows [w | m(D)] at slots, in place.
   m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, bool check=True) -> ()");
   // EXACT_ROWWISE_ADAGRAD on rows [w | m(1)] at slots, in place; weight_decay_mode 0 NONE, 1 L2, 2 DECOUPLE.

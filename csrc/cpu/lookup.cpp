@@ -106,7 +106,7 @@ at::Tensor pooled_gather_cpu(const at::Tensor& embeddings, const at::Tensor& inv
   return out;
 }
 
-// The reduction shared by reduce_grads and the fused sgd_reduce_update: validates the bags, then
+// The reduction behind reduce_grads: validates the bags, then
 // calls sink(k, acc) once per unique key k in [0, num_unique) with acc (D floats) the sum of
 // scale * grad_bags[bag] over the key's positions, in input order. keep(k) false skips key k (no
 // sum is formed). Each key is summed by one thread in a fixed order: the result is deterministic.
@@ -235,47 +235,6 @@ void sgd_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tenso
   });
 }
 
-// EXACT_SGD straight from the bag gradients: reduce_grads followed by sgd_update, without the
-// (u, D) gradient tensor in between (its allocation, writes and re-reads). Each key's sum is formed
-// exactly as reduce_grads forms it and applied exactly as sgd_update applies it, so the rows come
-// out bit-identical to the two-op path. Keys whose slot is < 0 are skipped (not even summed).
-void sgd_reduce_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
-                           const at::Tensor& inverse, const at::Tensor& offsets,
-                           const std::optional<at::Tensor>& weights, int64_t mode, double lr, bool /*check: the CPU kernels always check*/) {
-  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, "sgd_reduce_update: slots must be int64, got ",
-                   slots.scalar_type());
-  DEMB_CHECK_VALUE(slots.dim() == 1, "sgd_reduce_update: slots must be (u,), got ",
-                    slots.sizes());
-  DEMB_CHECK_TYPE(grad_bags.scalar_type() == at::kFloat,
-                   "sgd_reduce_update: grad_bags must be float32, got ", grad_bags.scalar_type());
-  DEMB_CHECK_VALUE(grad_bags.dim() == 2, "sgd_reduce_update: grad_bags must be (b, D), got ",
-                    grad_bags.sizes());
-  const int64_t num_unique = slots.numel();
-  // Same preconditions as sgd_update on one (u, D) gradient per slot.
-  check_update(values, slots,
-               at::empty({num_unique, grad_bags.size(1)}, grad_bags.options().device(at::kMeta)),
-               0, 0, "sgd_reduce_update");
-  const auto s = slots.contiguous();
-  const int64_t* s_p = s.data_ptr<int64_t>();
-  float* v_p = values.data_ptr<float>();
-  const int64_t cap = values.size(0), W = values.size(1);
-  for (int64_t k = 0; k < num_unique; ++k) {
-    DEMB_CHECK_INDEX(s_p[k] < cap, "sgd_reduce_update: slot ", s_p[k], " out of range [0, ",
-                      cap, ")");
-  }
-  const float lr_f = float(lr);
-  reduce_per_key(
-      grad_bags, inverse, offsets, weights, mode, num_unique, "sgd_reduce_update",
-      [&](int64_t k) { return s_p[k] >= 0; },
-      [&](int64_t k, const float* __restrict__ g, int64_t D) {
-        // Rows sit at random slots: fetch the row a few keys ahead while this one is summed.
-        const int64_t ahead = k + kPrefetchAhead;
-        if (ahead < num_unique && s_p[ahead] >= 0) prefetch_row(v_p + s_p[ahead] * W, D);
-        float* __restrict__ w = v_p + s_p[k] * W;
-        for (int64_t d = 0; d < D; ++d) w[d] -= lr_f * g[d];
-      });
-}
-
 void adagrad_update_cpu(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                         double lr, double eps, bool /*check: the CPU kernels always check*/) {
   check_update(values, slots, grads, 1, 0, "adagrad_update");
@@ -392,7 +351,6 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("pooled_gather", &pooled_gather_cpu);
   m.impl("reduce_grads", &reduce_grads_cpu);
   m.impl("sgd_update", &sgd_update_cpu);
-  m.impl("sgd_reduce_update", &sgd_reduce_update_cpu);
   m.impl("adagrad_update", &adagrad_update_cpu);
   m.impl("rowwise_adagrad_update", &rowwise_adagrad_update_cpu);
   m.impl("adam_update", &adam_update_cpu);

@@ -377,27 +377,6 @@ void sgd_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tens
   launch_update<Opt::kSgd>(values, slots, grads, p);
 }
 
-// The fused op's GPU form is the two kernels back to back: the (u, D) gradient lives in the caching
-// allocator's memory for one launch, which costs little on the GPU (the CPU kernel is the fused one).
-void sgd_reduce_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grad_bags,
-                            const at::Tensor& inverse, const at::Tensor& offsets,
-                            const std::optional<at::Tensor>& weights, int64_t mode, double lr, bool check) {
-  const char* op = "sgd_reduce_update";
-  DEMB_CHECK_VALUE(slots.dim() == 1, op, ": slots must be (u,), got ", slots.sizes());
-  DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong, op, ": slots must be int64, got ",
-                  slots.scalar_type());
-  DEMB_CHECK_VALUE(values.dim() == 2, op, ": values must be (capacity, row_width), got ",
-                   values.sizes());
-  check_on_device(slots, values.device(), "slots", op);
-  const auto s = slots.contiguous();
-  const auto grads = reduce_per_key_cuda(grad_bags, inverse, offsets, weights, mode, s.numel(), op, check,
-                                         &s, values.size(0));
-  check_update_cuda(values, s, grads, 0, 0, op, /*slot_range=*/false);
-  UpdateParams p{};
-  p.lr = float(lr);
-  launch_update<Opt::kSgd>(values, s, grads, p);
-}
-
 void adagrad_update_cuda(at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                          double lr, double eps, bool check) {
   check_update_cuda(values, slots, grads, 1, 0, "adagrad_update", check);
@@ -454,7 +433,6 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("pooled_gather", &pooled_gather_cuda);
   m.impl("reduce_grads", &reduce_grads_cuda);
   m.impl("sgd_update", &sgd_update_cuda);
-  m.impl("sgd_reduce_update", &sgd_reduce_update_cuda);
   m.impl("adagrad_update", &adagrad_update_cuda);
   m.impl("rowwise_adagrad_update", &rowwise_adagrad_update_cuda);
   m.impl("adam_update", &adam_update_cuda);

@@ -59,26 +59,6 @@ def _sgd_update_fake(
     _check_update(values, slots, grads)
 
 
-def _sgd_reduce_update_fake(
-    values: Tensor,
-    slots: Tensor,
-    grad_bags: Tensor,
-    inverse: Tensor,
-    offsets: Tensor,
-    weights: Optional[Tensor],
-    pool_mode: int,
-    lr: float,
-    check: bool = True,
-) -> None:
-    torch._check(values.dim() == 2, lambda: "values must be (capacity, row_width)")
-    torch._check(slots.dim() == 1, lambda: "sgd_reduce_update: slots must be (u,)")
-    torch._check(grad_bags.dim() == 2, lambda: "sgd_reduce_update: grad_bags must be (b, D)")
-    torch._check(
-        offsets.dim() == 1 and offsets.shape[0] == grad_bags.shape[0] + 1,
-        lambda: "sgd_reduce_update: offsets must be (b+1,)",
-    )
-
-
 def _adagrad_update_fake(
     values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float, check: bool = True
 ) -> None:
@@ -233,7 +213,6 @@ FAKE_KERNELS = {
     "pooled_gather": _pooled_gather_fake,
     "reduce_grads": _reduce_grads_fake,
     "sgd_update": _sgd_update_fake,
-    "sgd_reduce_update": _sgd_reduce_update_fake,
     "adagrad_update": _adagrad_update_fake,
     "rowwise_adagrad_update": _rowwise_adagrad_update_fake,
     "adam_update": _adam_update_fake,

@@ -6,7 +6,6 @@ Each wrapper documents shapes, dtypes and devices and calls the registered op. T
 - ``pooled_gather``: bags of unique embeddings -> pooled rows (forward of SUM/MEAN; NONE uses a plain
   index gather).
 - ``reduce_grads``: gradients of bags -> one gradient row per unique key (the backward's reduction).
-- ``sgd_reduce_update``: ``reduce_grads`` and ``sgd_update`` fused (the CPU backward's SGD path).
 - ``sgd_update``, ``adagrad_update``, ``rowwise_adagrad_update``, ``adam_update``: fused in-place
   optimizer steps on value rows addressed by slot.
 - the grouped ops (``segmented_unique``, ``grouped_*``): the same jobs for all tables of a group in
@@ -43,7 +42,6 @@ __all__ = [
     "reduce_grads",
     "rowwise_adagrad_update",
     "segmented_unique",
-    "sgd_reduce_update",
     "sgd_update",
     "unique",
 ]
@@ -129,35 +127,6 @@ def sgd_update(
 ) -> None:
     """In place: ``values[s, :D] -= lr * g`` for each slot ``s >= 0`` (D = grads.size(1))."""
     _ops().sgd_update.default(values, slots, grads, lr, check)
-
-
-def sgd_reduce_update(
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    grad_bags: torch.Tensor,
-    inverse: torch.Tensor,
-    offsets: torch.Tensor,
-    weights: Optional[torch.Tensor],
-    mode: int,
-    lr: float,
-    *,
-    check: bool = True,
-) -> None:
-    """:func:`reduce_grads` then :func:`sgd_update` in one op (the training backward's SGD path).
-
-    On CPU the per-key gradient is applied as soon as it is summed, so the (u, D) gradient tensor
-    is never allocated, written or read back; the rows come out bit-identical to the two ops.
-
-    Args:
-        values: (capacity, row_width) float32, updated in place.
-        slots: (u,) int64 slot of each unique key (entries < 0 are skipped).
-        grad_bags, inverse, offsets, weights, mode: as in :func:`reduce_grads`, with
-            ``num_unique = slots.numel()``.
-        lr: the learning rate.
-    """
-    _ops().sgd_reduce_update.default(
-        values, slots, grad_bags, inverse, offsets, weights, mode, lr, check
-    )
 
 
 def adagrad_update(
