@@ -28,9 +28,10 @@ constexpr int64_t kPrefetchAhead = 8;
 // are 512 KiB, within a core's L2.
 constexpr int64_t kKeyBlock = 1024;
 
-inline void prefetch_row(const float* row, int64_t n) {
+template <typename E>
+inline void prefetch_row(const E* row, int64_t n) {
   const char* p = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < n * 4; b += 64) __builtin_prefetch(p + b, 1, 3);
+  for (int64_t b = 0; b < n * int64_t(sizeof(E)); b += 64) __builtin_prefetch(p + b, 1, 3);
 }
 
 /// A host view of meta with range checks of (table id, slot) pairs.
@@ -38,9 +39,10 @@ struct MetaView {
   const int64_t* m;
   int64_t T;
   int64_t numel;  // elements of the values buffer
+  int64_t esize;  // bytes per element of the values buffer (4, or 2 for a half-precision one)
   // numel < 0: no values buffer to bound the rows by (the reduction reads dims only).
-  MetaView(const at::Tensor& meta, int64_t numel_, const char* op)
-      : m(meta.data_ptr<int64_t>()), T(meta.size(0)), numel(numel_) {
+  MetaView(const at::Tensor& meta, int64_t numel_, const char* op, int64_t esize_ = 4)
+      : m(meta.data_ptr<int64_t>()), T(meta.size(0)), numel(numel_), esize(esize_) {
     for (int64_t t = 0; t < T; ++t) {
       const int64_t off = m[t * kMetaColumns + kMetaOffset], w = m[t * kMetaColumns + kMetaWidth];
       const int64_t cap = m[t * kMetaColumns + kMetaCapacity], d = m[t * kMetaColumns + kMetaDim];
@@ -48,7 +50,14 @@ struct MetaView {
                            (numel < 0 || off + w * cap <= numel),
                        op, ": meta row ", t, " = [", off, ", ", w, ", ", cap, ", ", d,
                        "] does not describe rows inside values (", numel, " elements)");
+      DEMB_CHECK_VALUE(esize == 4 || row_layout_ok<at::Half>(off, w, d), op, ": meta row ", t,
+                       " = [", off, ", ", w, ", ", cap, ", ", d, "] is not a half-precision row "
+                       "layout (even offset and width, the embedding padded to an even dim)");
     }
+  }
+  /// Columns of table t's logical (float32) rows.
+  int64_t lwidth(int64_t t) const {
+    return esize == 4 ? width(t) : logical_width<at::Half>(width(t), dim(t));
   }
   int64_t offset(int64_t t) const { return m[t * kMetaColumns + kMetaOffset]; }
   int64_t width(int64_t t) const { return m[t * kMetaColumns + kMetaWidth]; }
@@ -67,6 +76,30 @@ void check_rows(const MetaView& mv, const int64_t* tids, const int64_t* slots, i
   }
 }
 
+/// The first ``take`` columns of a stored row's logical (float32) form into ``dst``.
+template <typename E>
+inline void read_row(const E* row, int64_t D, int64_t take, float* dst) {
+  if constexpr (sizeof(E) == 4) {
+    std::copy(row, row + take, dst);
+  } else {
+    const int64_t e = std::min(D, take);
+    for (int64_t d = 0; d < e; ++d) dst[d] = static_cast<float>(row[d]);
+    if (take > D) std::copy(state_of(row, D), state_of(row, D) + (take - D), dst + D);
+  }
+}
+
+/// A logical row of ``width`` columns into a stored row (the embedding rounded to ``E``).
+template <typename E>
+inline void write_row(E* row, int64_t D, int64_t width, const float* src) {
+  if constexpr (sizeof(E) == 4) {
+    std::copy(src, src + width, row);
+  } else {
+    for (int64_t d = 0; d < D; ++d) row[d] = to_row<E>(src[d]);
+    if (emb_span<E>(D) > D) row[D] = E(0.0f);
+    std::copy(src + D, src + width, state_of(row, D));
+  }
+}
+
 at::Tensor grouped_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
                               const at::Tensor& table_ids, const at::Tensor& slots, int64_t width,
                               bool /*check: the CPU kernels always check*/) {
@@ -74,24 +107,27 @@ at::Tensor grouped_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   DEMB_CHECK_VALUE(width >= 0, op, ": width must be >= 0, got ", width);
-  const MetaView mv(meta, values.numel(), op);
+  const MetaView mv(meta, values.numel(), op, values.element_size());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
   const int64_t n = sl.numel();
   const int64_t* t_p = tid.data_ptr<int64_t>();
   const int64_t* s_p = sl.data_ptr<int64_t>();
   check_rows(mv, t_p, s_p, n, op);
-  auto out = at::empty({n, width}, values.options());
-  const float* v = values.data_ptr<float>();
+  auto out = at::empty({n, width}, values.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      float* dst = o + i * width;
-      const int64_t t = t_p[i], s = s_p[i];
-      const int64_t take = s < 0 ? 0 : std::min(width, mv.width(t));
-      if (take > 0) std::copy(v + mv.offset(t) + s * mv.width(t), v + mv.offset(t) + s * mv.width(t) + take, dst);
-      std::fill(dst + take, dst + width, 0.0f);
-    }
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    const E* v = values.data_ptr<E>();
+    at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        float* dst = o + i * width;
+        const int64_t t = t_p[i], s = s_p[i];
+        const int64_t take = s < 0 ? 0 : std::min(width, mv.lwidth(t));
+        if (take > 0) read_row(v + mv.offset(t) + s * mv.width(t), mv.dim(t), take, dst);
+        std::fill(dst + take, dst + width, 0.0f);
+      }
+    });
   });
   return out;
 }
@@ -103,7 +139,7 @@ void grouped_scatter_cpu(at::Tensor& values, const at::Tensor& meta, const at::T
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   check_float_rows(rows, slots.numel(), values.device(), "rows", op);
-  const MetaView mv(meta, values.numel(), op);
+  const MetaView mv(meta, values.numel(), op, values.element_size());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
   const auto r = rows.contiguous();
@@ -112,17 +148,20 @@ void grouped_scatter_cpu(at::Tensor& values, const at::Tensor& meta, const at::T
   const int64_t* s_p = sl.data_ptr<int64_t>();
   check_rows(mv, t_p, s_p, n, op);
   for (int64_t i = 0; i < n; ++i) {
-    DEMB_CHECK_VALUE(s_p[i] < 0 || mv.width(t_p[i]) <= R, op, ": rows have ", R,
-                     " columns, table ", t_p[i], " needs ", mv.width(t_p[i]));
+    DEMB_CHECK_VALUE(s_p[i] < 0 || mv.lwidth(t_p[i]) <= R, op, ": rows have ", R,
+                     " columns, table ", t_p[i], " needs ", mv.lwidth(t_p[i]));
   }
-  float* v = values.data_ptr<float>();
   const float* src = r.data_ptr<float>();
-  // Serial: duplicate (table, slot) pairs then write in order, the last one winning.
-  for (int64_t i = 0; i < n; ++i) {
-    if (s_p[i] < 0) continue;
-    const int64_t t = t_p[i];
-    std::copy(src + i * R, src + i * R + mv.width(t), v + mv.offset(t) + s_p[i] * mv.width(t));
-  }
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    E* v = values.data_ptr<E>();
+    // Serial: duplicate (table, slot) pairs then write in order, the last one winning.
+    for (int64_t i = 0; i < n; ++i) {
+      if (s_p[i] < 0) continue;
+      const int64_t t = t_p[i];
+      write_row(v + mv.offset(t) + s_p[i] * mv.width(t), mv.dim(t), mv.lwidth(t), src + i * R);
+    }
+  });
 }
 
 /// Raises unless the bags' offsets run from 0 to n without decreasing (O(bags), before any walk).
@@ -193,7 +232,7 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
   DEMB_CHECK_VALUE(mode == kPoolSum || mode == kPoolMean, op, ": mode must be 0 (SUM) or 1 (MEAN), got ", mode);
   DEMB_CHECK_TYPE(slots.scalar_type() == at::kLong && slots.dim() == 1, op,
                   ": slots must be (u,) int64, got ", slots.sizes(), " ", slots.scalar_type());
-  const MetaView mv(meta, values.numel(), op);
+  const MetaView mv(meta, values.numel(), op, values.element_size());
   const auto sl = slots.contiguous();
   const int64_t u = sl.numel();
   const Bags b = bag_layout(mv, inverse, offsets, weights, feature_tables, d_offsets, mode,
@@ -211,9 +250,11 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
                      mv.capacity(t), ")");
   };
   std::atomic<bool> bad{false};
-  auto out = at::empty({b.B, total_dim}, values.options());
-  const float* v = values.data_ptr<float>();
+  auto out = at::empty({b.B, total_dim}, values.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+  using E = decltype(tag);
+  const E* v = values.data_ptr<E>();
   at::parallel_for(0, b.num_bags, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> acc;
     // Prefetch cursor: the row kPrefetchAhead indices ahead, across bag (and table) boundaries.
@@ -222,7 +263,7 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
     for (int64_t bag = begin; bag < end; ++bag) {
       const int64_t f = bag / b.B, s = bag % b.B, t = b.ft_p[f];
       const int64_t D = mv.dim(t), W = mv.width(t), cap = mv.capacity(t);
-      const float* base = v + mv.offset(t);
+      const E* base = v + mv.offset(t);
       acc.assign(D, 0.0f);
       float* __restrict__ a = acc.data();
       const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
@@ -251,13 +292,14 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
           continue;
         }
         const float w = b.w_p ? b.w_p[i] : 1.0f;
-        const float* __restrict__ row = base + slot * W;
-        for (int64_t d = 0; d < D; ++d) a[d] += w * row[d];
+        const E* __restrict__ row = base + slot * W;
+        for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(row[d]);
       }
       const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
       float* dst = o + s * total_dim + b.dofs_p[f];
       for (int64_t d = 0; d < D; ++d) dst[d] = a[d] * scale;
     }
+  });
   });
   if (bad.load()) {
     // Error path only: find the first bad index, in index order, and raise for it.
@@ -389,24 +431,40 @@ at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor
   return out;
 }
 
-/// Applies optimizer ``opt`` to one row ``w`` (its state after the first D elements) with ``g``.
-inline void update_row(int64_t opt, float* __restrict__ w, const float* __restrict__ g, int64_t D,
+/// Applies optimizer ``opt`` to one row ``w`` (its float32 state after the embedding) with ``g``:
+/// each element computed in float32 and rounded back to ``E``.
+template <typename E>
+inline void update_row(int64_t opt, E* __restrict__ w, const float* __restrict__ g, int64_t D,
                        const UpdateParams& p) {
+  float* __restrict__ m = state_of(w, D);
   if (opt == kSgd) {
-    for (int64_t d = 0; d < D; ++d) sgd_element(w[d], g[d], p);
+    for (int64_t d = 0; d < D; ++d) {
+      float x = static_cast<float>(w[d]);
+      sgd_element(x, g[d], p);
+      w[d] = to_row<E>(x);
+    }
   } else if (opt == kAdagrad) {
-    float* __restrict__ m = w + D;
-    for (int64_t d = 0; d < D; ++d) adagrad_element(w[d], m[d], g[d], p);
+    for (int64_t d = 0; d < D; ++d) {
+      float x = static_cast<float>(w[d]);
+      adagrad_element(x, m[d], g[d], p);
+      w[d] = to_row<E>(x);
+    }
   } else if (opt == kRowwiseAdagrad) {
     float sum_sq = 0.0f;
-    for (int64_t d = 0; d < D; ++d) sum_sq += rowwise_square(w[d], g[d], p);
-    float* m = w + D;
+    for (int64_t d = 0; d < D; ++d) sum_sq += rowwise_square(static_cast<float>(w[d]), g[d], p);
     m[0] = rowwise_accumulator(m[0], sum_sq, D);
-    for (int64_t d = 0; d < D; ++d) rowwise_element(w[d], g[d], m[0], p);
+    for (int64_t d = 0; d < D; ++d) {
+      float x = static_cast<float>(w[d]);
+      rowwise_element(x, g[d], m[0], p);
+      w[d] = to_row<E>(x);
+    }
   } else {
-    float* __restrict__ m = w + D;
-    float* __restrict__ v = w + 2 * D;
-    for (int64_t d = 0; d < D; ++d) adam_element(w[d], m[d], v[d], g[d], p);
+    float* __restrict__ v = m + D;
+    for (int64_t d = 0; d < D; ++d) {
+      float x = static_cast<float>(w[d]);
+      adam_element(x, m[d], v[d], g[d], p);
+      w[d] = to_row<E>(x);
+    }
   }
 }
 
@@ -422,7 +480,7 @@ void check_optimizer(const MetaView& mv, int64_t optimizer, int64_t weight_decay
                    ": step must be >= 1 for ADAM (bias correction), got ", step);
   for (int64_t t = 0; t < mv.T; ++t) {
     const int64_t need = mv.dim(t) + state_width(optimizer, mv.dim(t));
-    DEMB_CHECK_VALUE(mv.width(t) >= need, op, ": table ", t, "'s row_width ", mv.width(t),
+    DEMB_CHECK_VALUE(mv.lwidth(t) >= need, op, ": table ", t, "'s row_width ", mv.lwidth(t),
                      " is too small for dim ", mv.dim(t), " and its optimizer state (needs ",
                      need, ")");
   }
@@ -437,7 +495,7 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   check_float_rows(grads, slots.numel(), values.device(), "grads", op);
-  const MetaView mv(meta, values.numel(), op);
+  const MetaView mv(meta, values.numel(), op, values.element_size());
   check_optimizer(mv, optimizer, weight_decay_mode, step, op);
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
@@ -451,8 +509,10 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
                      " columns, table ", t_p[i], " has dim ", mv.dim(t_p[i]));
   }
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
-  float* v = values.data_ptr<float>();
   const float* g_p = g.data_ptr<float>();
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+  using E = decltype(tag);
+  E* v = values.data_ptr<E>();
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (i + kPrefetchAhead < end && s_p[i + kPrefetchAhead] >= 0) {
@@ -463,6 +523,7 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
       const int64_t t = t_p[i];
       update_row(optimizer, v + mv.offset(t) + s_p[i] * mv.width(t), g_p + i * G, mv.dim(t), p);
     }
+  });
   });
 }
 
@@ -481,7 +542,7 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
-  const MetaView mv(meta, values.numel(), op);
+  const MetaView mv(meta, values.numel(), op, values.element_size());
   check_optimizer(mv, optimizer, weight_decay_mode, step, op);
   for (int64_t t = 0; t < mv.T; ++t) {
     DEMB_CHECK_VALUE(mv.dim(t) <= max_dim, op, ": max_dim ", max_dim, " is below table ", t,
@@ -494,7 +555,9 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   const int64_t* s_p = sl.data_ptr<int64_t>();
   check_rows(mv, t_p, s_p, u, op);
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
-  float* v = values.data_ptr<float>();
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+  using E = decltype(tag);
+  E* v = values.data_ptr<E>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
                  batch_size, u, t_p, op, [&](int64_t k) { return s_p[k] >= 0; },
                  [&](int64_t k) {
@@ -505,6 +568,7 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                    const int64_t t = t_p[k];
                    update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p);
                  });
+  });
 }
 
 // A unique pair and its number of occurrences (one cache line holds the fields a probe reads).

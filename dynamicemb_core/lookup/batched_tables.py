@@ -26,7 +26,13 @@ from dynamicemb_core.lookup.features import split_by_table, validate_inputs
 from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
 from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
 from dynamicemb_core.lookup.steps import advance_steps, start_steps
-from dynamicemb_core.lookup.tiers import build_tier, device_budget_bytes, rows_in_budget, tier_kind
+from dynamicemb_core.lookup.tiers import (
+    build_tier,
+    check_row_dtypes,
+    device_budget_bytes,
+    rows_in_budget,
+    tier_kind,
+)
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
     OptimizerArgs,
@@ -106,7 +112,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 name=name,
                 dim=self.dims[t],
                 row_width=row_width(self._kind, self.dims[t], opts.training),
-                dtype=torch.float32,
+                dtype=opts.embedding_dtype or torch.float32,
                 num_scores=opts.num_scores,
                 capacity=int(opts.max_capacity or 0),
             )
@@ -119,6 +125,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             tier_kind(opts, spec, self.device) for opts, spec in zip(self.table_options, specs)
         ]
         grouped = [t for t, kind in enumerate(kinds) if kind in ("device", "hybrid")]
+        check_row_dtypes(self.table_names, specs, kinds, self.device)
         self.tables = [None] * len(specs)  # type: ignore[list-item]
         if grouped:
             self._build_group(grouped, specs, kinds)
@@ -161,11 +168,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
                 raise ValueError(
                     f"table {name!r}: max_capacity must be set (the planner sets it; got "
                     f"{opts.max_capacity})"
-                )
-            if opts.embedding_dtype not in (None, torch.float32):
-                raise ValueError(
-                    f"table {name!r}: embedding_dtype must be torch.float32 (or None), got "
-                    f"{opts.embedding_dtype}"
                 )
             validate_initializer(opts.initializer_args, f"table {name!r}: initializer_args")
             validate_initializer(

@@ -155,7 +155,9 @@ class TableGroup:
             else:
                 emb = torch.where(torch.isin(tids, tables).unsqueeze(1), e, emb)
         assert emb is not None
-        return emb
+        dtype = self.storage.dtype
+        # A half-precision group reads its initial embeddings as they are stored (rounded).
+        return emb if dtype == torch.float32 else emb.to(dtype).to(torch.float32)
 
     def new_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys: the embedding, then the fresh optimizer state."""

@@ -20,25 +20,64 @@ is how the hybrid path is exercised without a GPU).
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
+from dynamicemb_core.optim.layout import ROW_DTYPES, row_bytes
 from dynamicemb_core.storage import CachedStorage, DeviceStorage, LookupTier
 from dynamicemb_core.types import PerTableStorage, Storage, StorageTableSpec
 
-__all__ = ["build_tier", "device_budget_bytes", "rows_in_budget", "tier_kind"]
+__all__ = ["build_tier", "check_row_dtypes", "device_budget_bytes", "rows_in_budget", "tier_kind"]
 
 
 def rows_in_budget(spec: StorageTableSpec, budget_bytes: int) -> int:
     """How many whole rows of ``spec`` fit in ``budget_bytes``."""
-    row_bytes = spec.row_width * torch.empty(0, dtype=spec.dtype).element_size()
-    return int(budget_bytes) // max(1, row_bytes)
+    return int(budget_bytes) // max(1, _row_bytes(spec))
 
 
 def _row_bytes(spec: StorageTableSpec) -> int:
-    return spec.row_width * torch.empty(0, dtype=spec.dtype).element_size()
+    """Bytes of one stored row (half-precision embeddings beside float32 state: optim/layout.py)."""
+    return row_bytes(spec.row_width, spec.dim, spec.dtype)
+
+
+def check_row_dtypes(
+    names: Sequence[str],
+    specs: Sequence[StorageTableSpec],
+    kinds: Sequence[str],
+    device: torch.device,
+) -> None:
+    """Raise unless every table's row dtype is one its storage kind stores.
+
+    Half-precision tables (``embedding_dtype`` float16 / bfloat16) live in the lookup module's
+    group only (device or hybrid tables); cached tables and external storages keep float32 rows,
+    and the tables of one group share one dtype (TorchRec groups tables by ``data_type`` too).
+    """
+    for name, spec, kind in zip(names, specs, kinds):
+        if spec.dtype not in ROW_DTYPES:
+            raise ValueError(
+                f"table {name!r}: embedding_dtype must be one of {list(ROW_DTYPES)}, got {spec.dtype}"
+            )
+        if spec.dtype != torch.float32 and device.type == "cuda":
+            raise ValueError(
+                f"table {name!r}: embedding_dtype {spec.dtype} is supported on the CPU only so "
+                "far (the CUDA row kernels are float32); leave embedding_dtype unset (or float32)"
+            )
+        if spec.dtype != torch.float32 and kind not in ("device", "hybrid"):
+            raise ValueError(
+                f"table {name!r}: embedding_dtype {spec.dtype} is supported for device and hybrid "
+                "tables only; a cached table (caching=True) or an external_storage keeps float32 "
+                "rows: leave embedding_dtype unset (or float32) for it"
+            )
+    grouped = {spec.dtype for spec, kind in zip(specs, kinds) if kind in ("device", "hybrid")}
+    if len(grouped) > 1:
+        found = {n: s.dtype for n, s, k in zip(names, specs, kinds) if k in ("device", "hybrid")}
+        raise ValueError(
+            "BatchedDynamicEmbeddingTables: the device and hybrid tables of one module share one "
+            f"embedding_dtype (their rows live in one buffer), got {found}; put tables of "
+            "another dtype in another module"
+        )
 
 
 def device_budget_bytes(

@@ -111,8 +111,10 @@ def get_table_value_bytes(
     """
     # One source of truth for the row layout: the optimizer package that reads and writes rows.
     from dynamicemb_core.optim import optimizer_kind, row_width
+    from dynamicemb_core.optim.layout import row_bytes
 
     rows = get_sharded_table_capacity(embedding_config, world_size, bucket_capacity) * world_size
-    width = row_width(optimizer_kind(optimizer_type), int(embedding_config.embedding_dim), True)
-    element_size = torch.empty((), dtype=table_dtype(embedding_config)).element_size()
-    return rows * width * element_size
+    dim = int(embedding_config.embedding_dim)
+    width = row_width(optimizer_kind(optimizer_type), dim, True)
+    # A half-precision table stores its embedding in 2 bytes per element, its state in float32.
+    return rows * row_bytes(width, dim, table_dtype(embedding_config))

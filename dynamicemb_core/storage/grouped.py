@@ -2,7 +2,8 @@
 
 Keys and scores of every table live in one :class:`~dynamicemb_core.table.ScoredHashTable` (table
 ids = positions, table-local slots); the value rows of every table live in a
-:class:`~dynamicemb_core.storage.grouped_rows.GroupedRows`: one flat float32 device buffer described
+:class:`~dynamicemb_core.storage.grouped_rows.GroupedRows`: one flat device buffer (float32, or
+float16 / bfloat16 embeddings beside float32 optimizer state) described
 by a (T, 4) ``meta`` tensor ``[value_offset, row_width, capacity, dim]`` (the layout of
 csrc/include/dynamicemb/grouped.h) and, for tables whose rows exceed their device budget
 (``local_hbm_for_values``), one host buffer holding each such table's slots past its budget. The
@@ -21,6 +22,7 @@ sizes after the insert) so that new rows are initialised and evictions counted w
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -28,7 +30,7 @@ import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
 from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
-from dynamicemb_core.storage.grouped_rows import GroupedRows
+from dynamicemb_core.storage.grouped_rows import ROW_DTYPES, GroupedRows
 from dynamicemb_core.storage.tier import LookupTier, RowInit, RowUpdate, TierRows
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 
@@ -76,13 +78,18 @@ class GroupedDeviceStorage(DeviceStorage):
         table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
         device_rows: Optional[Sequence[Optional[int]]] = None,
     ) -> None:
+        dtypes = {spec.dtype for spec in tables}
+        if len(dtypes) != 1 or not dtypes <= set(ROW_DTYPES):
+            raise ValueError(
+                "GroupedDeviceStorage: the tables of a group share one row dtype out of "
+                f"{list(ROW_DTYPES)}, got {dict((s.name, s.dtype) for s in tables)}"
+            )
+        # What the embeddings are stored in. The rows this storage takes and returns (insert, find,
+        # export, read_rows, write_rows) are logical float32 rows whatever the dtype, so the
+        # tables' specs say float32; a half-precision table's optimizer state stays float32.
+        self.dtype: torch.dtype = next(iter(dtypes))
+        tables = [dataclasses.replace(spec, dtype=torch.float32) for spec in tables]
         super().__init__(tables, device, table_options=table_options)
-        for spec in self.tables:
-            if spec.dtype != torch.float32:
-                raise ValueError(
-                    f"GroupedDeviceStorage: table {spec.name!r} stores {spec.dtype}; grouped rows "
-                    "are float32"
-                )
         if len(dims) != len(self.tables):
             raise ValueError(
                 f"GroupedDeviceStorage: dims ({len(dims)}) must have one entry per table "
@@ -119,7 +126,9 @@ class GroupedDeviceStorage(DeviceStorage):
     # ---- the rows ---------------------------------------------------------------------------
     def _allocate(self, capacities: Sequence[int]) -> GroupedRows:
         """Zeroed rows for ``capacities`` (each table's device part within its budget)."""
-        return GroupedRows(self.device, self.widths, self.dims, capacities, self._device_limits)
+        return GroupedRows(
+            self.device, self.widths, self.dims, capacities, self._device_limits, self.dtype
+        )
 
     @property
     def values(self) -> torch.Tensor:

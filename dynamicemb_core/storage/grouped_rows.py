@@ -2,14 +2,21 @@
 
 Table ``t``'s slots ``[0, device_rows[t])`` keep their rows in the device buffer, slots
 ``[device_rows[t], capacity[t])`` in the host buffer (pinned when the device is CUDA). Each buffer is
-flat float32 with its own (T, 4) meta ``[value_offset, row_width, capacity, dim]`` (the layout of
-csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part unchanged, each part
+flat, of the group's row dtype, with its own (T, 4) meta ``[value_offset, row_width, capacity, dim]``
+(the layout of csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part
+unchanged, each part
 seeing the other part's slots as -1 (a slot the ops skip or read as zeros). A gather adds the two
 parts (a row is in exactly one), a scatter writes each row in its own part. The pooled output
 gathers the batch's unique rows first and pools them on the device; the backward reduces the
 gradient per unique key on the device, then updates each part's rows in place, the host part with
 only its own keys' gradients. A group with no host rows (every table within its device budget) runs each
 op once, on the device buffer.
+
+Row dtype: float32, or float16 / bfloat16 for half-precision tables: the embedding is stored in that
+type and the optimizer state stays float32 in the same row (grouped.h: the embedding, padded to an
+even count, then the state's float32 words as pairs of 2-byte elements). ``widths`` are always the
+*logical* widths (float32 columns of the rows that gather returns and scatter takes); the stored
+widths in meta count elements of the row dtype (:func:`stored_width`).
 
 On CUDA the host part runs the CPU kernels on the pinned buffer: per step it sees only its own
 unique keys (their rows copied to the device, their gradients to the host), never the whole batch.
@@ -22,10 +29,11 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.optim.layout import ROW_DTYPES, stored_width
 from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.types import MemoryType
 
-__all__ = ["GroupedRows"]
+__all__ = ["GroupedRows", "ROW_DTYPES", "stored_width"]
 
 _CPU = torch.device("cpu")
 
@@ -43,10 +51,12 @@ class GroupedRows:
 
     Args:
         device: the group's device.
-        widths, dims: per table, row width (embedding + optimizer state) and embedding dim.
+        widths, dims: per table, logical row width (embedding + optimizer state, float32
+            columns) and embedding dim.
         capacities: per table, slots.
         device_rows: per table, how many of its first slots keep their rows in device memory
             (None: all of them).
+        dtype: the row dtype (one of :data:`ROW_DTYPES`): what the embeddings are stored in.
     """
 
     def __init__(
@@ -56,26 +66,29 @@ class GroupedRows:
         dims: Sequence[int],
         capacities: Sequence[int],
         device_rows: Optional[Sequence[Optional[int]]] = None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.device = device
+        self.dtype = dtype
         self.widths = [int(w) for w in widths]
         self.dims = [int(d) for d in dims]
+        self.stored = [stored_width(w, d, dtype) for w, d in zip(self.widths, self.dims)]
         self.capacities = [int(c) for c in capacities]
         limits = list(device_rows) if device_rows is not None else [None] * len(self.widths)
         self.device_rows = [
             c if lim is None else min(c, int(lim)) for c, lim in zip(self.capacities, limits)
         ]
         host_caps = [c - d for c, d in zip(self.capacities, self.device_rows)]
-        self.meta_host = _meta(self.widths, self.device_rows, self.dims)
-        self.host_meta_host = _meta(self.widths, host_caps, self.dims)
-        self.values = host_zeros(self._numel(self.meta_host), torch.float32, device)
+        self.meta_host = _meta(self.stored, self.device_rows, self.dims)
+        self.host_meta_host = _meta(self.stored, host_caps, self.dims)
+        self.values = host_zeros(self._numel(self.meta_host), dtype, device)
         self.meta = torch.tensor(self.meta_host, dtype=torch.int64).to(device)
         self.has_host = any(host_caps)
-        self.host_values = torch.zeros(0, dtype=torch.float32)
+        self.host_values = torch.zeros(0, dtype=dtype)
         self.host_meta = torch.tensor(self.host_meta_host, dtype=torch.int64)
         self._split = torch.tensor(self.device_rows, dtype=torch.int64).to(device)
         if self.has_host:
-            host = host_zeros(self._numel(self.host_meta_host), torch.float32, _CPU)
+            host = host_zeros(self._numel(self.host_meta_host), dtype, _CPU)
             if device.type == "cuda":
                 host = host.pin_memory()
             self.host_values = host
@@ -89,7 +102,9 @@ class GroupedRows:
         self = cls.__new__(cls)
         T = len(dims)
         self.device = values.device
+        self.dtype = values.dtype
         self.widths, self.dims = [int(width)] * T, [int(d) for d in dims]
+        self.stored = list(self.widths)
         self.capacities = self.device_rows = [int(num_rows)] * T
         self.meta_host = [[0, int(width), int(num_rows), int(d)] for d in dims]
         self.host_meta_host = [[0, int(width), 0, int(d)] for d in dims]
@@ -121,7 +136,8 @@ class GroupedRows:
     # ---- per-table blocks (checkpoints, growth) ----------------------------------------------
     def blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
         """``[(device rows, 0), (host rows, device_rows)]`` of table ``table_id`` (views), the host
-        block only when it has rows."""
+        block only when it has rows. The views are the stored rows: ``(rows, stored width)`` of the
+        row dtype, whose first ``dim`` columns are the embeddings."""
         off, width, cap, _ = self.meta_host[table_id]
         out = [(self.values[off : off + cap * width].view(cap, width), 0)]
         hoff, _, hcap, _ = self.host_meta_host[table_id]
@@ -135,7 +151,7 @@ class GroupedRows:
         group the device part counts as DEVICE, as it would on an accelerator."""
         meta = self.meta_host if mem_type is MemoryType.DEVICE else self.host_meta_host
         rows = meta if table_id is None else [meta[table_id]]
-        return 4 * self._numel(rows)
+        return self.values.element_size() * self._numel(rows)
 
     # ---- the two parts ----------------------------------------------------------------------
     def _parts(
@@ -261,7 +277,7 @@ class GroupedRows:
         if not self.has_host:
             lookup_ops.grouped_reduce_update(
                 self.values,
-                _frozen(self.meta, frozen),
+                _frozen(self.meta, frozen, self.dtype),
                 table_ids,
                 slots,
                 grad_out,
@@ -295,14 +311,20 @@ class GroupedRows:
             table_ids, slots
         )
         lookup_ops.grouped_update(
-            dev_values, _frozen(dev_meta, frozen), table_ids, dev_slots, grads, *hyper, check=False
+            dev_values,
+            _frozen(dev_meta, frozen, self.dtype),
+            table_ids,
+            dev_slots,
+            grads,
+            *hyper,
+            check=False,
         )
         mine = (host_slots >= 0).nonzero().squeeze(1)
         if mine.numel():
             here = mine.to(self.device)
             lookup_ops.grouped_update(
                 host_values,
-                _frozen(host_meta, frozen),
+                _frozen(host_meta, frozen, self.dtype),
                 table_ids[here].to(_CPU),
                 host_slots[mine],
                 grads[here].to(_CPU),
@@ -316,13 +338,17 @@ def _shared_meta(u: int, width: int, dims: Sequence[int], device: torch.device) 
     return torch.tensor([[0, width, u, d] for d in dims], dtype=torch.int64).to(device)
 
 
-def _frozen(meta: torch.Tensor, frozen: Sequence[int]) -> torch.Tensor:
+def _frozen(meta: torch.Tensor, frozen: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """``meta`` where the ``frozen`` tables show no rows and a row width any optimizer's state
     fits in (the fused update checks every table's width; their slots are -1, nothing is touched)."""
     if not frozen:
         return meta
     out = meta.clone()
     idx = list(frozen)
-    out[idx, 1] = 3 * out[idx, 3] + 1  # dim + ADAM's 2 dim, or + rowwise's 1
+    dims = out[idx, 3]
+    if dtype == torch.float32:
+        out[idx, 1] = 3 * dims + 1  # dim + ADAM's 2 dim, or + rowwise's 1
+    else:  # the same logical width, stored (stored_width)
+        out[idx, 1] = (dims + 1) // 2 * 2 + 2 * (2 * dims + 1)
     out[idx, 2] = 0
     return out

@@ -71,7 +71,8 @@ def test_value_bytes_count_embedding_and_optimizer_state(optimizer, state, data_
     config = _config(1000, dim=16, data_type=data_type)
     rows_per_rank = get_sharded_table_capacity(config, 2, 128)
     assert rows_per_rank == 512  # ceil(1000/2)=500 rounded up to 4 buckets of 128
-    assert get_table_value_bytes(config, optimizer, 2, 128) == 2 * 512 * (16 + state) * elem
+    # The embedding in the table's dtype, the optimizer state in float32 (half-precision tables).
+    assert get_table_value_bytes(config, optimizer, 2, 128) == 2 * 512 * (16 * elem + state * 4)
 
 
 def test_bad_bucket_capacity_and_world_size_raise_naming_table() -> None:

@@ -10,6 +10,14 @@
  * values' device whose row ``t`` is ``[value_offset, row_width, capacity, dim]``. Every grouped op
  * addresses a row by ``(table id, slot)``, so one launch serves all tables of a group.
  *
+ * Row element type ``E``: the buffer's dtype. float32 rows are as above. A half-precision buffer
+ * (float16 / bfloat16) stores the embedding in ``E`` and the optimizer state in float32 right after
+ * it: ``[embedding (dim E) | one pad E when dim is odd | state (float32, two E each)]``; offsets,
+ * widths and capacities in meta count ``E`` elements, and every row starts at an even element, so
+ * the state is 4-byte aligned. The ops read and write *logical* rows, always float32:
+ * ``[embedding as float | state]`` of ``logical_width`` columns; an update computes in float32 and
+ * rounds the new embedding to ``E`` to nearest even (FBGEMM's CPU TBE for fp16 weights).
+ *
  * The update formulas are FBGEMM's exact optimizers (fbgemm_gpu/codegen/genscript/optimizers.py),
  * restated per element here so that both backends compute them from one definition.
  */
@@ -39,6 +47,41 @@ constexpr int64_t kSgd = 0;
 constexpr int64_t kAdagrad = 1;
 constexpr int64_t kRowwiseAdagrad = 2;
 constexpr int64_t kAdam = 3;
+
+/// Embedding elements of a row of element type ``E`` (a 2-byte type pads an odd dim by one).
+template <typename E>
+DEMB_HOST_DEVICE int64_t emb_span(int64_t dim) {
+  return sizeof(E) == 4 ? dim : (dim + 1) / 2 * 2;
+}
+
+/// The optimizer state (float32) of ``row``, an ``E`` row of embedding dim ``dim``.
+template <typename E>
+DEMB_HOST_DEVICE float* state_of(E* row, int64_t dim) {
+  return reinterpret_cast<float*>(row + emb_span<E>(dim));
+}
+template <typename E>
+DEMB_HOST_DEVICE const float* state_of(const E* row, int64_t dim) {
+  return reinterpret_cast<const float*>(row + emb_span<E>(dim));
+}
+
+/// Columns of a logical (float32) row whose stored row has ``width`` ``E`` elements.
+template <typename E>
+DEMB_HOST_DEVICE int64_t logical_width(int64_t width, int64_t dim) {
+  return dim + (width - emb_span<E>(dim)) * int64_t(sizeof(E)) / 4;
+}
+
+/// Whether a stored row of ``width`` ``E`` elements at element ``offset`` holds its state aligned.
+template <typename E>
+DEMB_HOST_DEVICE bool row_layout_ok(int64_t offset, int64_t width, int64_t dim) {
+  if (sizeof(E) == 4) return true;
+  return width >= emb_span<E>(dim) && width % 2 == 0 && offset % 2 == 0;
+}
+
+/// Rounds a float32 result to the row type (to nearest even; identity for float).
+template <typename E>
+DEMB_HOST_DEVICE E to_row(float x) {
+  return static_cast<E>(x);
+}
 
 struct UpdateParams {
   float lr, eps, beta1, beta2, weight_decay, bc1, bc2;

@@ -26,10 +26,27 @@ inline void check_meta(const at::Tensor& meta, const at::Device& device, const c
   check_on_device(meta, device, "meta", op);
 }
 
-/// ``values``: the group's flat, contiguous float32 buffer; ``meta`` describes it.
+/// Whether ``t`` is a row element type of the grouped ops (grouped.h): float32, float16, bfloat16.
+inline bool is_row_type(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+/// Calls ``f(E{})`` with ``E`` the C++ type of row dtype ``t`` (float, at::Half, at::BFloat16).
+template <typename F>
+void dispatch_rows(at::ScalarType t, F&& f) {
+  if (t == at::kHalf) {
+    f(at::Half{});
+  } else if (t == at::kBFloat16) {
+    f(at::BFloat16{});
+  } else {
+    f(float{});
+  }
+}
+
+/// ``values``: the group's flat, contiguous buffer of a row type; ``meta`` describes it.
 inline void check_group(const at::Tensor& values, const at::Tensor& meta, const char* op) {
-  DEMB_CHECK_TYPE(values.scalar_type() == at::kFloat, op, ": values must be float32, got ",
-                  values.scalar_type());
+  DEMB_CHECK_TYPE(is_row_type(values.scalar_type()), op,
+                  ": values must be float32, float16 or bfloat16, got ", values.scalar_type());
   DEMB_CHECK_VALUE(values.dim() == 1 && values.is_contiguous(), op,
                    ": values must be a contiguous 1-D buffer, got ", values.sizes());
   check_meta(meta, values.device(), op);

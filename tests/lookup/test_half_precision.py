@@ -1,0 +1,285 @@
+"""Half-precision tables: ``embedding_dtype`` float16 / bfloat16 store the embeddings in that dtype
+and the optimizer state in float32; updates compute in float32 and round the new embedding to the
+row dtype (to nearest even), as FBGEMM's CPU TBE does for fp16 weights.
+
+Oracles: FBGEMM's CPU ``SplitTableBatchedEmbeddingBagsCodegen`` with ``weights_precision=FP16`` and
+mirrored weights (EXACT_SGD, EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD: what its CPU build offers with
+fp16 weights); for ADAM and for bfloat16 (no FBGEMM CPU peer) an independent float32 computation,
+rounded to the row dtype after every step (tests/optim/row_reference.py's formulas).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+
+from dynamicemb_core.config import DynamicEmbPoolingMode
+from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+from dynamicemb_core.types import MemoryType
+from tests.lookup import oracle
+from tests.optim import row_reference as ref
+
+FEATURE_TABLE_MAP = [0, 1, 1, 2]
+POOLINGS = [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN, DynamicEmbPoolingMode.NONE]
+STEPS = [dict(seed=1), dict(seed=2), dict(seed=3, empty=True), dict(seed=4), dict(seed=5)]
+EXACT = [
+    (EmbOptimType.EXACT_SGD, dict(learning_rate=0.3)),
+    (EmbOptimType.EXACT_ADAGRAD, dict(learning_rate=0.3, eps=1e-6)),
+    (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.3, eps=1e-6)),
+]
+
+
+def _dims(pooling: DynamicEmbPoolingMode, odd: bool = False) -> List[int]:
+    """FBGEMM's multiples of 4, or (``odd``) dims a 2-byte row pads before its float32 state."""
+    if pooling is DynamicEmbPoolingMode.NONE:
+        return [5, 5, 5] if odd else [4, 4, 4]
+    return [3, 6, 5] if odd else [4, 8, 12]
+
+
+def _ours(dims, pooling, optimizer, device, dtype, **kw):
+    return BatchedDynamicEmbeddingTables(
+        [oracle.options(d, embedding_dtype=dtype) for d in dims],
+        [f"t{i}" for i in range(len(dims))],
+        FEATURE_TABLE_MAP,
+        pooling,
+        optimizer,
+        device,
+        **kw,
+    )
+
+
+def _assert_stored_as(module, dtype: torch.dtype) -> None:
+    """The rows really are stored in ``dtype``, and every embedding read back is one of its values."""
+    group = module.tables[0].group
+    assert group.rows.values.dtype == dtype
+    for t in range(len(module.dims)):
+        emb, _ = oracle.read_weights(module, t)
+        assert torch.equal(emb, emb.to(dtype).to(torch.float32))
+
+
+def _fp16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of float16 values at each element of ``x`` (float16 values, as float32)."""
+    h = x.abs().half()
+    return (torch.nextafter(h, torch.full_like(h, float("inf"))) - h).float()
+
+
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("optimizer,hp", EXACT, ids=lambda o: getattr(o, "name", ""))
+def test_fp16_training_matches_fbgemm_fp16_tbe(device, pooling, optimizer, hp):
+    """Outputs every step; rows and optimizer state after every step.
+
+    Row-wise Adagrad: bit for bit over all steps (FBGEMM's CPU kernel computes the new weight in
+    float32 and rounds it once, as ours). EXACT_SGD / EXACT_ADAGRAD: FBGEMM's CPU kernels round the
+    step (lr * g, or lr * g / (sqrt(m) + eps)) to float16 before subtracting it in float16, a
+    second rounding that its CUDA kernels and ours do not make; so each step's rows must agree to
+    one float16 unit (of the larger of the row's values before and after the step), and the peer is
+    re-synchronised to ours before the next step (no drift).
+    """
+    dims = _dims(pooling)
+    peer = oracle.fbgemm_peer(
+        dims, FEATURE_TABLE_MAP, pooling, optimizer, weights_precision=SparseType.FP16, **hp
+    )
+    ours = _ours(dims, pooling, optimizer, device, torch.float16, **hp)
+    oracle.mirror_weights(ours, [w.detach().float() for w in peer.split_embedding_weights()])
+    exact = optimizer is EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    before = [w.detach().float().clone() for w in peer.split_embedding_weights()]
+    torch.manual_seed(0)
+    for step in STEPS:
+        indices, offsets, _ = oracle.make_batch(len(FEATURE_TABLE_MAP), 3, **step)
+        want = peer(indices, offsets)
+        got = ours(indices.to(device), offsets.to(device))
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.cpu(), want.detach().float(), rtol=1e-6, atol=1e-6)
+        coeff = torch.randn(want.shape)
+        (want.float() * coeff).sum().backward()
+        (got * coeff.to(device)).sum().backward()
+        states = peer.split_optimizer_states() if optimizer is not EmbOptimType.EXACT_SGD else None
+        for t, w in enumerate(peer.split_embedding_weights()):
+            emb, state = oracle.read_weights(ours, t)
+            theirs = w.detach().float()
+            if exact:
+                torch.testing.assert_close(emb, theirs, rtol=0, atol=0)
+            else:
+                off = (emb - theirs).abs()
+                unit = _fp16_ulp(
+                    torch.maximum(torch.maximum(emb.abs(), theirs.abs()), before[t].abs())
+                )
+                assert bool((off <= unit).all()), f"table {t}: {(off - unit).max()}"
+                with torch.no_grad():
+                    w.copy_(emb.half())
+                before[t] = emb.clone()
+            if states is not None:
+                torch.testing.assert_close(
+                    state.reshape(-1), states[t][0].detach().reshape(-1), rtol=1e-6, atol=1e-6
+                )
+    _assert_stored_as(ours, torch.float16)
+
+
+class RoundedPeer:
+    """Independent float32 model of a half-precision table: pooled lookups with torch, row-sparse
+    updates with row_reference's formulas, the embeddings rounded to ``dtype`` after each step."""
+
+    def __init__(self, dims, pooling, optimizer, dtype, hp, seed=123) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.dtype, self.pooling, self.optimizer, self.hp = dtype, pooling, optimizer, hp
+        self.weights = [
+            (torch.rand(oracle.NUM_IDS, d, generator=g) - 0.5).to(dtype).float() for d in dims
+        ]
+        if optimizer is EmbOptimType.ADAM:
+            self.state = [torch.zeros(oracle.NUM_IDS, 2 * d) for d in dims]
+        elif optimizer is EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+            self.state = [torch.zeros(oracle.NUM_IDS) for _ in dims]
+        elif optimizer is EmbOptimType.EXACT_ADAGRAD:
+            self.state = [torch.zeros(oracle.NUM_IDS, d) for d in dims]
+        else:
+            self.state = [torch.zeros(oracle.NUM_IDS, 0) for d in dims]
+        self.step = 0
+
+    def forward(self, indices, offsets):
+        B = (offsets.numel() - 1) // len(FEATURE_TABLE_MAP)
+        leaves = [w.clone().requires_grad_(True) for w in self.weights]
+        outs = []
+        for f, t in enumerate(FEATURE_TABLE_MAP):
+            lo, hi = int(offsets[f * B]), int(offsets[(f + 1) * B])
+            idx = indices[lo:hi]
+            if self.pooling is DynamicEmbPoolingMode.NONE:
+                outs.append(leaves[t][idx])
+                continue
+            off = offsets[f * B : (f + 1) * B] - lo
+            mode = "sum" if self.pooling is DynamicEmbPoolingMode.SUM else "mean"
+            outs.append(torch.nn.functional.embedding_bag(idx, leaves[t], off, mode=mode))
+        dim = 0 if self.pooling is DynamicEmbPoolingMode.NONE else 1
+        return torch.cat(outs, dim=dim), leaves, indices
+
+    def update(self, leaves, indices) -> None:
+        self.step += 1
+        hp, rows = self.hp, torch.unique(indices)
+        for t, leaf in enumerate(leaves):
+            if leaf.grad is None:
+                continue
+            g, w, s = leaf.grad[rows], self.weights[t][rows], self.state[t][rows]
+            touched = g.abs().sum(1) > 0  # rows of this table that the batch read
+            if self.optimizer is EmbOptimType.EXACT_SGD:
+                new = ref.sgd(w, g, hp["learning_rate"])
+            elif self.optimizer is EmbOptimType.EXACT_ADAGRAD:
+                new, s = ref.adagrad(w, s, g, hp["learning_rate"], hp["eps"])
+            elif self.optimizer is EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+                new, s = ref.rowwise_adagrad(w, s, g, hp["learning_rate"], hp["eps"])
+            else:
+                d = w.shape[1]
+                new, m, v = ref.adam(
+                    w, s[:, :d], s[:, d:], g, hp["learning_rate"], hp["eps"],
+                    hp["beta1"], hp["beta2"], 0.0, self.step,
+                )  # fmt: skip
+                s = torch.cat([m, v], dim=1)
+            keep = touched if new.dim() == 1 else touched.unsqueeze(1)
+            self.weights[t][rows] = torch.where(keep, new.to(self.dtype).float(), w)
+            self.state[t][rows] = torch.where(
+                keep if s.dim() > 1 else touched, s, self.state[t][rows]
+            )
+
+
+ROUNDED = EXACT + [
+    (EmbOptimType.ADAM, dict(learning_rate=0.05, eps=1e-8, beta1=0.9, beta2=0.999)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("optimizer,hp", ROUNDED, ids=lambda o: getattr(o, "name", ""))
+def test_training_matches_rounded_float32_model(device, dtype, pooling, optimizer, hp):
+    dims = _dims(pooling, odd=True)
+    peer = RoundedPeer(dims, pooling, optimizer, dtype, hp)
+    ours = _ours(dims, pooling, optimizer, device, dtype, **hp)
+    oracle.mirror_weights(ours, peer.weights)
+    torch.manual_seed(0)
+    for step in STEPS:
+        indices, offsets, _ = oracle.make_batch(len(FEATURE_TABLE_MAP), 3, **step)
+        want, leaves, idx = peer.forward(indices, offsets)
+        got = ours(indices.to(device), offsets.to(device))
+        torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-6, atol=1e-6)
+        coeff = torch.randn(want.shape)
+        (want * coeff).sum().backward()
+        peer.update(leaves, idx)
+        (got * coeff.to(device)).sum().backward()
+    _assert_stored_as(ours, dtype)
+    for t, w in enumerate(peer.weights):
+        emb, state = oracle.read_weights(ours, t)
+        # The float32 results may differ in their last bit (summation order of the gradients),
+        # which can move a rounding by one unit of the row dtype: allow one unit, no more.
+        ulp = 2.0**-7 if dtype is torch.bfloat16 else 2.0**-10
+        torch.testing.assert_close(emb, w, rtol=ulp, atol=1e-6)
+        assert (emb == w).float().mean() > 0.95
+        torch.testing.assert_close(
+            state.reshape(-1)[: peer.state[t].numel()],
+            peer.state[t].reshape(-1),
+            rtol=1e-4,
+            atol=1e-6,
+        )
+
+
+def test_unsupported_combinations_raise_clearly(device):
+    """Half precision lives in the grouped (device / hybrid) tables only, one dtype per module."""
+    from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables as Module
+
+    sgd = EmbOptimType.EXACT_SGD
+    with pytest.raises(ValueError, match="share one embedding_dtype"):
+        Module(
+            [oracle.options(4, embedding_dtype=torch.float16), oracle.options(4)],
+            ["a", "b"], [0, 1], DynamicEmbPoolingMode.SUM, sgd, device,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="device and hybrid tables only"):
+        Module(
+            [oracle.options(4, embedding_dtype=torch.bfloat16, caching=True,
+                            local_hbm_for_values=1 << 12)],
+            ["a"], [0], DynamicEmbPoolingMode.SUM, sgd, device,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_grouped_rows_store_embeddings_in_dtype_and_state_in_float32(device, dtype):
+    """Scatter then gather: the embedding comes back rounded to ``dtype`` (nearest even), the
+    float32 state exactly; a stored row takes the padded embedding plus two elements per state
+    column, and the buffer holds that many ``dtype`` elements, no more."""
+    from dynamicemb_core.storage.grouped_rows import GroupedRows
+
+    dims, widths, caps = [3, 4], [3 + 2, 4 + 1], [5, 6]  # Adagrad-like and row-wise-like rows
+    rows = GroupedRows(torch.device(device), widths, dims, caps, dtype=dtype)
+    assert rows.values.dtype == dtype
+    assert rows.values.numel() == 5 * (4 + 4) + 6 * (4 + 2)
+    tids = torch.tensor([0, 1, 1, 0], device=device)
+    slots = torch.tensor([4, 0, 5, -1], device=device)
+    g = torch.Generator().manual_seed(3)
+    src = (torch.randn(4, 5, generator=g) * 10).to(device)
+    rows.scatter(tids, slots, src, check=True)
+    got = rows.gather(tids, slots, 5).cpu()
+    want = src.cpu().clone()
+    for i, (t, s) in enumerate(zip(tids.tolist(), slots.tolist())):
+        d, w = dims[t], widths[t]
+        if s < 0:
+            want[i] = 0
+            continue
+        want[i, :d] = want[i, :d].to(dtype).float()
+        want[i, w:] = 0
+    assert torch.equal(got, want)
+    assert rows.memory_usage(MemoryType.DEVICE) == rows.values.numel() * 2
+
+
+def test_grouped_ops_refuse_a_misaligned_half_layout(device):
+    from dynamicemb_core.ops import lookup_ops
+
+    values = torch.zeros(64, dtype=torch.float16, device=device)
+    meta = torch.tensor([[1, 6, 4, 2]], device=device)  # odd offset: the state would be misaligned
+    with pytest.raises(ValueError, match="half-precision row layout"):
+        lookup_ops.grouped_gather(
+            values, meta, torch.zeros(1, dtype=torch.int64, device=device),
+            torch.zeros(1, dtype=torch.int64, device=device), 4,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
+        lookup_ops.grouped_gather(
+            values.to(torch.float64), meta, torch.zeros(1, dtype=torch.int64, device=device),
+            torch.zeros(1, dtype=torch.int64, device=device), 4,
+        )  # fmt: skip
