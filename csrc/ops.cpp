@@ -96,8 +96,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   // Kernels in csrc/{cpu,cuda}/grouped.*; check as above (CUDA: one sync when true).
   // ---------------------------------------------------------------------------------------------
   // Deduplicate (table id, key) pairs -> (unique keys (u,), their table ids (u,), inverse (n,),
-  // counts (u,), unique keys per table (T,) on the CPU: read back with u, in the same copy).
-  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // counts (u,), unique keys per table (T,) on the CPU: read back with u, in the same copy, order).
+  // order, with with_order: (n,) the positions grouped by unique pair (pair 0's first), each pair's
+  // in input order (what the reduction's sort computes; the CUDA sort gives it for free); else (0,).
+  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables, bool with_order=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // (n,) int64 table of each index of a feature-major batch: feature_tables[f] for the indices of
+  // feature f's bags [offsets[f*B], offsets[(f+1)*B]) (offsets trusted: checked by the caller).
+  m.def("bag_table_ids(Tensor offsets, Tensor feature_tables, int batch_size, int n) -> Tensor");
+  // (T, 2) int64 per table on the ids' device: [keys placed new (is_new and slot >= 0), keys left
+  // unplaced (slot < 0)] of one placing call; ids outside [0, T) are not counted.
+  m.def("placement_counts(Tensor table_ids, Tensor slots, Tensor is_new, int num_tables) -> Tensor");
   // (n, width) rows at (table_ids, slots): each row's first min(width, row_width) elements, zeros after.
   m.def("grouped_gather(Tensor values, Tensor meta, Tensor table_ids, Tensor slots, int width, bool check=True) -> Tensor");
   // Write rows[i, :row_width(t)] at (table_ids[i], slots[i]); slot < 0 skipped; the last duplicate wins.
@@ -113,6 +121,8 @@ TORCH_LIBRARY(dynamicemb, m) {
   // slots) with grads (n, >= dim); the formulas of the per-table updates.
   m.def("grouped_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grads, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True) -> ()");
   // grouped_reduce_grads (width max_dim, the group's widest dim) then grouped_update on the unique
-  // keys (table_ids, slots (u,)) in one op.
-  m.def("grouped_reduce_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grad_out, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int pool_mode, int batch_size, int max_dim, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True) -> ()");
+  // keys (table_ids, slots (u,)) in one op. order / key_counts (optional, together): the inverse's
+  // positions grouped by key and each key's count (segmented_unique's), which spare the CUDA
+  // kernels their sort of the inverse; the result is the same with or without them (CPU: unused).
+  m.def("grouped_reduce_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grad_out, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int pool_mode, int batch_size, int max_dim, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, Tensor? order=None, Tensor? key_counts=None) -> ()");
 }

@@ -538,10 +538,14 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                                int64_t mode, int64_t batch_size, int64_t max_dim,
                                int64_t optimizer, double lr, double eps, double beta1,
                                double beta2, double weight_decay, int64_t weight_decay_mode,
-                               int64_t step, bool /*check: the CPU kernels always check*/) {
+                               int64_t step, bool /*check: the CPU kernels always check*/,
+                               const std::optional<at::Tensor>& order,
+                               const std::optional<at::Tensor>& key_counts) {
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
+  // The key order spares the CUDA kernels a sort; this walk over the bags needs none.
+  check_key_order(order, key_counts, inverse.numel(), slots.numel(), values.device(), op);
   const MetaView mv(meta, values.numel(), op, values.element_size());
   check_optimizer(mv, optimizer, weight_decay_mode, step, op);
   for (int64_t t = 0; t < mv.T; ++t) {
@@ -619,8 +623,27 @@ std::vector<UniquePair> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_
 
 // Deduplicates (table id, key) pairs with an open-addressing hash set, in one serial pass: pairs
 // come out in order of first occurrence (deterministic, as the per-table unique).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented_unique_cpu(
-    const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
+using UniqueResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+/// (n,) positions grouped by unique id, each group in input order: a counting sort of the inverse.
+at::Tensor positions_by_key(const at::Tensor& inverse, const at::Tensor& counts) {
+  const int64_t n = inverse.numel(), u = counts.numel();
+  std::vector<int64_t> next(u);
+  const int64_t* c = counts.data_ptr<int64_t>();
+  int64_t run = 0;
+  for (int64_t k = 0; k < u; ++k) {
+    next[k] = run;
+    run += c[k];
+  }
+  auto order = at::empty({n}, inverse.options());
+  int64_t* o = order.data_ptr<int64_t>();
+  const int64_t* inv = inverse.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) o[next[inv[i]]++] = i;
+  return order;
+}
+
+UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                                  int64_t num_tables, bool with_order) {
   const char* op = "segmented_unique";
   check_segmented_unique(keys, table_ids, num_tables, op);
   const auto k = keys.contiguous();
@@ -654,13 +677,59 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> segmented
     ot[u] = pairs[u].tid;
     oc[u] = pairs[u].count;
   }
-  return {out_keys, out_tids, inverse, out_counts, table_counts};
+  at::Tensor order = with_order ? positions_by_key(inverse, out_counts) : k.new_empty({0});
+  return {out_keys, out_tids, inverse, out_counts, table_counts, order};
+}
+
+at::Tensor bag_table_ids_cpu(const at::Tensor& offsets, const at::Tensor& feature_tables,
+                             int64_t batch_size, int64_t n) {
+  const char* op = "bag_table_ids";
+  check_bag_table_ids(offsets, feature_tables, batch_size, n, op);
+  const auto off = offsets.contiguous();
+  const auto ft = feature_tables.contiguous();
+  const int64_t F = ft.numel();
+  const int64_t* o = off.data_ptr<int64_t>();
+  const int64_t* f = ft.data_ptr<int64_t>();
+  auto out = at::empty({n}, off.options());
+  int64_t* t = out.data_ptr<int64_t>();
+  for (int64_t j = 0; j < F; ++j) {
+    // Clamped to [0, n]: the offsets are the caller's to check; nothing is written out of bounds.
+    const int64_t lo = std::clamp<int64_t>(o[j * batch_size], 0, n);
+    const int64_t hi = std::clamp<int64_t>(o[(j + 1) * batch_size], lo, n);
+    std::fill(t + lo, t + hi, f[j]);
+  }
+  return out;
+}
+
+at::Tensor placement_counts_cpu(const at::Tensor& table_ids, const at::Tensor& slots,
+                                const at::Tensor& is_new, int64_t num_tables) {
+  const char* op = "placement_counts";
+  check_placement_counts(table_ids, slots, is_new, num_tables, op);
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto nw = is_new.contiguous();
+  const int64_t* t = tid.data_ptr<int64_t>();
+  const int64_t* s = sl.data_ptr<int64_t>();
+  const bool* w = nw.data_ptr<bool>();
+  auto out = at::zeros({num_tables, 2}, tid.options());
+  int64_t* c = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < sl.numel(); ++i) {
+    if (t[i] < 0 || t[i] >= num_tables) continue;
+    if (s[i] < 0) {
+      ++c[t[i] * 2 + 1];
+    } else if (w[i]) {
+      ++c[t[i] * 2];
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("segmented_unique", &segmented_unique_cpu);
+  m.impl("bag_table_ids", &bag_table_ids_cpu);
+  m.impl("placement_counts", &placement_counts_cpu);
   m.impl("grouped_gather", &grouped_gather_cpu);
   m.impl("grouped_scatter", &grouped_scatter_cpu);
   m.impl("grouped_pooled_gather", &grouped_pooled_gather_cpu);

@@ -269,18 +269,45 @@ __device__ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+/// The element-wise optimizers on element ``d`` of a row ``w`` of dim ``D`` (state after it).
+__device__ inline void update_element(float* w, int64_t D, int64_t d, float g, int64_t optimizer,
+                                      const UpdateParams& p) {
+  if (optimizer == kSgd) {
+    sgd_element(w[d], g, p);
+  } else if (optimizer == kAdagrad) {
+    adagrad_element(w[d], w[D + d], g, p);
+  } else {
+    adam_element(w[d], w[D + d], w[2 * D + d], g, p);
+  }
+}
+
+/// The fused update of grouped_reduce_update for the chunk kernel: a key whose positions fit in one
+/// chunk (most keys of a power-law batch) is updated there, from the chunk's sum, instead of
+/// writing a partial for key_update_kernel to read back. ``values`` null: no fusion.
+struct FusedUpdate {
+  float* values;
+  const int64_t* tids;
+  const int64_t* slots;
+  int64_t optimizer;
+  UpdateParams p;
+};
+
 /// One warp per chunk of up to kChunk positions of one key: the chunk's sum, in position order.
-/// With ``vec`` (width and grad_out's columns multiples of 4) each lane sums 4 adjacent columns
-/// with 16-byte loads, so a row of dim <= 128 takes one pass over the chunk's positions.
-__global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, DeviceMeta meta,
-                                  const int64_t* __restrict__ perm, const int64_t* __restrict__ starts,
+/// With ``vec`` (width a multiple of 4, grad_out's columns adjacent) each lane sums 4 adjacent
+/// columns with 16-byte loads, so a row of dim <= 128 takes one pass over the chunk's positions.
+/// grad_out is read through its strides (gs0, gs1): an expanded gradient needs no copy.
+/// With ``fused.values`` a key's only chunk updates the key's row directly; the arithmetic is
+/// key_update_kernel's (``0 + sum``, then the same element update), so the rows are the same.
+__global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, int64_t gs1,
+                                  DeviceMeta meta, const int64_t* __restrict__ perm,
+                                  const int64_t* __restrict__ starts,
                                   const int64_t* __restrict__ chunk_start,
                                   const int64_t* __restrict__ chunk_key,
                                   const int64_t* __restrict__ bag_of, const int64_t* __restrict__ offsets,
                                   const float* __restrict__ weights, const int64_t* __restrict__ ft,
                                   const int64_t* __restrict__ dofs, int64_t B, int64_t num_unique,
                                   int64_t max_chunks, int64_t width, int64_t mode, bool vec,
-                                  float* __restrict__ partial) {
+                                  float* __restrict__ partial, FusedUpdate fused) {
   const int64_t c = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (c >= max_chunks || c >= chunk_start[num_unique]) return;
   const int64_t k = chunk_key[c];
@@ -288,6 +315,15 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, Dev
   const int64_t hi = min(starts[k + 1], lo + kChunk);
   const int64_t D = meta.dim(ft[bag_of[perm[lo]] / B]);
   float* out = partial + c * width;
+  // The key's row when this chunk is its only one (fused update), else null (write the partial).
+  float* row = nullptr;
+  int64_t row_dim = 0;
+  if (fused.values != nullptr && chunk_start[k + 1] - chunk_start[k] == 1) {
+    const int64_t t = fused.tids[k], s = fused.slots[k];
+    if (!meta.valid(t, s)) return;  // no row to update (key_update_kernel skips it as well)
+    row_dim = meta.dim(t);
+    row = fused.values + meta.offset(t) + s * meta.width(t);
+  }
   if (vec) {
     for (int64_t d = threadIdx.x * 4; d < width; d += kWarp * 4) {
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -298,7 +334,7 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, Dev
           float scale = weights ? weights[i] : 1.0f;
           if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
           const float* src =
-              (mode == kPoolNone ? grad + i * G : grad + (bag % B) * G + dofs[bag / B]) + d;
+              (mode == kPoolNone ? grad + i * gs0 : grad + (bag % B) * gs0 + dofs[bag / B]) + d;
           float4 g;
           if (d + 3 < D && aligned16(src)) {
             g = *reinterpret_cast<const float4*>(src);
@@ -314,7 +350,18 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, Dev
           acc.w += scale * g.w;
         }
       }
-      *reinterpret_cast<float4*>(out + d) = acc;
+      if (row != nullptr) {
+        const float sums[4] = {acc.x, acc.y, acc.z, acc.w};
+        for (int e = 0; e < 4; ++e) {
+          if (d + e < row_dim) {
+            float g = 0.0f;
+            g += sums[e];
+            update_element(row, row_dim, d + e, g, fused.optimizer, fused.p);
+          }
+        }
+      } else {
+        *reinterpret_cast<float4*>(out + d) = acc;
+      }
     }
     return;
   }
@@ -326,11 +373,20 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t G, Dev
         const int64_t bag = bag_of[i];
         float scale = weights ? weights[i] : 1.0f;
         if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
-        const float* src = mode == kPoolNone ? grad + i * G : grad + (bag % B) * G + dofs[bag / B];
-        acc += scale * src[d];
+        const float* src = mode == kPoolNone ? grad + i * gs0 + d * gs1
+                                             : grad + (bag % B) * gs0 + (dofs[bag / B] + d) * gs1;
+        acc += scale * src[0];
       }
     }
-    out[d] = acc;
+    if (row != nullptr) {
+      if (d < row_dim) {
+        float g = 0.0f;
+        g += acc;
+        update_element(row, row_dim, d, g, fused.optimizer, fused.p);
+      }
+    } else {
+      out[d] = acc;
+    }
   }
 }
 
@@ -357,7 +413,10 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
                          const at::Tensor& inverse, const at::Tensor& offsets,
                          const std::optional<at::Tensor>& weights, const at::Tensor& feature_tables,
                          const at::Tensor& d_offsets, int64_t mode, int64_t batch_size,
-                         int64_t num_unique, int64_t width, bool check, const char* op) {
+                         int64_t num_unique, int64_t width, bool check, const char* op,
+                         const std::optional<at::Tensor>& order = std::nullopt,
+                         const std::optional<at::Tensor>& key_counts = std::nullopt,
+                         const FusedUpdate& fused = FusedUpdate{}) {
   check_meta(meta, grad_out.device(), op);
   check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
   check_on_device(inverse, grad_out.device(), "inverse", op);
@@ -365,8 +424,10 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
   DEMB_CHECK_TYPE(grad_out.scalar_type() == at::kFloat, op, ": grad_out must be float32, got ",
                   grad_out.scalar_type());
   DEMB_CHECK_VALUE(grad_out.dim() == 2, op, ": grad_out must be 2-D, got ", grad_out.sizes());
+  check_key_order(order, key_counts, inverse.numel(), num_unique, grad_out.device(), op);
   const at::cuda::CUDAGuard guard(grad_out.device());
-  const auto g = grad_out.contiguous();
+  // Read through its strides: the gradient of a sum is an expanded scalar (no copy to make).
+  const auto& g = grad_out;
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const auto ft = feature_tables.contiguous();
@@ -390,15 +451,25 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
   const int64_t n = inv.numel(), num_bags = off.numel() - 1;
   if (n == 0 || num_unique == 0 || width == 0) return {at::Tensor(), at::Tensor(), true};
   auto stream = at::cuda::getCurrentCUDAStream();
-  // Stable sort of the positions by key; 32-bit keys halve the radix passes of 64-bit ones.
-  const bool narrow = num_unique < std::numeric_limits<int32_t>::max();
-  const auto sorted = at::sort(narrow ? inv.to(at::kInt) : inv, /*stable=*/true, /*dim=*/0,
-                               /*descending=*/false);
-  const auto& sorted_keys = std::get<0>(sorted);
-  const auto perm = std::get<1>(sorted).contiguous();
-  const auto starts =
-      at::searchsorted(sorted_keys, at::arange(num_unique + 1, sorted_keys.options()));
-  const auto counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
+  at::Tensor perm, starts, counts;
+  if (order.has_value()) {
+    // The dedup's sort already grouped the positions by key (each key's in input order): the
+    // stable sort below would give the same permutation.
+    perm = order->contiguous();
+    counts = key_counts->contiguous();
+    starts = at::zeros({num_unique + 1}, inv.options());
+    auto tail = starts.narrow(0, 1, num_unique);
+    at::cumsum_out(tail, counts, 0);
+  } else {
+    // Stable sort of the positions by key; 32-bit keys halve the radix passes of 64-bit ones.
+    const bool narrow = num_unique < std::numeric_limits<int32_t>::max();
+    const auto sorted = at::sort(narrow ? inv.to(at::kInt) : inv, /*stable=*/true, /*dim=*/0,
+                                 /*descending=*/false);
+    const auto& sorted_keys = std::get<0>(sorted);
+    perm = std::get<1>(sorted).contiguous();
+    starts = at::searchsorted(sorted_keys, at::arange(num_unique + 1, sorted_keys.options()));
+    counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
+  }
   auto chunk_start = at::zeros({num_unique + 1}, inv.options());
   chunk_start.narrow(0, 1, num_unique)
       .copy_(at::cumsum(at::floor_divide(counts + (kChunk - 1), kChunk), 0));
@@ -416,14 +487,15 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
       chunk_start.data_ptr<int64_t>(), num_unique, chunk_key.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // The real number of chunks stays on the device (chunk_start[u]); warps past it return.
-  const bool vec = width % 4 == 0 && g.size(1) % 4 == 0;
+  const bool vec = width % 4 == 0 && g.stride(1) == 1;
   chunk_sums_kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-      g.data_ptr<float>(), g.size(1), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-      perm.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(),
-      chunk_key.data_ptr<int64_t>(), bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
+      g.data_ptr<float>(), g.stride(0), g.stride(1),
+      DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)}, perm.data_ptr<int64_t>(),
+      starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(), chunk_key.data_ptr<int64_t>(),
+      bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
       w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(),
       dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width, mode, vec,
-      partial.data_ptr<float>());
+      partial.data_ptr<float>(), fused);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {partial, chunk_start, false};
 }
@@ -492,28 +564,24 @@ __global__ void update_kernel(float* __restrict__ values, DeviceMeta meta,
 /// grouped_reduce_update's last pass for the element-wise optimizers: one warp per key sums the
 /// key's chunk partials (in chunk order, as key_sums_kernel does) and updates its row at once, so
 /// the (u, width) gradient is never written; the rows equal key_sums_kernel then update_kernel.
+/// With ``fused`` the keys of one chunk were updated by chunk_sums_kernel and are skipped here.
 __global__ void key_update_kernel(float* __restrict__ values, DeviceMeta meta,
                                   const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                                   const float* __restrict__ partial,
                                   const int64_t* __restrict__ chunk_start, int64_t num_unique,
-                                  int64_t width, int64_t optimizer, UpdateParams p) {
+                                  int64_t width, int64_t optimizer, UpdateParams p, bool fused) {
   const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (k >= num_unique) return;
+  const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
+  if (fused && c1 - c0 == 1) return;
   const int64_t t = tids[k], s = slots[k];
   if (!meta.valid(t, s)) return;
   const int64_t D = meta.dim(t);
   float* w = values + meta.offset(t) + s * meta.width(t);
-  const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
   for (int64_t d = threadIdx.x; d < D; d += kWarp) {
     float g = 0.0f;
     for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
-    if (optimizer == kSgd) {
-      sgd_element(w[d], g, p);
-    } else if (optimizer == kAdagrad) {
-      adagrad_element(w[d], w[D + d], g, p);
-    } else {
-      adam_element(w[d], w[D + d], w[2 * D + d], g, p);
-    }
+    update_element(w, D, d, g, optimizer, p);
   }
 }
 
@@ -588,7 +656,8 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
                                 int64_t mode, int64_t batch_size, int64_t max_dim,
                                 int64_t optimizer, double lr, double eps, double beta1,
                                 double beta2, double weight_decay, int64_t weight_decay_mode,
-                                int64_t step, bool check) {
+                                int64_t step, bool check, const std::optional<at::Tensor>& order,
+                                const std::optional<at::Tensor>& key_counts) {
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
@@ -603,8 +672,13 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
   DEMB_CHECK_VALUE(max_dim >= 0, op, ": max_dim must be >= 0, got ", max_dim);
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
   const int64_t u = sl.numel();
-  const Partials parts = reduce_partials(grad_out, meta, inverse, offsets, weights, feature_tables,
-                                         d_offsets, mode, batch_size, u, max_dim, check, op);
+  // Row-wise Adagrad needs each row's whole gradient before its update: no fusion for it.
+  const bool fuse = optimizer != kRowwiseAdagrad;
+  const FusedUpdate fused{fuse ? values.data_ptr<float>() : nullptr, tid.data_ptr<int64_t>(),
+                          sl.data_ptr<int64_t>(), optimizer, p};
+  const Partials parts =
+      reduce_partials(grad_out, meta, inverse, offsets, weights, feature_tables, d_offsets, mode,
+                      batch_size, u, max_dim, check, op, order, key_counts, fused);
   if (parts.empty || optimizer == kRowwiseAdagrad) {
     // Row-wise Adagrad needs each row's sum of squares before its update: the gradient first.
     at::Tensor grads = at::zeros({u, max_dim}, grad_out.options());
@@ -622,38 +696,75 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
                       at::cuda::getCurrentCUDAStream()>>>(
       values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
       tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), parts.partial.data_ptr<float>(),
-      parts.chunk_start.data_ptr<int64_t>(), u, max_dim, optimizer, p);
+      parts.chunk_start.data_ptr<int64_t>(), u, max_dim, optimizer, p, fuse);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // ---- segmented unique: one stable radix sort of a (table id, key) word, one readback ----
 
-using UniqueResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using UniqueResult =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+/// One thread per sorted position: the inverse of its input position, and at each run head the
+/// run's pair and where the run starts (no atomics: a run's count is the distance to the next start).
+__global__ void runs_kernel(const int64_t* __restrict__ order, const int64_t* __restrict__ sk,
+                            const int64_t* __restrict__ st, const int64_t* __restrict__ group,
+                            const int64_t* __restrict__ head, int64_t n,
+                            int64_t* __restrict__ inverse, int64_t* __restrict__ uk,
+                            int64_t* __restrict__ ut, int64_t* __restrict__ run_start) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t g = group[i];
+  inverse[order[i]] = g;
+  if (head[i]) {
+    uk[g] = sk[i];
+    ut[g] = st[i];
+    run_start[g] = i;
+  }
+}
+
+__global__ void run_counts_kernel(const int64_t* __restrict__ run_start, int64_t u, int64_t n,
+                                  int64_t* __restrict__ counts) {
+  const int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= u) return;
+  counts[g] = (g + 1 < u ? run_start[g + 1] : n) - run_start[g];
+}
 
 /// The unique pairs once the positions are sorted so that equal pairs are adjacent (``order``:
 /// sorted position -> input position; ``head``: (n,) int64, 1 where a sorted run of one pair
 /// starts; ``host``: [u, ..., per-table counts (num_tables)] read back, counts at ``tables_at``).
 UniqueResult unique_from_runs(const at::Tensor& order, const at::Tensor& sk, const at::Tensor& st,
-                              const at::Tensor& group, const at::Tensor& host, int64_t tables_at,
-                              int64_t num_tables) {
+                              const at::Tensor& group, const at::Tensor& head,
+                              const at::Tensor& host, int64_t tables_at, int64_t num_tables,
+                              bool with_order) {
   const int64_t n = order.numel();
   const auto opts = sk.options();
   const int64_t u = host.data_ptr<int64_t>()[0];
   auto inverse = at::empty({n}, opts);
-  inverse.scatter_(0, order, group);
   auto uk = at::empty({u}, opts);
   auto ut = at::empty({u}, opts);
-  uk.scatter_(0, group, sk);  // every member of a run carries the same pair
-  ut.scatter_(0, group, st);
-  auto counts = at::zeros({u}, opts);
-  counts.index_add_(0, group, at::ones({n}, opts));
-  return {uk, ut, inverse, counts, host.narrow(0, tables_at, num_tables).clone()};
+  auto run_start = at::empty({u}, opts);
+  auto counts = at::empty({u}, opts);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const int threads = 256;
+  runs_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>(
+      order.data_ptr<int64_t>(), sk.data_ptr<int64_t>(), st.data_ptr<int64_t>(),
+      group.data_ptr<int64_t>(), head.data_ptr<int64_t>(), n, inverse.data_ptr<int64_t>(),
+      uk.data_ptr<int64_t>(), ut.data_ptr<int64_t>(), run_start.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (u > 0) {
+    run_counts_kernel<<<(u + threads - 1) / threads, threads, 0, stream>>>(
+        run_start.data_ptr<int64_t>(), u, n, counts.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {uk, ut, inverse, counts, host.narrow(0, tables_at, num_tables).clone(),
+          with_order ? order : order.new_empty({0})};
 }
 
 /// The exact form: sort by key, then stably by table id (two radix sorts); used when the one-word
 /// form finds two different pairs with the same word.
 UniqueResult segmented_unique_two_sorts(const at::Tensor& k, const at::Tensor& t,
-                                        int64_t num_tables) {
+                                        int64_t num_tables, bool with_order) {
   const int64_t n = k.numel();
   const auto opts = k.options();
   const auto by_key = at::sort(k, /*stable=*/true, 0, false);
@@ -675,10 +786,11 @@ UniqueResult segmented_unique_two_sorts(const at::Tensor& k, const at::Tensor& t
                (st.narrow(0, 1, n - 1) != st.narrow(0, 0, n - 1)));
   }
   const auto group = at::cumsum(head, 0, at::kLong) - 1;
+  const auto heads = head.to(at::kLong);
   auto per_table = at::zeros({num_tables}, opts);
-  per_table.index_add_(0, st, head.to(at::kLong));
+  per_table.index_add_(0, st, heads);
   const auto host = at::cat({group.narrow(0, n - 1, 1) + 1, per_table}).cpu();
-  return unique_from_runs(order, sk, st, group, host, 1, num_tables);
+  return unique_from_runs(order, sk, st, group, heads, host, 1, num_tables, with_order);
 }
 
 // The sort word of a pair: the key with its table id mixed in (a bijection of the key for each
@@ -732,7 +844,7 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words, const int64_
 }
 
 UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
-                                   int64_t num_tables) {
+                                   int64_t num_tables, bool with_order) {
   const char* op = "segmented_unique";
   check_segmented_unique(keys, table_ids, num_tables, op);
   const at::cuda::CUDAGuard guard(keys.device());
@@ -742,7 +854,7 @@ UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& tab
   const auto opts = k.options();
   if (n == 0) {
     return {k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), k.new_empty({0}),
-            at::zeros({num_tables}, opts.device(at::kCPU))};
+            at::zeros({num_tables}, opts.device(at::kCPU)), k.new_empty({0})};
   }
   auto stream = at::cuda::getCurrentCUDAStream();
   const int threads = 256;
@@ -772,14 +884,113 @@ UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& tab
   const auto group = at::cumsum(head, 0) - 1;
   small.narrow(0, 0, 1).copy_(group.narrow(0, n - 1, 1) + 1);
   const auto host = small.cpu();
-  if (host.data_ptr<int64_t>()[1] != 0) return segmented_unique_two_sorts(k, t, num_tables);
-  return unique_from_runs(order, sk, st, group, host, 2, num_tables);
+  if (host.data_ptr<int64_t>()[1] != 0) {
+    return segmented_unique_two_sorts(k, t, num_tables, with_order);
+  }
+  return unique_from_runs(order, sk, st, group, head, host, 2, num_tables, with_order);
+}
+
+// ---- table ids from the batch's offsets: one thread per index, a binary search over features ----
+
+__global__ void bag_table_ids_kernel(const int64_t* __restrict__ offsets,
+                                     const int64_t* __restrict__ ft, int64_t F, int64_t B, int64_t n,
+                                     int64_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  // The last feature whose first index is <= i (features with no index share their start with
+  // the next one, so the search passes over them).
+  int64_t lo = 0, hi = F - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (offsets[mid * B] <= i) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  out[i] = ft[lo];
+}
+
+at::Tensor bag_table_ids_cuda(const at::Tensor& offsets, const at::Tensor& feature_tables,
+                              int64_t batch_size, int64_t n) {
+  const char* op = "bag_table_ids";
+  check_bag_table_ids(offsets, feature_tables, batch_size, n, op);
+  const at::cuda::CUDAGuard guard(offsets.device());
+  const auto off = offsets.contiguous();
+  const auto ft = feature_tables.contiguous();
+  auto out = at::empty({n}, off.options());
+  // With no feature or no bag there is no index to label (n must then be 0: the caller's check).
+  if (n == 0) return out;
+  DEMB_CHECK_VALUE(ft.numel() > 0 && batch_size > 0, op, ": ", n,
+                   " indices but no bag (F=", ft.numel(), ", B=", batch_size, ")");
+  const int threads = 256;
+  bag_table_ids_kernel<<<(n + threads - 1) / threads, threads, 0,
+                         at::cuda::getCurrentCUDAStream()>>>(
+      off.data_ptr<int64_t>(), ft.data_ptr<int64_t>(), ft.numel(), batch_size, n,
+      out.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+// ---- per-table placement counts: shared-memory counts per block, one global add per table ----
+
+__global__ void placement_counts_kernel(const int64_t* __restrict__ tids,
+                                        const int64_t* __restrict__ slots,
+                                        const bool* __restrict__ is_new, int64_t n, int64_t T,
+                                        unsigned long long* __restrict__ out) {
+  __shared__ unsigned int counts[2 * kSharedTables];
+  const bool shared = T <= kSharedTables;
+  if (shared) {
+    for (int64_t j = threadIdx.x; j < 2 * T; j += blockDim.x) counts[j] = 0;
+  }
+  __syncthreads();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = tids[i];
+    if (t < 0 || t >= T) continue;
+    const int64_t col = slots[i] < 0 ? 1 : (is_new[i] ? 0 : -1);
+    if (col < 0) continue;
+    if (shared) {
+      atomicAdd(&counts[t * 2 + col], 1u);
+    } else {
+      atomicAdd(&out[t * 2 + col], 1ULL);
+    }
+  }
+  __syncthreads();
+  if (shared) {
+    for (int64_t j = threadIdx.x; j < 2 * T; j += blockDim.x) {
+      if (counts[j]) atomicAdd(&out[j], static_cast<unsigned long long>(counts[j]));
+    }
+  }
+}
+
+at::Tensor placement_counts_cuda(const at::Tensor& table_ids, const at::Tensor& slots,
+                                 const at::Tensor& is_new, int64_t num_tables) {
+  const char* op = "placement_counts";
+  check_placement_counts(table_ids, slots, is_new, num_tables, op);
+  const at::cuda::CUDAGuard guard(table_ids.device());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto nw = is_new.contiguous();
+  auto out = at::zeros({num_tables, 2}, tid.options());
+  const int64_t n = sl.numel();
+  if (n == 0) return out;
+  const int threads = 256;
+  // A grid-stride loop over a bounded grid: few blocks, so few global adds per table.
+  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 1024);
+  placement_counts_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), nw.data_ptr<bool>(), n, num_tables,
+      reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("segmented_unique", &segmented_unique_cuda);
+  m.impl("bag_table_ids", &bag_table_ids_cuda);
+  m.impl("placement_counts", &placement_counts_cuda);
   m.impl("grouped_gather", &grouped_gather_cuda);
   m.impl("grouped_scatter", &grouped_scatter_cuda);
   m.impl("grouped_pooled_gather", &grouped_pooled_gather_cuda);

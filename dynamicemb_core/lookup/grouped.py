@@ -27,7 +27,7 @@ from dynamicemb_core.config import DynamicEmbInitializerArgs
 from dynamicemb_core.lookup.initializers import initialize_embeddings
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
-from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage
 from dynamicemb_core.storage.grouped_rows import GroupedRows
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
@@ -47,6 +47,9 @@ class GroupStep:
         offsets: (F*B+1,) the batch's bags; weights: (n,) float32 per-sample weights or None.
         batch_size: B.
         weight_rows: (u, max_dim) rows as read, kept only when the weights learn.
+        order, key_counts: (n,) the positions grouped by unique pair and (u,) each pair's count,
+            from the dedup's sort (CUDA training forwards), so the backward does not sort again;
+            None elsewhere.
     """
 
     keys: torch.Tensor
@@ -59,6 +62,8 @@ class GroupStep:
     weights: Optional[torch.Tensor]
     batch_size: int
     weight_rows: Optional[torch.Tensor] = None
+    order: Optional[torch.Tensor] = None
+    key_counts: Optional[torch.Tensor] = None
 
 
 def _initializer_groups(
@@ -174,8 +179,7 @@ class TableGroup:
         """(n,) table of each index, from the feature-major offsets (on the device, no sync)."""
         if batch_size == 0 or n == 0:
             return torch.zeros(n, dtype=torch.int64, device=self.device)
-        lengths = offsets[::batch_size].diff()
-        return torch.repeat_interleave(self.feature_tables, lengths, output_size=n)
+        return lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
 
     def lookup(
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int, training: bool
@@ -189,10 +193,17 @@ class TableGroup:
         none).
         """
         tids = self.table_ids(offsets, indices.numel(), batch_size)
-        keys, utids, inverse, key_counts, counts = lookup_ops.segmented_unique(
-            indices, tids, self.num_tables
-        )
         training = training and self.any_trains
+        order = None
+        if training and self.device.type == "cuda":
+            # the dedup's sort grouped the positions by pair: the backward reuses it
+            keys, utids, inverse, key_counts, counts, order = lookup_ops.segmented_unique_ordered(
+                indices, tids, self.num_tables
+            )
+        else:
+            keys, utids, inverse, key_counts, counts = lookup_ops.segmented_unique(
+                indices, tids, self.num_tables
+            )
         if not training:
             slots, found = self.storage.find_all(keys, utids)
             missing = (~found).nonzero().squeeze(1)
@@ -203,10 +214,13 @@ class TableGroup:
             acquire = self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
             out = self._source(step, acquire.slots, acquire.slots, None, None)
-            if not acquire.unplaced:
-                return out + (None,)
-            return out + (self._count_by_table(utids[acquire.slots < 0]),)
-        return self._mixed_lookup(keys, utids, inverse, key_counts, offsets, batch_size)
+        else:
+            step, acquire, out = self._mixed_lookup(
+                keys, utids, inverse, key_counts, offsets, batch_size
+            )
+        if order is not None:
+            step.order, step.key_counts = order, key_counts
+        return out + (acquire.unplaced_per_table,)
 
     def _mixed_lookup(
         self,
@@ -216,10 +230,10 @@ class TableGroup:
         key_counts: torch.Tensor,
         offsets: torch.Tensor,
         batch_size: int,
-    ) -> Tuple[GroupStep, GroupedRows, torch.Tensor, Optional[List[int]]]:
+    ) -> Tuple[GroupStep, GroupAcquire, Tuple[GroupStep, GroupedRows, torch.Tensor]]:
         """A training forward where some tables do not train or admit keys: one find of every
         pair, admission per table over its missing pairs, then one placement of the pairs that
-        train."""
+        train. Returns the step, the placement and what the output reads (:meth:`_source`)."""
         storage = self.storage
         stored, found = storage.find_all(keys, utids)
         trained = self._trains_dev[utids]
@@ -244,12 +258,9 @@ class TableGroup:
         if rejected is not None and rejected.numel():
             idx.append(rejected)
             rows.append(self._rejected_rows(keys[rejected], utids[rejected]))
-        unplaced: Optional[List[int]] = None
-        if acquire.unplaced:
-            unplaced = self._count_by_table(take_tids[acquire.slots < 0])
         if not idx:
-            return self._source(step, read, slots, None, None) + (unplaced,)
-        return self._source(step, read, slots, torch.cat(idx), torch.cat(rows)) + (unplaced,)
+            return step, acquire, self._source(step, read, slots, None, None)
+        return step, acquire, self._source(step, read, slots, torch.cat(idx), torch.cat(rows))
 
     def _admit(
         self,
@@ -295,9 +306,6 @@ class TableGroup:
             own = adm[0].get_initializer_args() if adm is not None else None
             args.append(own or self._initializers[t])
         return self._embeddings(_initializer_groups(args, self.device), keys, tids)
-
-    def _count_by_table(self, table_ids: torch.Tensor) -> List[int]:
-        return [int(c) for c in torch.bincount(table_ids, minlength=self.num_tables).tolist()]
 
     def _step(
         self,
@@ -396,7 +404,7 @@ class TableGroup:
         storage.rows.reduce_update(
             step.table_ids,
             slots,
-            grad_out.float().contiguous(),
+            grad_out.float(),
             step.inverse,
             step.offsets,
             step.weights,
@@ -416,6 +424,8 @@ class TableGroup:
                 max(1, int(it)),
             ),
             frozen=self._frozen,
+            order=step.order,
+            key_counts=step.key_counts,
         )
 
     def weight_grads(self, step: GroupStep, grad_out: torch.Tensor) -> torch.Tensor:

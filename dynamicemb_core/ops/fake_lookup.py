@@ -94,8 +94,8 @@ def _adam_update_fake(
 
 
 def _segmented_unique_fake(
-    keys: Tensor, table_ids: Tensor, num_tables: int
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    keys: Tensor, table_ids: Tensor, num_tables: int, with_order: bool = False
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     torch._check(keys.dim() == 1, lambda: "segmented_unique: keys must be 1-D")
     u = torch.library.get_ctx().new_dynamic_size()
     counts = torch.empty(num_tables, dtype=torch.int64, device="cpu")
@@ -105,7 +105,20 @@ def _segmented_unique_fake(
         keys.new_empty(keys.shape[0]),
         keys.new_empty(u),
         counts,
+        keys.new_empty(keys.shape[0] if with_order else 0),
     )
+
+
+def _bag_table_ids_fake(offsets: Tensor, feature_tables: Tensor, batch_size: int, n: int) -> Tensor:
+    torch._check(offsets.dim() == 1, lambda: "bag_table_ids: offsets must be 1-D")
+    return offsets.new_empty(n)
+
+
+def _placement_counts_fake(
+    table_ids: Tensor, slots: Tensor, is_new: Tensor, num_tables: int
+) -> Tensor:
+    torch._check(table_ids.dim() == 1, lambda: "placement_counts: table_ids must be 1-D")
+    return table_ids.new_empty(num_tables, 2)
 
 
 def _grouped_gather_fake(
@@ -204,6 +217,8 @@ def _grouped_reduce_update_fake(
     weight_decay_mode: int,
     step: int,
     check: bool = True,
+    order: Optional[Tensor] = None,
+    key_counts: Optional[Tensor] = None,
 ) -> None:
     torch._check(grad_out.dim() == 2, lambda: "grouped_reduce_update: grad_out must be 2-D")
 
@@ -217,6 +232,8 @@ FAKE_KERNELS = {
     "rowwise_adagrad_update": _rowwise_adagrad_update_fake,
     "adam_update": _adam_update_fake,
     "segmented_unique": _segmented_unique_fake,
+    "bag_table_ids": _bag_table_ids_fake,
+    "placement_counts": _placement_counts_fake,
     "grouped_gather": _grouped_gather_fake,
     "grouped_scatter": _grouped_scatter_fake,
     "grouped_pooled_gather": _grouped_pooled_gather_fake,

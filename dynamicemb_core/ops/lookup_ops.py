@@ -32,16 +32,19 @@ __all__ = [
     "POOL_SUM",
     "adagrad_update",
     "adam_update",
+    "bag_table_ids",
     "grouped_gather",
     "grouped_pooled_gather",
     "grouped_reduce_grads",
     "grouped_reduce_update",
     "grouped_scatter",
     "grouped_update",
+    "placement_counts",
     "pooled_gather",
     "reduce_grads",
     "rowwise_adagrad_update",
     "segmented_unique",
+    "segmented_unique_ordered",
     "sgd_update",
     "unique",
 ]
@@ -209,7 +212,41 @@ def segmented_unique(
         times an odd constant), or by (table id, key) in the rare batch where two pairs share a word.
         Deterministic on both.
     """
-    return _ops().segmented_unique.default(keys, table_ids, num_tables)
+    return _ops().segmented_unique.default(keys, table_ids, num_tables, False)[:5]
+
+
+def segmented_unique_ordered(
+    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`segmented_unique` and ``order`` (n,) int64: the positions grouped by unique pair
+    (pair 0's first), each pair's in input order, i.e. ``argsort(inverse, stable=True)``.
+
+    The backward's reduction needs exactly this grouping; on CUDA the dedup's sort already made it
+    (no extra work), and :func:`grouped_reduce_update` given ``order`` and the counts skips its own
+    sort of the inverse. On CPU it costs one counting pass.
+    """
+    return _ops().segmented_unique.default(keys, table_ids, num_tables, True)
+
+
+def bag_table_ids(
+    offsets: torch.Tensor, feature_tables: torch.Tensor, batch_size: int, n: int
+) -> torch.Tensor:
+    """(n,) int64 table of each index of a feature-major batch (one launch, no host sync).
+
+    Index ``i`` of feature ``f``'s bags ``[offsets[f*B], offsets[(f+1)*B])`` gets
+    ``feature_tables[f]``: ``repeat_interleave(feature_tables, offsets[::B].diff())`` without its
+    passes. ``offsets`` (F*B+1,) are trusted (non-decreasing, from 0 to n: the caller checked them).
+    """
+    return _ops().bag_table_ids.default(offsets, feature_tables, batch_size, n)
+
+
+def placement_counts(
+    table_ids: torch.Tensor, slots: torch.Tensor, is_new: torch.Tensor, num_tables: int
+) -> torch.Tensor:
+    """(T, 2) int64 on the ids' device: per table, the keys a placing call stored new
+    (``is_new & slot >= 0``) and the keys it left unplaced (``slot < 0``); counted per block in
+    shared memory on CUDA, so a few tables' counters take no hot global atomics."""
+    return _ops().placement_counts.default(table_ids, slots, is_new, num_tables)
 
 
 def grouped_gather(
@@ -380,10 +417,14 @@ def grouped_reduce_update(
     step: int = 1,
     *,
     check: bool = True,
+    order: Optional[torch.Tensor] = None,
+    key_counts: Optional[torch.Tensor] = None,
 ) -> None:
     """:func:`grouped_reduce_grads` then :func:`grouped_update` on the unique keys in one op (the
     training backward): the CPU kernel applies each key's sum as soon as it is formed. ``max_dim``:
-    the group's widest embedding dim (the width of the reduction on CUDA)."""
+    the group's widest embedding dim (the width of the reduction on CUDA). ``order`` and
+    ``key_counts`` (together, from :func:`segmented_unique_ordered`): the positions grouped by key,
+    so the CUDA kernels skip their sort of ``inverse``; the rows come out the same without them."""
     _ops().grouped_reduce_update.default(
         values,
         meta,
@@ -407,4 +448,6 @@ def grouped_reduce_update(
         weight_decay_mode,
         step,
         check,
+        order,
+        key_counts,
     )

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
 from dynamicemb_core.storage.grouped_rows import ROW_DTYPES, GroupedRows
 from dynamicemb_core.storage.tier import LookupTier, RowInit, RowUpdate, TierRows
@@ -49,12 +50,14 @@ class GroupAcquire:
         unplaced: how many slots are -1 (those keys read as zeros and get no update).
         fresh_index: (m,) int64 positions of the keys that got initial rows (new and placed).
         fresh_rows: (m, max row_width) those rows, already written to the buffer.
+        unplaced_per_table: per table, how many of its keys have slot -1 (None when none has).
     """
 
     slots: torch.Tensor
     unplaced: int
     fresh_index: torch.Tensor
     fresh_rows: Optional[torch.Tensor]
+    unplaced_per_table: Optional[List[int]] = None
 
 
 class GroupedDeviceStorage(DeviceStorage):
@@ -221,32 +224,40 @@ class GroupedDeviceStorage(DeviceStorage):
             keys, table_ids, table_counts, sizes, report_evicted=self._retain
         )
         slots, is_new = res.slots, res.is_new
-        unplaced_mask = slots < 0
-        # Only keys that got a slot get initial rows: an unplaced key (slot -1) reads as zeros.
-        missing = is_new & ~unplaced_mask
-        placed_new = torch.zeros(T, dtype=torch.int64, device=self.device)
-        placed_new.index_add_(0, table_ids, missing.to(torch.int64))
-        counts = torch.stack([missing.sum(), unplaced_mask.sum()])
-        # The one readback of the step's table work: counts, new keys per table, sizes after.
-        host = torch.cat([counts, placed_new, self.table.state.sizes]).tolist()
-        num_missing, unplaced = int(host[0]), int(host[1])
-        new_per_table, after = host[2 : 2 + T], host[2 + T :]
+        # The one readback of the step's table work: per table the keys placed new and the keys
+        # left unplaced (counted without hot atomics), and the sizes after the insert.
+        per_table = lookup_ops.placement_counts(table_ids, slots, is_new, T)
+        host = torch.cat([per_table.reshape(-1), self.table.state.sizes]).tolist()
+        placed, unplaced_by_table, after = host[0 : 2 * T : 2], host[1 : 2 * T : 2], host[2 * T :]
+        num_missing, unplaced = sum(placed), sum(unplaced_by_table)
+        # A table's size moves only by keys placed and keys evicted during the call.
+        evicted = [sizes[t] + placed[t] - after[t] for t in range(T)]
+        self.table.counters.add(
+            [
+                [int(table_counts[t]) - placed[t] - unplaced_by_table[t]]
+                + [placed[t] + unplaced_by_table[t], placed[t], evicted[t], unplaced_by_table[t]]
+                for t in range(T)
+            ]
+        )
         if self._retain:
             self._count_evicted_by_table(res)
         else:
             for t in range(T):
-                self._evicted_counts[t] += sizes[t] + new_per_table[t] - after[t]
+                self._evicted_counts[t] += evicted[t]
         self._sizes = [int(s) for s in after]
         self._sizes_epoch = self.table.placement_epoch
+        by_table = unplaced_by_table if unplaced else None
         if num_missing == 0:
-            return GroupAcquire(slots, unplaced, slots[:0], None)
+            return GroupAcquire(slots, unplaced, slots[:0], None, by_table)
+        # Only keys that got a slot get initial rows: an unplaced key (slot -1) reads as zeros.
+        missing = is_new & (slots >= 0)
         if self.device.type == "cuda":
             idx = torch.nonzero_static(missing, size=num_missing).squeeze(1)
         else:
             idx = missing.nonzero().squeeze(1)
         fresh = init(keys[idx], table_ids[idx])
         self.rows.scatter(table_ids[idx], slots[idx], fresh)
-        return GroupAcquire(slots, unplaced, idx, fresh)
+        return GroupAcquire(slots, unplaced, idx, fresh, by_table)
 
     def _count_evicted_by_table(self, result: Any) -> None:
         ev = result.evicted

@@ -254,6 +254,8 @@ class GroupedRows:
         max_dim: int,
         optimizer: Tuple[Any, ...],
         frozen: Sequence[int] = (),
+        order: Optional[torch.Tensor] = None,
+        key_counts: Optional[torch.Tensor] = None,
     ) -> None:
         """The backward's fused update of the unique keys' rows (slots -1 skipped).
 
@@ -261,7 +263,8 @@ class GroupedRows:
         :func:`lookup_ops.grouped_reduce_grads` on the device, then :func:`lookup_ops.grouped_update`
         on each part, the host part with only its own keys' gradients copied over. ``optimizer``:
         ``(code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step)``. ``frozen``: tables
-        that hold no optimizer state (their slots must be -1).
+        that hold no optimizer state (their slots must be -1). ``order`` / ``key_counts``: the
+        dedup's grouping of the positions by key (see :func:`lookup_ops.grouped_reduce_update`).
         """
         code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step = optimizer
         hyper = (
@@ -291,6 +294,8 @@ class GroupedRows:
                 max_dim,
                 *hyper,
                 check=False,
+                order=order,
+                key_counts=key_counts,
             )
             return
         grads = lookup_ops.grouped_reduce_grads(

@@ -15,11 +15,15 @@ Columns (:data:`METRIC_NAMES`), counted per logical table over unique keys:
 
 ``evicted`` is derived on the device as ``placed - (size after - size before)``: a table's size only
 changes by keys placed and keys evicted during a placing call.
+
+A caller that reads a call's per-table outcome back anyway (the grouped lookup's one readback per
+step) adds it as host ints with :meth:`PlacementCounters.add` instead: no device work at all. Those
+counts are kept on the host beside the device ones and summed when read.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +39,15 @@ class PlacementCounters:
 
     def __init__(self, num_tables: int, device: torch.device) -> None:
         self.counts = torch.zeros(num_tables, len(METRIC_NAMES), dtype=torch.int64, device=device)
+        # counts added as host ints (:meth:`add`), summed with ``counts`` when read
+        self._host = [[0] * len(METRIC_NAMES) for _ in range(num_tables)]
+
+    def add(self, per_table: Sequence[Sequence[int]]) -> None:
+        """Add one placing call's outcome known on the host: ``per_table[t]`` is table ``t``'s
+        ``(hits, misses, placed, evicted, unplaced)``."""
+        for mine, new in zip(self._host, per_table):
+            for c, v in enumerate(new):
+                mine[c] += int(v)
 
     def record(
         self,
@@ -81,15 +94,22 @@ class PlacementCounters:
 
     def read(self, table_id: Optional[int] = None) -> List[Dict[str, int]]:
         """The counters as ints (one device-to-host copy): every table, or the one given."""
+        tables = range(len(self._host)) if table_id is None else [table_id]
         rows = self.counts if table_id is None else self.counts[table_id : table_id + 1]
-        return [dict(zip(METRIC_NAMES, map(int, row))) for row in rows.tolist()]
+        return [
+            {name: int(v) + h for name, v, h in zip(METRIC_NAMES, row, self._host[t])}
+            for t, row in zip(tables, rows.tolist())
+        ]
 
     def row(self, table_id: int) -> Tensor:
         """(5,) the table's counters, a copy on the device."""
-        return self.counts[table_id].clone()
+        host = torch.tensor(self._host[table_id], dtype=torch.int64)
+        return self.counts[table_id] + host.to(self.counts.device)
 
     def reset(self, table_id: Optional[int] = None) -> None:
         """Zero the counters of one table, or of all."""
+        for t in range(len(self._host)) if table_id is None else [table_id]:
+            self._host[t] = [0] * len(METRIC_NAMES)
         if table_id is None:
             self.counts.zero_()
         else:

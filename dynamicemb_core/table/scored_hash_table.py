@@ -309,6 +309,9 @@ class ScoredHashTable:
         ``keys`` distinct per table, ``table_ids`` (n,) int64 in range on the table's device.
         With ``report_evicted=False`` the evicted keys are not gathered (the insert then needs no
         device sync to size them); RETAIN_KEY tables always report theirs.
+
+        The placement counters are the caller's to add (:meth:`PlacementCounters.add`): it reads
+        the per-table outcome back with its sizes anyway, so counting costs no device work here.
         """
         involved = [t for t, c in enumerate(table_counts) if c]
         for t in involved:
@@ -326,7 +329,6 @@ class ScoredHashTable:
         retain = any(
             self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
         )
-        sizes_before = self._state.sizes.clone()
         if report_evicted or retain:
             slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True)
         else:
@@ -344,7 +346,6 @@ class ScoredHashTable:
             evicted = self._no_evictions(max(s.num_scores for s in self.specs))
         slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
         self._number_new_keys(table_ids, slots, is_new, None)
-        self.counters.record(table_ids, slots, is_new, sizes_before, self._state.sizes, lookup=True)
         self._collect_evicted(evicted)
         assert is_new is not None
         return InsertResult(slots, is_new, evicted)

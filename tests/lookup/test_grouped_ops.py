@@ -146,6 +146,134 @@ def test_segmented_unique_empty_and_bad_ids(device):
         lookup_ops.segmented_unique(torch.zeros(3, dtype=torch.int64, device=device), empty, 2)
 
 
+def test_segmented_unique_ordered_groups_positions_by_pair(device):
+    """``order`` is the stable argsort of the inverse: each pair's positions together, pairs in
+    unique order, each pair's positions in input order (hot keys included)."""
+    g = torch.Generator().manual_seed(7)
+    keys = torch.cat([torch.randint(0, 400, (300,), generator=g), torch.full((150,), 3)])
+    keys = keys[torch.randperm(keys.numel(), generator=g)]
+    tids = torch.randint(0, 3, (keys.numel(),), generator=g)
+    plain = lookup_ops.segmented_unique(keys.to(device), tids.to(device), 3)
+    *same, order = lookup_ops.segmented_unique_ordered(keys.to(device), tids.to(device), 3)
+    for a, b in zip(plain, same):
+        assert torch.equal(a, b)
+    inv = same[2].cpu()
+    assert torch.equal(order.cpu(), torch.sort(inv, stable=True).indices)
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    assert lookup_ops.segmented_unique_ordered(empty, empty, 2)[5].numel() == 0
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_bag_table_ids_match_repeat_interleave(device, batch):
+    g = torch.Generator().manual_seed(batch)
+    feature_tables = torch.tensor([0, 2, 1, 0, 2])
+    F = feature_tables.numel()
+    lengths = torch.randint(0, 4, (F * batch,), generator=g)
+    lengths.view(F, batch)[1] = 0  # a feature with no index
+    lengths.view(F, batch)[-1] = 0  # the last one too
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    got = lookup_ops.bag_table_ids(offsets.to(device), feature_tables.to(device), batch, n)
+    expected = torch.repeat_interleave(feature_tables, lengths.view(F, batch).sum(1))
+    assert torch.equal(got.cpu(), expected)
+    none = torch.zeros(F * batch + 1, dtype=torch.int64, device=device)
+    assert lookup_ops.bag_table_ids(none, feature_tables.to(device), batch, 0).numel() == 0
+    with pytest.raises(ValueError, match="F\\*B\\+1"):
+        lookup_ops.bag_table_ids(offsets[:-1].to(device), feature_tables.to(device), batch, n)
+
+
+def test_placement_counts_match_python(device):
+    g = torch.Generator().manual_seed(3)
+    n, T = 3000, 5
+    tids = torch.randint(0, T, (n,), generator=g)
+    slots = torch.randint(-1, 9, (n,), generator=g)
+    is_new = torch.rand(n, generator=g) < 0.4
+    got = lookup_ops.placement_counts(tids.to(device), slots.to(device), is_new.to(device), T)
+    placed = torch.bincount(tids[is_new & (slots >= 0)], minlength=T)
+    unplaced = torch.bincount(tids[slots < 0], minlength=T)
+    assert got.device.type == torch.device(device).type
+    assert torch.equal(got.cpu(), torch.stack([placed, unplaced], 1))
+    with pytest.raises(TypeError, match="is_new"):
+        lookup_ops.placement_counts(tids, slots, slots, T)
+
+
+def _hot_batch(device, seed, batch=8, feature_tables=(0, 1, 2, 0)):
+    """A batch whose bags are long and one key per table is hot (more positions than one chunk of
+    the CUDA reduction holds), beside keys seen once: (slots, utids, inverse, offsets, weights,
+    feature_tables, d_offsets, B, key_counts, order)."""
+    g = torch.Generator().manual_seed(seed)
+    F = len(feature_tables)
+    lengths = torch.randint(20, 60, (F * batch,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    tids = torch.tensor(feature_tables).repeat_interleave(lengths.view(F, batch).sum(1))
+    hot = torch.rand(n, generator=g) < 0.5
+    keys = torch.where(
+        hot, torch.zeros(n, dtype=torch.int64), torch.randint(1, 400, (n,), generator=g)
+    )
+    uk, ut, inv, counts, _, order = lookup_ops.segmented_unique_ordered(keys, tids, len(DIMS))
+    slots = torch.empty(uk.numel(), dtype=torch.int64)
+    for t in range(len(DIMS)):
+        mine = (ut == t).nonzero().squeeze(1)
+        # more keys than a table has slots: the rest get -1 (no update), as unplaced keys do
+        slots[mine] = torch.cat([torch.randperm(CAPS[t], generator=g), torch.full((400,), -1)])[
+            : mine.numel()
+        ]
+    weights = torch.rand(n, generator=g)
+    d_offsets = torch.tensor([0] + [DIMS[t] for t in feature_tables]).cumsum(0)
+    to = lambda x: x.to(device)  # noqa: E731
+    return (
+        to(slots),
+        to(ut),
+        to(inv),
+        to(offsets),
+        to(weights),
+        to(torch.tensor(feature_tables)),
+        to(d_offsets),
+        batch,
+        to(counts),
+        to(order),
+    )
+
+
+@pytest.mark.parametrize("optimizer", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN, lookup_ops.POOL_NONE])
+def test_grouped_reduce_update_with_key_order_and_strided_grads(device, optimizer, mode):
+    """Hot keys (several chunks) and keys seen once (their row updated inside the chunk pass on
+    CUDA): the fused op equals reduce + update bit for bit, given the dedup's key order or not,
+    and with the output gradient contiguous, transposed in memory or expanded from a scalar."""
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B, counts, order = _hot_batch(
+        device, seed=11 + optimizer
+    )
+    n, u = inverse.numel(), slots.numel()
+    rows = n if mode == lookup_ops.POOL_NONE else B
+    cols = 8 if mode == lookup_ops.POOL_NONE else int(d_offsets[-1])
+    w = weights if mode != lookup_ops.POOL_NONE else None
+    bags = (inverse, offsets, w, ft, d_offsets, mode, B)
+    dense = torch.randn(rows, cols, device=device)
+    grads_of = {
+        "contiguous": dense,
+        "transposed": dense.t().contiguous().t(),
+        "expanded": torch.full((1, 1), 0.25, device=device).expand(rows, cols),
+    }
+    base, meta = _group(device, optimizer, seed=2)
+    for name, grad_out in grads_of.items():
+        expected = base.clone()
+        g = lookup_ops.grouped_reduce_grads(grad_out.contiguous(), meta, *bags, u, 8)
+        lookup_ops.grouped_update(expected, meta, utids, slots, g, optimizer, **ARGS)
+        for key_order in (None, (order, counts)):
+            values = base.clone()
+            extra = {} if key_order is None else {"order": order, "key_counts": counts}
+            lookup_ops.grouped_reduce_update(
+                values, meta, utids, slots, grad_out, *bags, 8, optimizer, **ARGS, **extra
+            )
+            assert torch.equal(values, expected), (name, key_order is None)
+    with pytest.raises(ValueError, match="together"):
+        lookup_ops.grouped_reduce_update(
+            base, meta, utids, slots, dense, *bags, 8, optimizer, **ARGS, order=order
+        )
+
+
 def test_grouped_gather_and_scatter_match_per_table(device):
     values, meta = _group(device, optimizer=1)
     tids = torch.tensor([0, 1, 2, 1, 0], device=device)
@@ -291,6 +419,9 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
     bags = (inverse, offsets, weights, ft, d_offsets)
     return [
         (ops.segmented_unique.default, (utids.clone(), utids, 3)),
+        (ops.segmented_unique.default, (utids.clone(), utids, 3, True)),
+        (ops.bag_table_ids.default, (offsets, ft, B, inverse.numel())),
+        (ops.placement_counts.default, (utids, slots, slots >= 1, 3)),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6)),
         (
             ops.grouped_scatter.default,

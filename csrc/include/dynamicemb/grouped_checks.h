@@ -111,4 +111,53 @@ inline void check_segmented_unique(const at::Tensor& keys, const at::Tensor& tab
   check_on_device(table_ids, keys.device(), "table_ids", op);
 }
 
+/// The table id op: offsets (F*B+1,) int64 feature-major, feature_tables (F,) int64, on one device.
+inline void check_bag_table_ids(const at::Tensor& offsets, const at::Tensor& feature_tables,
+                                int64_t batch_size, int64_t n, const char* op) {
+  DEMB_CHECK_TYPE(offsets.scalar_type() == at::kLong && feature_tables.scalar_type() == at::kLong,
+                  op, ": offsets and feature_tables must be int64, got ", offsets.scalar_type(),
+                  " and ", feature_tables.scalar_type());
+  DEMB_CHECK_VALUE(offsets.dim() == 1 && feature_tables.dim() == 1, op,
+                   ": offsets and feature_tables must be 1-D, got ", offsets.sizes(), " and ",
+                   feature_tables.sizes());
+  DEMB_CHECK_VALUE(batch_size >= 0 && n >= 0, op, ": batch_size and n must be >= 0, got ",
+                   batch_size, " and ", n);
+  DEMB_CHECK_VALUE(offsets.numel() == feature_tables.numel() * batch_size + 1, op,
+                   ": offsets must have F*B+1 = ", feature_tables.numel() * batch_size + 1,
+                   " elements (F=", feature_tables.numel(), ", B=", batch_size, "), got ",
+                   offsets.numel());
+  check_on_device(feature_tables, offsets.device(), "feature_tables", op);
+}
+
+/// The placement counts op: table_ids, slots (u,) int64 and is_new (u,) bool on one device.
+inline void check_placement_counts(const at::Tensor& table_ids, const at::Tensor& slots,
+                                   const at::Tensor& is_new, int64_t num_tables, const char* op) {
+  check_row_ids(table_ids, slots, table_ids.device(), op);
+  DEMB_CHECK_TYPE(is_new.scalar_type() == at::kBool && is_new.dim() == 1 &&
+                      is_new.numel() == slots.numel(),
+                  op, ": is_new must be (", slots.numel(), ",) bool, got ", is_new.sizes(), " ",
+                  is_new.scalar_type());
+  DEMB_CHECK_VALUE(num_tables >= 1, op, ": num_tables must be >= 1, got ", num_tables);
+  check_on_device(is_new, table_ids.device(), "is_new", op);
+}
+
+/// The reduction's optional key order (segmented_unique's ``order`` and ``counts``): both given or
+/// neither, order (n,) and key_counts (u,) int64 on the inverse's device.
+inline void check_key_order(const std::optional<at::Tensor>& order,
+                            const std::optional<at::Tensor>& key_counts, int64_t n, int64_t u,
+                            const at::Device& device, const char* op) {
+  DEMB_CHECK_VALUE(order.has_value() == key_counts.has_value(), op,
+                   ": order and key_counts come together (segmented_unique's), got one of them");
+  if (!order.has_value()) return;
+  DEMB_CHECK_TYPE(order->scalar_type() == at::kLong && key_counts->scalar_type() == at::kLong, op,
+                  ": order and key_counts must be int64, got ", order->scalar_type(), " and ",
+                  key_counts->scalar_type());
+  DEMB_CHECK_VALUE(order->dim() == 1 && order->numel() == n, op, ": order must be (", n,
+                   ",), got ", order->sizes());
+  DEMB_CHECK_VALUE(key_counts->dim() == 1 && key_counts->numel() == u, op,
+                   ": key_counts must be (", u, ",), got ", key_counts->sizes());
+  check_on_device(*order, device, "order", op);
+  check_on_device(*key_counts, device, "key_counts", op);
+}
+
 }  // namespace dynamicemb
