@@ -128,6 +128,7 @@ class TableGroup:
         self.d_offsets = torch.tensor(starts, dtype=torch.int64, device=device)
         self._dims_dev = torch.tensor(self.dims, dtype=torch.int64, device=device)
         self._cols = torch.arange(self.max_dim, device=device)
+        self._uniform_dims = all(d == self.max_dim for d in self.dims)
         self._init = _initializer_groups(initializers, device)
         self._eval_init = _initializer_groups(eval_initializers, device)
         self._initializers = list(initializers)
@@ -166,12 +167,18 @@ class TableGroup:
 
     def new_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys: the embedding, then the fresh optimizer state."""
+        uniform = self._uniform_dims  # every table's embedding fills the first max_dim columns
+        if keys.numel() and uniform and self.storage.max_width == self.max_dim:
+            return self._embeddings(self._init, keys, tids)  # no optimizer state (SGD)
         state_init = float(initial_state_value(self.kind, self.optimizer_args()))
         rows = torch.full((keys.numel(), self.storage.max_width), state_init, device=self.device)
         if keys.numel():
             emb = self._embeddings(self._init, keys, tids)
-            inside = self._cols.unsqueeze(0) < self._dims_dev[tids].unsqueeze(1)
-            rows[:, : self.max_dim] = torch.where(inside, emb, state_init)
+            if uniform:
+                rows[:, : self.max_dim] = emb
+            else:
+                inside = self._cols.unsqueeze(0) < self._dims_dev[tids].unsqueeze(1)
+                rows[:, : self.max_dim] = torch.where(inside, emb, state_init)
         return rows
 
     # ---- forward --------------------------------------------------------------------------------

@@ -116,8 +116,16 @@ class TableSpec:
     # -- derived -----------------------------------------------------------------------------
     @property
     def strategies(self) -> Tuple[DynamicEmbScoreStrategy, ...]:
-        """The score strategy as a tuple in the user's column order."""
-        return normalize_score_strategy(self.score_strategy)
+        """The score strategy as a tuple in the user's column order.
+
+        Read several times per lookup (policy, no_eviction, ...): the normalized tuple is kept
+        beside the value it came from, and made again only when ``score_strategy`` changes.
+        """
+        memo = self.__dict__.get("_strategies_memo")
+        if memo is None or memo[0] is not self.score_strategy:
+            memo = (self.score_strategy, normalize_score_strategy(self.score_strategy))
+            self.__dict__["_strategies_memo"] = memo
+        return memo[1]
 
     @property
     def policy(self) -> int:
