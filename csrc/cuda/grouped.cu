@@ -5,6 +5,10 @@
 //
 // check=true runs the data checks first (one device synchronisation); with check=false the kernels
 // skip rows whose table id or slot is out of range and trust offsets and inverse.
+//
+// Row element type E (grouped.h): the kernels are templated on the values' dtype (float, or a
+// 2-byte type storing the embedding beside float32 state); gather and scatter move logical float32
+// rows, the updates compute in float32 and round the embedding back to E.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -97,9 +101,33 @@ void check_bags_cuda(const at::Tensor& meta, const at::Tensor& inverse, const at
   DEMB_CHECK_INDEX(!f[2], op, ": feature_tables out of range [0, ", T, ")");
 }
 
+/// check=true on a half-precision buffer: every table's rows keep their float32 state aligned.
+void check_layout_cuda(const at::Tensor& values, const at::Tensor& meta, const char* op) {
+  if (values.element_size() == 4) return;
+  const auto m = meta.cpu();
+  const int64_t* p = m.data_ptr<int64_t>();
+  for (int64_t t = 0; t < m.size(0); ++t) {
+    const int64_t off = p[t * kMetaColumns + kMetaOffset], w = p[t * kMetaColumns + kMetaWidth];
+    const int64_t cap = p[t * kMetaColumns + kMetaCapacity], d = p[t * kMetaColumns + kMetaDim];
+    DEMB_CHECK_VALUE(row_layout_ok<at::Half>(off, w, d), op, ": meta row ", t, " = [", off, ", ",
+                     w, ", ", cap, ", ", d, "] is not a half-precision row layout (even offset "
+                     "and width, the embedding padded to an even dim)");
+  }
+}
+
+/// (T,) logical (float32) row widths of meta's tables, on meta's device.
+at::Tensor logical_widths(const at::Tensor& values, const at::Tensor& meta) {
+  const auto widths = meta.select(1, kMetaWidth);
+  if (values.element_size() == 4) return widths;
+  const auto dims = meta.select(1, kMetaDim);
+  const auto span = (dims + 1).div(2, "floor") * 2;
+  return dims + (widths - span).div(2, "floor");
+}
+
 // ---- gather / scatter: one warp per row ----
 
-__global__ void gather_kernel(const float* __restrict__ values, DeviceMeta meta,
+template <typename E>
+__global__ void gather_kernel(const E* __restrict__ values, DeviceMeta meta,
                               const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                               int64_t n, int64_t width, float* __restrict__ out) {
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
@@ -107,9 +135,20 @@ __global__ void gather_kernel(const float* __restrict__ values, DeviceMeta meta,
   const int64_t t = tids[i], s = slots[i];
   const bool ok = meta.valid(t, s);
   const int64_t W = ok ? meta.width(t) : 0;
-  const int64_t take = ok ? (width < W ? width : W) : 0;
-  const float* src = ok ? values + meta.offset(t) + s * W : values;
   float* dst = out + i * width;
+  if constexpr (sizeof(E) != 4) {
+    const int64_t D = ok ? meta.dim(t) : 0;
+    const int64_t L = ok ? logical_width<E>(W, D) : 0;
+    const int64_t take = width < L ? width : L;
+    const E* row = values + (ok ? meta.offset(t) + s * W : 0);
+    const float* state = state_of(row, D);
+    for (int64_t d = threadIdx.x; d < width; d += kWarp) {
+      dst[d] = d >= take ? 0.0f : d < D ? static_cast<float>(row[d]) : state[d - D];
+    }
+    return;
+  }
+  const int64_t take = ok ? (width < W ? width : W) : 0;
+  const float* src = reinterpret_cast<const float*>(ok ? values + meta.offset(t) + s * W : values);
   if ((take & 3) == 0 && (width & 3) == 0 && ((reinterpret_cast<uintptr_t>(src) |
                                                reinterpret_cast<uintptr_t>(dst)) & 15) == 0) {
     // 16-byte loads and stores: a row of 128 floats is one pass of the warp.
@@ -122,17 +161,27 @@ __global__ void gather_kernel(const float* __restrict__ values, DeviceMeta meta,
   for (int64_t d = threadIdx.x; d < width; d += kWarp) dst[d] = d < take ? src[d] : 0.0f;
 }
 
-__global__ void scatter_kernel(float* __restrict__ values, DeviceMeta meta,
+template <typename E>
+__global__ void scatter_kernel(E* __restrict__ values, DeviceMeta meta,
                                const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                                int64_t n, const float* __restrict__ rows, int64_t R) {
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (i >= n) return;
   const int64_t t = tids[i], s = slots[i];
   if (!meta.valid(t, s)) return;
-  const int64_t W = meta.width(t);
-  const int64_t take = R < W ? R : W;
-  float* dst = values + meta.offset(t) + s * W;
-  for (int64_t d = threadIdx.x; d < take; d += kWarp) dst[d] = rows[i * R + d];
+  const int64_t W = meta.width(t), D = meta.dim(t);
+  const int64_t L = logical_width<E>(W, D);
+  const int64_t take = R < L ? R : L;
+  E* dst = values + meta.offset(t) + s * W;
+  float* state = state_of(dst, D);
+  for (int64_t d = threadIdx.x; d < take; d += kWarp) {
+    if (d < D) {
+      dst[d] = to_row<E>(rows[i * R + d]);
+    } else {
+      state[d - D] = rows[i * R + d];
+    }
+  }
+  if (threadIdx.x == 0 && emb_span<E>(D) > D) dst[D] = to_row<E>(0.0f);
 }
 
 at::Tensor grouped_gather_cuda(const at::Tensor& values, const at::Tensor& meta,
@@ -145,13 +194,20 @@ at::Tensor grouped_gather_cuda(const at::Tensor& values, const at::Tensor& meta,
   const at::cuda::CUDAGuard guard(values.device());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
-  if (check) check_rows_cuda(meta, tid, sl, op);
+  if (check) {
+    check_layout_cuda(values, meta, op);
+    check_rows_cuda(meta, tid, sl, op);
+  }
   const int64_t n = sl.numel();
-  auto out = at::empty({n, width}, values.options());
+  auto out = at::empty({n, width}, values.options().dtype(at::kFloat));
   if (n == 0 || width == 0) return out;
-  gather_kernel<<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
-      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, width, out.data_ptr<float>());
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    gather_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
+                       at::cuda::getCurrentCUDAStream()>>>(
+        values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, width, out.data_ptr<float>());
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -168,24 +224,30 @@ void grouped_scatter_cuda(at::Tensor& values, const at::Tensor& meta, const at::
   const auto r = rows.contiguous();
   const int64_t n = sl.numel();
   if (check) {
+    check_layout_cuda(values, meta, op);
     check_rows_cuda(meta, tid, sl, op);
     if (n > 0) {
-      const auto widths = meta.select(1, kMetaWidth).index_select(0, tid);
+      const auto widths = logical_widths(values, meta).index_select(0, tid);
       const bool narrow = ((sl >= 0) & (widths > r.size(1))).any().item<bool>();
       DEMB_CHECK_VALUE(!narrow, op, ": rows have ", r.size(1),
                        " columns, fewer than a written table's row_width");
     }
   }
   if (n == 0) return;
-  scatter_kernel<<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
-      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, r.data_ptr<float>(), r.size(1));
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    scatter_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
+                        at::cuda::getCurrentCUDAStream()>>>(
+        values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, r.data_ptr<float>(), r.size(1));
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // ---- pooled gather: one warp per bag ----
 
-__global__ void pooled_kernel(const float* __restrict__ values, DeviceMeta meta,
+template <typename E>
+__global__ void pooled_kernel(const E* __restrict__ values, DeviceMeta meta,
                               const int64_t* __restrict__ slots, const int64_t* __restrict__ inverse,
                               const int64_t* __restrict__ offsets, const float* __restrict__ weights,
                               const int64_t* __restrict__ ft, const int64_t* __restrict__ dofs,
@@ -195,7 +257,7 @@ __global__ void pooled_kernel(const float* __restrict__ values, DeviceMeta meta,
   if (bag >= num_bags) return;
   const int64_t f = bag / B, s = bag % B, t = ft[f];
   const int64_t D = meta.dim(t), W = meta.width(t), cap = meta.capacity(t);
-  const float* base = values + meta.offset(t);
+  const E* base = values + meta.offset(t);
   const int64_t lo = offsets[bag], hi = offsets[bag + 1];
   const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
   float* dst = out + s * total_dim + dofs[f];
@@ -205,7 +267,7 @@ __global__ void pooled_kernel(const float* __restrict__ values, DeviceMeta meta,
       const int64_t slot = slots[inverse[i]];
       if (slot < 0 || slot >= cap) continue;
       const float w = weights ? weights[i] : 1.0f;
-      acc += w * base[slot * W + d];
+      acc += w * static_cast<float>(base[slot * W + d]);
     }
     dst[d] = acc * scale;
   }
@@ -234,16 +296,23 @@ at::Tensor grouped_pooled_gather_cuda(const at::Tensor& values, const at::Tensor
   const auto ft = feature_tables.contiguous();
   const auto dofs = d_offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
-  if (check) check_bags_cuda(meta, inv, off, ft, sl.numel(), op);
+  if (check) {
+    check_layout_cuda(values, meta, op);
+    check_bags_cuda(meta, inv, off, ft, sl.numel(), op);
+  }
   const int64_t num_bags = off.numel() - 1;
   // Columns of a feature whose bags are all empty are written too (zeros): no fill needed.
-  auto out = at::empty({batch_size, total_dim}, values.options());
+  auto out = at::empty({batch_size, total_dim}, values.options().dtype(at::kFloat));
   if (num_bags == 0 || total_dim == 0) return out.zero_();
-  pooled_kernel<<<blocks_for(num_bags), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
-      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-      sl.data_ptr<int64_t>(), inv.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
-      w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(), dofs.data_ptr<int64_t>(),
-      num_bags, batch_size, total_dim, mode, out.data_ptr<float>());
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    pooled_kernel<E><<<blocks_for(num_bags), dim3(kWarp, kRowsPerBlock), 0,
+                       at::cuda::getCurrentCUDAStream()>>>(
+        values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+        sl.data_ptr<int64_t>(), inv.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
+        w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(),
+        dofs.data_ptr<int64_t>(), num_bags, batch_size, total_dim, mode, out.data_ptr<float>());
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -269,16 +338,21 @@ __device__ inline bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
-/// The element-wise optimizers on element ``d`` of a row ``w`` of dim ``D`` (state after it).
-__device__ inline void update_element(float* w, int64_t D, int64_t d, float g, int64_t optimizer,
+/// The element-wise optimizers on element ``d`` of a row ``w`` of dim ``D`` (its float32 state
+/// after the embedding, grouped.h), computed in float32 and rounded back to the row type E.
+template <typename E>
+__device__ inline void update_element(E* w, int64_t D, int64_t d, float g, int64_t optimizer,
                                       const UpdateParams& p) {
+  float* m = state_of(w, D);
+  float x = static_cast<float>(w[d]);
   if (optimizer == kSgd) {
-    sgd_element(w[d], g, p);
+    sgd_element(x, g, p);
   } else if (optimizer == kAdagrad) {
-    adagrad_element(w[d], w[D + d], g, p);
+    adagrad_element(x, m[d], g, p);
   } else {
-    adam_element(w[d], w[D + d], w[2 * D + d], g, p);
+    adam_element(x, m[d], m[D + d], g, p);
   }
+  w[d] = to_row<E>(x);
 }
 
 /// The fused update of grouped_reduce_update for the chunk kernel: a key whose positions fit in one
@@ -529,7 +603,16 @@ at::Tensor grouped_reduce_grads_cuda(const at::Tensor& grad_out, const at::Tenso
 
 // ---- optimizer updates: one warp per row ----
 
-__global__ void update_kernel(float* __restrict__ values, DeviceMeta meta,
+/// One element of an E row updated in float32 by ``step(x)`` and rounded back to E.
+template <typename E, typename Step>
+__device__ inline void update_in_float(E& e, Step step) {
+  float x = static_cast<float>(e);
+  step(x);
+  e = to_row<E>(x);
+}
+
+template <typename E>
+__global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
                               const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                               const float* __restrict__ grads, int64_t n, int64_t G,
                               int64_t optimizer, UpdateParams p) {
@@ -538,26 +621,29 @@ __global__ void update_kernel(float* __restrict__ values, DeviceMeta meta,
   const int64_t t = tids[i], s = slots[i];
   if (!meta.valid(t, s)) return;
   const int64_t D = meta.dim(t);
-  float* w = values + meta.offset(t) + s * meta.width(t);
+  E* w = values + meta.offset(t) + s * meta.width(t);
+  float* m = state_of(w, D);
   const float* g = grads + i * G;
   if (optimizer == kSgd) {
-    for (int64_t d = threadIdx.x; d < D; d += kWarp) sgd_element(w[d], g[d], p);
+    for (int64_t d = threadIdx.x; d < D; d += kWarp)
+      update_in_float(w[d], [&](float& x) { sgd_element(x, g[d], p); });
   } else if (optimizer == kAdagrad) {
-    float* m = w + D;
-    for (int64_t d = threadIdx.x; d < D; d += kWarp) adagrad_element(w[d], m[d], g[d], p);
+    for (int64_t d = threadIdx.x; d < D; d += kWarp)
+      update_in_float(w[d], [&](float& x) { adagrad_element(x, m[d], g[d], p); });
   } else if (optimizer == kRowwiseAdagrad) {
     float local = 0.0f;
-    for (int64_t d = threadIdx.x; d < D; d += kWarp) local += rowwise_square(w[d], g[d], p);
+    for (int64_t d = threadIdx.x; d < D; d += kWarp)
+      local += rowwise_square(static_cast<float>(w[d]), g[d], p);
     const float sum_sq = warp_sum(local);
-    float* m = w + D;
     const float new_m = rowwise_accumulator(m[0], sum_sq, D);
-    for (int64_t d = threadIdx.x; d < D; d += kWarp) rowwise_element(w[d], g[d], new_m, p);
+    for (int64_t d = threadIdx.x; d < D; d += kWarp)
+      update_in_float(w[d], [&](float& x) { rowwise_element(x, g[d], new_m, p); });
     __syncwarp();
     if (threadIdx.x == 0) m[0] = new_m;
   } else {
-    float* m = w + D;
-    float* v = w + 2 * D;
-    for (int64_t d = threadIdx.x; d < D; d += kWarp) adam_element(w[d], m[d], v[d], g[d], p);
+    float* v = m + D;
+    for (int64_t d = threadIdx.x; d < D; d += kWarp)
+      update_in_float(w[d], [&](float& x) { adam_element(x, m[d], v[d], g[d], p); });
   }
 }
 
@@ -565,7 +651,8 @@ __global__ void update_kernel(float* __restrict__ values, DeviceMeta meta,
 /// key's chunk partials (in chunk order, as key_sums_kernel does) and updates its row at once, so
 /// the (u, width) gradient is never written; the rows equal key_sums_kernel then update_kernel.
 /// With ``fused`` the keys of one chunk were updated by chunk_sums_kernel and are skipped here.
-__global__ void key_update_kernel(float* __restrict__ values, DeviceMeta meta,
+template <typename E>
+__global__ void key_update_kernel(E* __restrict__ values, DeviceMeta meta,
                                   const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                                   const float* __restrict__ partial,
                                   const int64_t* __restrict__ chunk_start, int64_t num_unique,
@@ -577,7 +664,7 @@ __global__ void key_update_kernel(float* __restrict__ values, DeviceMeta meta,
   const int64_t t = tids[k], s = slots[k];
   if (!meta.valid(t, s)) return;
   const int64_t D = meta.dim(t);
-  float* w = values + meta.offset(t) + s * meta.width(t);
+  E* w = values + meta.offset(t) + s * meta.width(t);
   for (int64_t d = threadIdx.x; d < D; d += kWarp) {
     float g = 0.0f;
     for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
@@ -597,11 +684,16 @@ void check_optimizer_args(int64_t optimizer, int64_t weight_decay_mode, int64_t 
 }
 
 /// check=true: every table's row holds its dim and optimizer state (reads meta back).
-void check_widths_cuda(const at::Tensor& meta, int64_t optimizer, const char* op) {
+void check_widths_cuda(const at::Tensor& values, const at::Tensor& meta, int64_t optimizer,
+                       const char* op) {
+  check_layout_cuda(values, meta, op);
   const auto m = meta.cpu();
   const int64_t* p = m.data_ptr<int64_t>();
   for (int64_t t = 0; t < m.size(0); ++t) {
-    const int64_t dim = p[t * kMetaColumns + kMetaDim], w = p[t * kMetaColumns + kMetaWidth];
+    const int64_t dim = p[t * kMetaColumns + kMetaDim];
+    const int64_t stored = p[t * kMetaColumns + kMetaWidth];
+    const int64_t w =
+        values.element_size() == 4 ? stored : logical_width<at::Half>(stored, dim);
     const int64_t need = dim + state_width(optimizer, dim);
     DEMB_CHECK_VALUE(w >= need, op, ": table ", t, "'s row_width ", w, " is too small for dim ",
                      dim, " and its optimizer state (needs ", need, ")");
@@ -613,10 +705,14 @@ void launch_update(at::Tensor& values, const at::Tensor& meta, const at::Tensor&
                    const UpdateParams& p) {
   const int64_t n = sl.numel();
   if (n == 0) return;
-  update_kernel<<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0, at::cuda::getCurrentCUDAStream()>>>(
-      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), g.data_ptr<float>(), n, g.size(1),
-      optimizer, p);
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    update_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
+                       at::cuda::getCurrentCUDAStream()>>>(
+        values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), g.data_ptr<float>(), n, g.size(1),
+        optimizer, p);
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -634,7 +730,7 @@ void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::T
   const auto sl = slots.contiguous();
   const auto g = grads.contiguous();
   if (check) {
-    check_widths_cuda(meta, optimizer, op);
+    check_widths_cuda(values, meta, optimizer, op);
     check_rows_cuda(meta, tid, sl, op);
     if (sl.numel() > 0) {
       const auto dims = meta.select(1, kMetaDim).index_select(0, tid.clamp(0, meta.size(0) - 1));
@@ -666,14 +762,16 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
   if (check) {
-    check_widths_cuda(meta, optimizer, op);
+    check_widths_cuda(values, meta, optimizer, op);
     check_rows_cuda(meta, tid, sl, op);
   }
   DEMB_CHECK_VALUE(max_dim >= 0, op, ": max_dim must be >= 0, got ", max_dim);
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
   const int64_t u = sl.numel();
-  // Row-wise Adagrad needs each row's whole gradient before its update: no fusion for it.
-  const bool fuse = optimizer != kRowwiseAdagrad;
+  // Row-wise Adagrad needs each row's whole gradient before its update: no fusion for it. The
+  // chunk kernel's fused update writes float32 rows only: half-precision rows update in
+  // key_update_kernel.
+  const bool fuse = optimizer != kRowwiseAdagrad && values.scalar_type() == at::kFloat;
   const FusedUpdate fused{fuse ? values.data_ptr<float>() : nullptr, tid.data_ptr<int64_t>(),
                           sl.data_ptr<int64_t>(), optimizer, p};
   const Partials parts =
@@ -692,11 +790,14 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
     launch_update(values, meta, tid, sl, grads, optimizer, p);
     return;
   }
-  key_update_kernel<<<blocks_for(u), dim3(kWarp, kRowsPerBlock), 0,
-                      at::cuda::getCurrentCUDAStream()>>>(
-      values.data_ptr<float>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), parts.partial.data_ptr<float>(),
-      parts.chunk_start.data_ptr<int64_t>(), u, max_dim, optimizer, p, fuse);
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    key_update_kernel<E><<<blocks_for(u), dim3(kWarp, kRowsPerBlock), 0,
+                           at::cuda::getCurrentCUDAStream()>>>(
+        values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), parts.partial.data_ptr<float>(),
+        parts.chunk_start.data_ptr<int64_t>(), u, max_dim, optimizer, p, fuse);
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

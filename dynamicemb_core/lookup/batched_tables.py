@@ -125,7 +125,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             tier_kind(opts, spec, self.device) for opts, spec in zip(self.table_options, specs)
         ]
         grouped = [t for t, kind in enumerate(kinds) if kind in ("device", "hybrid")]
-        check_row_dtypes(self.table_names, specs, kinds, self.device)
+        check_row_dtypes(self.table_names, specs, kinds)
         self.tables = [None] * len(specs)  # type: ignore[list-item]
         if grouped:
             self._build_group(grouped, specs, kinds)

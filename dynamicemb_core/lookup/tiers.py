@@ -43,10 +43,7 @@ def _row_bytes(spec: StorageTableSpec) -> int:
 
 
 def check_row_dtypes(
-    names: Sequence[str],
-    specs: Sequence[StorageTableSpec],
-    kinds: Sequence[str],
-    device: torch.device,
+    names: Sequence[str], specs: Sequence[StorageTableSpec], kinds: Sequence[str]
 ) -> None:
     """Raise unless every table's row dtype is one its storage kind stores.
 
@@ -58,11 +55,6 @@ def check_row_dtypes(
         if spec.dtype not in ROW_DTYPES:
             raise ValueError(
                 f"table {name!r}: embedding_dtype must be one of {list(ROW_DTYPES)}, got {spec.dtype}"
-            )
-        if spec.dtype != torch.float32 and device.type == "cuda":
-            raise ValueError(
-                f"table {name!r}: embedding_dtype {spec.dtype} is supported on the CPU only so "
-                "far (the CUDA row kernels are float32); leave embedding_dtype unset (or float32)"
             )
         if spec.dtype != torch.float32 and kind not in ("device", "hybrid"):
             raise ValueError(
