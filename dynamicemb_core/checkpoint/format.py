@@ -6,7 +6,9 @@ One file holds one table's rows from one writer rank::
     | header (UTF-8 JSON) | keys | embeddings | optimizer_states | scores
 
 The header carries everything a reader needs to refuse a file before touching a table: table name, row
-count, embedding dim, optimizer-state width, element dtype, the score columns in the strategy tuple's order,
+count, embedding dim, optimizer-state width, element dtype (and ``state_dtype`` when the optimizer state is
+stored in another dtype than the embeddings: float32 beside half-precision embeddings), the score columns in
+the strategy tuple's order,
 and per section its dtype, shape, offset, byte length and crc32 (zlib). Sections are little-endian, row
 major. Timestamp score columns are stored as *ages* (nanoseconds before the dump) because a device clock
 means nothing on another device or after a restart (the same rule as incremental_dump's deltas).
@@ -90,10 +92,12 @@ class ShardHeader:
         num_rows: rows stored.
         dim: embedding width in elements.
         optimizer_width: optimizer-state elements per row in the file (0: none stored).
-        dtype: element dtype of embeddings and optimizer states.
+        dtype: element dtype of the embeddings (and of the optimizer states unless ``state_dtype``).
         score_columns: strategy names of the score columns, in the strategy tuple's order.
         rank: the writer's rank; world_size: ranks the table was sharded over when written.
         extra: free-form metadata (optimizer name, dist_type, ...), JSON-serializable.
+        state_dtype: element dtype of the optimizer states when it differs from ``dtype`` (a
+            half-precision table keeps float32 state); None: ``dtype``.
     """
 
     table_name: str
@@ -106,6 +110,12 @@ class ShardHeader:
     rank: int = 0
     world_size: int = 1
     extra: Dict[str, Any] = field(default_factory=dict)
+    state_dtype: Optional[torch.dtype] = None
+
+    @property
+    def states_dtype(self) -> torch.dtype:
+        """Element dtype of the optimizer-state section."""
+        return self.state_dtype if self.state_dtype is not None else self.dtype
 
     @property
     def num_scores(self) -> int:
@@ -145,7 +155,7 @@ def _expected_shapes(header: ShardHeader) -> Dict[str, Tuple[Tuple[int, ...], to
     return {
         "keys": ((n,), torch.int64),
         "embeddings": ((n, header.dim), header.dtype),
-        "optimizer_states": ((n, header.optimizer_width), header.dtype),
+        "optimizer_states": ((n, header.optimizer_width), header.states_dtype),
         "scores": ((n, header.num_scores), torch.int64),
     }
 
@@ -210,6 +220,11 @@ def write_shard(path: str, header: ShardHeader, payload: ShardPayload) -> int:
         "dim": header.dim,
         "optimizer_width": header.optimizer_width,
         "dtype": dtype_name(header.dtype),
+        **(
+            {"state_dtype": dtype_name(header.state_dtype)}
+            if header.state_dtype is not None
+            else {}
+        ),
         "score_columns": list(header.score_columns),
         "score_timestamps_as_age": True,
         "rank": header.rank,
@@ -257,6 +272,7 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
         dim=int(meta["dim"]),
         optimizer_width=int(meta["optimizer_width"]),
         dtype=dtype_from_name(meta["dtype"]),
+        state_dtype=dtype_from_name(meta["state_dtype"]) if "state_dtype" in meta else None,
         score_columns=tuple(meta["score_columns"]),
         rank=int(meta["rank"]),
         world_size=int(meta["world_size"]),

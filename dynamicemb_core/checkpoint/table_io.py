@@ -29,8 +29,9 @@ class TableRows:
     """Rows exported from one table, in slot order, on the table's device.
 
     Attributes:
-        keys: (n,) int64; slots: (n,) int64 local slots; embeddings: (n, dim);
-        optimizer_states: (n, optimizer_width); scores: (n, num_scores) int64, user order, as ages.
+        keys: (n,) int64; slots: (n,) int64 local slots; embeddings: (n, dim) of the table's
+        embedding dtype; optimizer_states: (n, optimizer_width) of its state dtype; scores:
+        (n, num_scores) int64, user order, as ages.
         now: the table clock the ages are relative to.
     """
 
@@ -80,12 +81,18 @@ def export_rows(
         opt_parts.append(rows[:, dim : dim + width])
         if bar is not None:
             bar.update(rows.shape[0])
-    device, dtype = keys.device, handle.dtype
+    # A half-precision table's embeddings leave in its dtype (exactly: they are stored so), its
+    # optimizer state in float32; the rows read are float32 either way.
+    device, emb_dtype, state_dtype = keys.device, handle.embedding_dtype, handle.state_dtype
     embeddings = (
-        torch.cat(emb_parts) if emb_parts else torch.empty(0, dim, dtype=dtype, device=device)
+        torch.cat(emb_parts).to(emb_dtype)
+        if emb_parts
+        else torch.empty(0, dim, dtype=emb_dtype, device=device)
     )
     states = (
-        torch.cat(opt_parts) if opt_parts else torch.empty(0, width, dtype=dtype, device=device)
+        torch.cat(opt_parts).to(state_dtype)
+        if opt_parts
+        else torch.empty(0, width, dtype=state_dtype, device=device)
     )
     scores = to_ages(scores.to(torch.int64), clock_columns(handle.options), now)
     return TableRows(keys, slots, embeddings, states, scores, now)

@@ -104,8 +104,21 @@ class TableHandle:
 
     @property
     def dtype(self) -> torch.dtype:
-        """Element dtype of the stored rows."""
+        """Element dtype of the rows the storage reads and writes (``read_rows`` / ``write_rows``)."""
         return self.storage.tables[self.table_id].dtype
+
+    @property
+    def embedding_dtype(self) -> torch.dtype:
+        """What the table stores its embeddings in, and what a dump writes them in: the storage's
+        row dtype (``row_dtype``: float16 / bfloat16 for a half-precision table, whose rows are read
+        and written as float32), else :attr:`dtype`."""
+        return getattr(self.storage, "row_dtype", None) or self.dtype
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """What the optimizer state is stored and dumped in: float32 beside half-precision
+        embeddings, else :attr:`dtype`."""
+        return self.dtype if self.embedding_dtype == self.dtype else torch.float32
 
     @property
     def device(self) -> torch.device:

@@ -134,6 +134,11 @@ class GroupedDeviceStorage(DeviceStorage):
         )
 
     @property
+    def row_dtype(self) -> torch.dtype:
+        """What the embeddings are stored in (the rows this storage moves are float32)."""
+        return self.dtype
+
+    @property
     def values(self) -> torch.Tensor:
         """The flat device buffer (replaced on growth)."""
         return self.rows.values
@@ -295,6 +300,11 @@ class TableView(LookupTier):
     def table(self) -> Any:
         """The group's ScoredHashTable (all tables of the group; this one is ``table_id``)."""
         return self.group.table
+
+    @property
+    def row_dtype(self) -> torch.dtype:
+        """What the group stores embeddings in (the rows it moves are float32)."""
+        return self.group.dtype
 
     # ---- Storage --------------------------------------------------------------------------------
     def find(

@@ -1,0 +1,95 @@
+"""Checkpoints of half-precision tables: the files carry the embeddings in the table's dtype and the
+optimizer state in float32 (header ``dtype`` / ``state_dtype``); a load restores them bit for bit;
+a file of another embedding dtype is refused before anything is written."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+from dynamicemb_core.checkpoint import CheckpointMismatchError, DynamicEmbDump, DynamicEmbLoad
+from dynamicemb_core.checkpoint.format import read_shard
+from tests.checkpoint.helpers import make_model, snapshot, train
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+def _files(path: str):
+    return [read_shard(f) for f in sorted(glob.glob(os.path.join(path, "**", "*.*"), recursive=True))
+            if not f.endswith(".json")]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize(
+    "optimizer", ["EXACT_ROWWISE_ADAGRAD", "EXACT_ADAGRAD", "ADAM", "EXACT_SGD"]
+)
+def test_dump_writes_the_row_dtype_and_load_restores_bit_for_bit(tmp_path, dtype, optimizer):
+    src = make_model(optimizer=optimizer, embedding_dtype=dtype)
+    train(src, 4)
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    before = snapshot(src)
+    shards = [(h, p) for h, p in _files(str(tmp_path)) if h.num_rows > 0]
+    assert shards, "no table rows were dumped"
+    for header, payload in shards:
+        assert header.dtype == dtype and payload.embeddings.dtype == dtype
+        if optimizer != "EXACT_SGD":
+            assert header.states_dtype == torch.float32
+            assert payload.optimizer_states.dtype == torch.float32
+        # The file's embeddings are the stored ones (no rounding on the way out).
+        rows = before[f"ebc/{header.table_name}"].rows
+        for key, emb in zip(payload.keys.tolist(), payload.embeddings):
+            assert torch.equal(emb.float(), rows[key][: header.dim])
+    dst = make_model(optimizer=optimizer, embedding_dtype=dtype)
+    DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    after = snapshot(dst)
+    for name in before:
+        assert before[name].keys() == after[name].keys() and before[name].keys()
+        for k in before[name].keys():
+            assert torch.equal(before[name].rows[k], after[name].rows[k]), (name, k)
+
+
+def test_resumed_half_precision_training_equals_an_uninterrupted_run(tmp_path):
+    """Train 3, dump, load into a fresh model, train 3 == train 6 (Adam: state and step restored)."""
+    kw = dict(optimizer="ADAM", embedding_dtype=torch.float16)
+    whole = make_model(**kw)
+    torch.manual_seed(5)
+    train(whole, 3, seed=1)
+    train(whole, 3, seed=2)
+    part = make_model(**kw)
+    torch.manual_seed(5)
+    train(part, 3, seed=1)
+    DynamicEmbDump(str(tmp_path), part, optim=True)
+    resumed = make_model(**kw)
+    DynamicEmbLoad(str(tmp_path), resumed, optim=True)
+    train(resumed, 3, seed=2)
+    a, b = snapshot(whole), snapshot(resumed)
+    for name in a:
+        assert a[name].keys() == b[name].keys()
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+
+
+@pytest.mark.parametrize(
+    "dumped,loaded", [(torch.float32, torch.float16), (torch.float16, torch.float32),
+                      (torch.bfloat16, torch.float16)], ids=str,
+)  # fmt: skip
+def test_a_file_of_another_embedding_dtype_is_refused_untouched(tmp_path, dumped, loaded):
+    src = make_model(embedding_dtype=dumped)
+    train(src, 2)
+    DynamicEmbDump(str(tmp_path), src)
+    dst = make_model(embedding_dtype=loaded)
+    train(dst, 1, seed=3)
+    before = snapshot(dst)
+    with pytest.raises(
+        CheckpointMismatchError, match=f"dtype expected {loaded}, file has {dumped}"
+    ):
+        DynamicEmbLoad(str(tmp_path), dst)
+    after = snapshot(dst)
+    for name in before:
+        assert before[name].keys() == after[name].keys()
+        assert all(
+            torch.equal(before[name].rows[k], after[name].rows[k]) for k in before[name].keys()
+        )
