@@ -316,6 +316,10 @@ def check_header(
 ) -> None:
     """Raise CheckpointMismatchError when a file does not fit the target table.
 
+    A file's embedding dtype fits a target of the same dtype, or one that holds every value of the
+    file's exactly (float16 / bfloat16 embeddings load into a float32 table, widened); a narrowing
+    load (float32 into a half-precision table, float16 into bfloat16) is refused: it would round.
+
     Args:
         header: the file's header.
         dim, dtype, score_columns, optimizer_width: the target's values; None skips that check.
@@ -323,7 +327,7 @@ def check_header(
     """
     checks = [
         ("dim", dim, header.dim),
-        ("dtype", dtype, header.dtype),
+        ("dtype", None if dtype is None or _widens(header.dtype, dtype) else dtype, header.dtype),
         (
             "score columns",
             None if score_columns is None else tuple(score_columns),
@@ -337,6 +341,13 @@ def check_header(
                 f"checkpoint {header.describe()} does not fit target table '{where or header.table_name}': "
                 f"{name} expected {expected}, file has {found}"
             )
+
+
+def _widens(found: torch.dtype, target: torch.dtype) -> bool:
+    """Whether every value of dtype ``found`` converts exactly to ``target``."""
+    return found == target or (
+        found in (torch.float16, torch.bfloat16) and target in (torch.float32, torch.float64)
+    )
 
 
 def read_shard(path: str) -> Tuple[ShardHeader, ShardPayload]:

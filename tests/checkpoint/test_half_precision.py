@@ -73,10 +73,13 @@ def test_resumed_half_precision_training_equals_an_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "dumped,loaded", [(torch.float32, torch.float16), (torch.float16, torch.float32),
-                      (torch.bfloat16, torch.float16)], ids=str,
+    "dumped,loaded",
+    [(torch.float32, torch.float16), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16),
+     (torch.float16, torch.bfloat16)],
+    ids=str,
 )  # fmt: skip
-def test_a_file_of_another_embedding_dtype_is_refused_untouched(tmp_path, dumped, loaded):
+def test_a_narrowing_load_is_refused_untouched(tmp_path, dumped, loaded):
+    """A load that would round the file's embeddings is refused before anything is written."""
     src = make_model(embedding_dtype=dumped)
     train(src, 2)
     DynamicEmbDump(str(tmp_path), src)
@@ -93,3 +96,17 @@ def test_a_file_of_another_embedding_dtype_is_refused_untouched(tmp_path, dumped
         assert all(
             torch.equal(before[name].rows[k], after[name].rows[k]) for k in before[name].keys()
         )
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_a_half_precision_dump_loads_into_a_float32_table_exactly(tmp_path, dtype):
+    src = make_model(optimizer="EXACT_ADAGRAD", embedding_dtype=dtype)
+    train(src, 3)
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model(optimizer="EXACT_ADAGRAD")
+    DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    a, b = snapshot(src), snapshot(dst)
+    for name in a:
+        assert a[name].keys() == b[name].keys() and a[name].keys()
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
