@@ -161,9 +161,7 @@ class TableGroup:
             else:
                 emb = torch.where(torch.isin(tids, tables).unsqueeze(1), e, emb)
         assert emb is not None
-        dtype = self.storage.dtype
-        # A half-precision group reads its initial embeddings as they are stored (rounded).
-        return emb if dtype == torch.float32 else emb.to(dtype).to(torch.float32)
+        return emb
 
     def new_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys: the embedding, then the fresh optimizer state."""

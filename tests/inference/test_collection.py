@@ -145,3 +145,27 @@ def test_replay_of_another_layout_writes_nothing() -> None:
     with pytest.raises(IncompatibleDeltaError, match="current_capacity expected 1024"):
         served.replay(delta)
     assert served.embeddings.table_sizes() == {"user": 0, "item": 0, "ad": 0}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_tables_serve_their_stored_values(tmp_path, device, dtype) -> None:
+    """Serving keeps float32 rows: a half-precision table's embeddings widen exactly, from the
+    trained module or from its dump (whose embeddings are in the table's dtype)."""
+    trained = H.trained_tables(P.SUM, device=device, embedding_dtype=dtype)
+    assert trained.tables[0].group.rows.values.dtype == dtype
+    served = InferenceEmbeddingBagCollection.from_model(trained)
+    indices, offsets, weights = H.batch(300, 16, 600, device)
+    assert torch.equal(served.lookup(indices, offsets), H.reference(trained, indices, offsets))
+    if torch.device(device).type != "cpu":
+        return
+    path = str(tmp_path / "dump")
+    DynamicEmbDump(path, trained)
+    loaded = InferenceEmbeddingBagCollection.from_dump(
+        path, H.configs(), H.options_by_name(trained)
+    )
+    batch_size = 12
+    indices, offsets, weights = H.batch(400, batch_size, 600)
+    want = H.in_config_order(H.reference(trained, indices, offsets, weights), H.DIMS, batch_size)
+    idx2, off2 = H.reorder(indices, offsets, H.feature_order(), batch_size)
+    w2, _ = H.reorder(weights, offsets, H.feature_order(), batch_size)
+    assert torch.equal(loaded.lookup(idx2, off2, w2), want)
