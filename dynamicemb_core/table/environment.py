@@ -1,9 +1,10 @@
 """The environment variables the table reads, each read in exactly one place.
 
 ``DYNAMICEMB_CSTM_SCORE_CHECK`` (seed API): "0" silences the warning :meth:`ScoredHashTable.set_score`
-gives when a CUSTOMIZED score goes down. ``DEMB_DETERMINISM_MODE`` (seed API): unset or "1" (the
-default for now), CUDA inserts run the bucket-ordered engine, slot-for-slot the CPU kernels'
-result; "0" / "false" selects the key-parallel engine, whose choice of which new key takes which
+gives when a CUSTOMIZED score goes down. ``DEMB_DETERMINISM_MODE`` (seed API): set (to anything
+but "", "0" or "false"), CUDA inserts run the bucket-ordered engine, slot-for-slot the CPU kernels'
+result and bit-identical on replay; unset (the default, as upstream, where determinism is off by
+default), "0" or "false" selects the key-parallel engine, whose choice of which new key takes which
 free or evicted slot of a bucket (and, in an oversubscribed bucket, which new keys get in) depends
 on the schedule. The CPU kernels are deterministic always. A ScoredHashTable reads it once, when it
 is built (docs/table_design.md, "CUDA insert engines").
@@ -22,7 +23,7 @@ def custom_score_check_enabled() -> bool:
 
 
 def determinism_mode() -> bool:
-    """False only when ``DEMB_DETERMINISM_MODE`` is "0" or "false": the deterministic engine stays
-    the default until the key-parallel one passes the whole GPU suite (docs/table_design.md)."""
+    """True when ``DEMB_DETERMINISM_MODE`` is set to anything but "", "0" or "false": CUDA inserts
+    then run the deterministic engine. Unset, the key-parallel engine runs (docs/table_design.md)."""
     value = os.environ.get("DEMB_DETERMINISM_MODE", "").strip().lower()
-    return value not in ("0", "false")
+    return value not in ("", "0", "false")

@@ -11,7 +11,7 @@ import math
 import time
 import types
 import warnings
-from typing import List
+from typing import List, Optional
 
 import pytest
 import torch
@@ -518,6 +518,32 @@ def test_single_bucket_table_doubles_its_bucket(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------
 # Safe check, replay, determinism
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value, deterministic",
+    [
+        (None, False),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        (" False ", False),
+        ("1", True),
+        ("true", True),
+        ("yes", True),
+    ],
+)
+def test_determinism_mode_is_off_unless_set(
+    monkeypatch: pytest.MonkeyPatch, value: Optional[str], deterministic: bool
+) -> None:
+    """DEMB_DETERMINISM_MODE: unset (the default), empty, "0" or "false" select the key-parallel CUDA
+    engine; any other value the deterministic one. A table reads it when it is built."""
+    if value is None:
+        monkeypatch.delenv("DEMB_DETERMINISM_MODE", raising=False)
+    else:
+        monkeypatch.setenv("DEMB_DETERMINISM_MODE", value)
+    assert determinism_mode() is deterministic
+    assert one_bucket(torch.device("cpu"), S.LFU)._deterministic is deterministic
+
+
 @pytest.mark.parametrize("mode", [DynamicEmbCheckMode.WARNING, DynamicEmbCheckMode.ERROR])
 def test_safe_check_mode_reports_unplaced_keys(device: torch.device, mode) -> None:
     table = one_bucket(device, S.LFU, safe_check_mode=mode)
