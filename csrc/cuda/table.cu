@@ -20,6 +20,7 @@
 // [-1, capacity) as empty, never touching memory outside the table.
 #include <torch/library.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "score_fn_launch.cuh"
@@ -95,8 +96,11 @@ UpsertParams upsert_params(UpsertMode mode, const Tensor& keys, const Tensor& ta
   p.policies = s.policies;
   p.sizes = s.sizes;
   p.num_tables = s.num_tables;
-  protect_bits = at::zeros({(s.total_slots + 31) / 32 + 1}, keys.options().dtype(at::kInt));
+  // the protect bits, then the key-parallel engine's pending count: one zero fill for both
+  const int64_t words = (s.total_slots + 31) / 32;
+  protect_bits = at::zeros({words + 1}, keys.options().dtype(at::kInt));
   p.protect_bits = reinterpret_cast<uint32_t*>(protect_bits.data_ptr<int32_t>());
+  p.pending_count = protect_bits.data_ptr<int32_t>() + words;
   return p;
 }
 
@@ -140,11 +144,14 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   Tensor protect_bits;
   UpsertParams p = upsert_params(mode, keys, table_ids, s, protect_bits);
   p.pins = pin_counts;
-  Tensor dedup;
+  Tensor scratch;  // the key-parallel engine's leader map (-1 filled) and pending list
   if (!deterministic && n > 0) {
-    dedup = at::full({dedup_words(n)}, -1, opts.dtype(at::kInt));
-    p.dedup = dedup.data_ptr<int32_t>();
-    p.dedup_mask = dedup.numel() - 1;
+    const int64_t map_words = dedup_words(n);
+    scratch = at::empty({map_words + n}, opts.dtype(at::kInt));
+    p.dedup = scratch.data_ptr<int32_t>();
+    p.dedup_mask = map_words - 1;
+    p.pending = p.dedup + map_words;
+    C10_CUDA_CHECK(cudaMemsetAsync(p.dedup, 0xff, map_words * sizeof(int32_t), stream));
   }
   const Tensor now = resolve_now_cuda(policies, cur_scores);
   p.now = now.data_ptr<int64_t>();
@@ -153,7 +160,8 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   // Score functions: handles are read on the host (a CPU score_fns costs no synchronisation).
   const Tensor fns_host = score_fns.device().is_cpu() ? score_fns.contiguous() : score_fns.cpu();
   Tensor fn_ranks, has_fn;
-  if (n > 0 && fns_host.ne(0).any().item<bool>()) {
+  const int64_t* handles = fns_host.data_ptr<int64_t>();  // a plain loop: no tensor ops per call
+  if (n > 0 && std::any_of(handles, handles + s.num_tables, [](int64_t h) { return h != 0; })) {
     fn_ranks = at::empty({s.total_slots}, opts.dtype(at::kDouble));
     has_fn = compute_fn_ranks(fns_host, scores, slot_offsets, now, fn_ranks, stream);
     p.fn_scores = fn_ranks.data_ptr<double>();

@@ -101,6 +101,7 @@ __device__ __forceinline__ uint32_t byte_matches(uint32_t w, uint8_t d) {
 struct Probe {
   int64_t hit;    ///< global slot holding the key, or -1
   int64_t empty;  ///< lowest empty global slot (only when asked for and the key is absent), or -1
+  int64_t w0, w1;  ///< the hit's score words, with tile_probe's `scores` (else 0)
 };
 
 /**
@@ -141,15 +142,18 @@ __device__ __forceinline__ void scan16(const uint8_t* digests, int64_t g, int64_
  * covers a 128-slot bucket in one step. Full keys are compared only where the digest matches
  * (~1/255 false matches). With `want_empty` the same reads also give the lowest empty slot.
  * Every thread of the tile gets the answer. `kCoherent` reads through L2 (__ldcg): for probes
- * under a bucket lock, which must see what other SMs wrote in the same kernel.
+ * under a bucket lock, which must see what other SMs wrote in the same kernel. With `scores`
+ * (lookups that report words), a digest match loads the slot's words together with its key, so
+ * the words cost no round trip of their own; only a false digest match (~1/255) wastes the load.
  */
 template <int kVec, typename Tile, bool kCoherent = false>
 __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* table_keys,
                                             const uint8_t* digests, int64_t key,
-                                            const KeyHome& home, bool want_empty) {
+                                            const KeyHome& home, bool want_empty,
+                                            const int64_t* scores = nullptr) {
   const int rank = tile.thread_rank();
   const int64_t stride = 16 * kVec * static_cast<int64_t>(tile.size());
-  Probe r{-1, -1};
+  Probe r{-1, -1, 0, 0};
   for (int64_t base = home.begin; base < home.end; base += stride) {
     const int64_t g0 = base + 16 * kVec * rank;
     uint32_t m[kVec], e[kVec];
@@ -161,18 +165,24 @@ __device__ __forceinline__ Probe tile_probe(const Tile& tile, const int64_t* tab
       }
     }
     int64_t hit = -1, empty = -1;
+    longlong2 words = make_longlong2(0, 0);
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       while (m[v] && hit < 0) {
         const int b = __ffs(m[v]) - 1;
         m[v] &= m[v] - 1;
-        const int64_t* kp = table_keys + g0 + 16 * v + b;
-        if ((kCoherent ? __ldcg(kp) : *kp) == key) hit = g0 + 16 * v + b;
+        const int64_t g = g0 + 16 * v + b;
+        const int64_t* kp = table_keys + g;
+        if (scores != nullptr) words = *reinterpret_cast<const longlong2*>(scores + 2 * g);
+        if ((kCoherent ? __ldcg(kp) : *kp) == key) hit = g;
       }
       if (e[v] && empty < 0) empty = g0 + 16 * v + __ffs(e[v]) - 1;
     }
     const unsigned hits = tile.ballot(hit >= 0);
-    if (hits) return Probe{tile.shfl(hit, __ffs(hits) - 1), -1};
+    if (hits) {
+      const int src = __ffs(hits) - 1;
+      return Probe{tile.shfl(hit, src), -1, tile.shfl(words.x, src), tile.shfl(words.y, src)};
+    }
     if (want_empty && r.empty < 0) {
       const unsigned empties = tile.ballot(empty >= 0);
       if (empties) r.empty = tile.shfl(empty, __ffs(empties) - 1);

@@ -68,6 +68,12 @@ __device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_
   }
 }
 
+/**
+ * @brief One tile per key. Without kUpdate the probe loads the words beside the key (see
+ * tile_probe), so a found key's words cost no extra round trip; with it they are read back after
+ * every touch of the call (read_scores_kernel).
+ */
+template <bool kUpdate>
 __global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
   auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kFindTile;
@@ -75,22 +81,21 @@ __global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
   const int64_t key = p.keys[i];
   const int64_t t = p.table_ids[i];
   KeyHome home;
-  int64_t g = -1;
+  Probe r{-1, -1, 0, 0};
   if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-    g = tile_probe<kFindVec>(tile, p.table_keys, p.digests, key, home, false).hit;
+    r = tile_probe<kFindVec>(tile, p.table_keys, p.digests, key, home, false,
+                             kUpdate ? nullptr : p.scores);
   }
   if (tile.thread_rank() != 0) return;
+  const int64_t g = r.hit;
   p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
   p.out_found[i] = g >= 0;
-  if (p.update_score) {
+  if (kUpdate) {
     p.out_global[i] = g;
     if (g >= 0) touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
     return;
   }
-  int64_t w[2] = {0, 0};
-  if (g >= 0) load_words(p.scores, g, w);
-  p.out_scores[2 * i] = w[0];
-  p.out_scores[2 * i + 1] = w[1];
+  *reinterpret_cast<longlong2*>(p.out_scores + 2 * i) = make_longlong2(r.w0, r.w1);  // 0s: missing
 }
 
 /** @brief After the touches: the words each found key's slot now holds (zeros when missing). */
@@ -109,7 +114,11 @@ __global__ void __launch_bounds__(kBlockThreads)
 /** @brief Launcher: one tile per key, then (with update_score) the score read-back. */
 inline void launch_find(const FindParams& p, cudaStream_t stream) {
   const int64_t keys_per_block = kBlockThreads / kFindTile;
-  find_kernel<<<blocks_for(p.n, keys_per_block), kBlockThreads, 0, stream>>>(p);
+  if (p.update_score) {
+    find_kernel<true><<<blocks_for(p.n, keys_per_block), kBlockThreads, 0, stream>>>(p);
+  } else {
+    find_kernel<false><<<blocks_for(p.n, keys_per_block), kBlockThreads, 0, stream>>>(p);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (p.update_score) {
     read_scores_kernel<<<blocks_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(

@@ -5,12 +5,14 @@
  * Rows are copied as raw bytes, so one kernel serves every dtype: the selector picks the widest
  * vector (16, 8, 4, 2 or 1 bytes) that divides the row and the base addresses, and each thread
  * moves one vector. A slot outside [0, capacity) (-1 by contract) reads as zeros and is skipped on
- * write. scatter_rows keeps "last write wins" for repeated slots: (slot, position) pairs are
- * radix-sorted, which keeps positions in order within a slot, and only the last of each run writes.
+ * write. scatter_rows keeps "last write wins" for repeated slots: a first kernel records, per
+ * distinct slot of the call, the last position that names it (an open-addressing map of >= 2n
+ * entries, atomicCAS on the slot word, atomicMax on the position word: L2-resident for the batch
+ * sizes of a training step), and the copy kernel writes only the rows of those positions. Two
+ * O(n) kernels and one fill, where sorting (slot, position) pairs by all 64 bits of the slot took
+ * eight radix passes.
  */
 #pragma once
-
-#include <cub/device/device_radix_sort.cuh>
 
 #include "table_common.cuh"
 
@@ -20,8 +22,9 @@ namespace cuda_table {
 struct RowsParams {
   const char* src;     // gather: values; scatter: rows
   char* dst;           // gather: out; scatter: values
-  const int64_t* slots;         // (n,) local slots (gather), or sorted slots (scatter)
-  const int32_t* order;         // scatter: sorted positions into rows; null for gather
+  const int64_t* slots;         // (n,) local slots
+  const int32_t* where;         // scatter: (n,) map entry of each position's slot, -1 if none
+  const int32_t* last;          // scatter: last position of each map entry; null for gather
   int64_t n;
   int64_t capacity;             // rows of the values tensor
   int64_t vecs_per_row;         // row bytes / vector bytes
@@ -42,16 +45,43 @@ __global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(RowsParams p
   reinterpret_cast<V*>(p.dst)[e] = v;
 }
 
+/**
+ * @brief For each position q with a slot in [0, capacity): the map entry of its slot in `where[q]`
+ * (-1 otherwise), and the largest such q per slot in that entry's `last`. The map has a power of
+ * two >= 2n entries, slot words all ones (no slot) and last words -1 at the start.
+ */
+__global__ void __launch_bounds__(kBlockThreads)
+    scatter_last_kernel(const int64_t* __restrict__ slots, int64_t n, int64_t capacity,
+                        unsigned long long* __restrict__ map_slots, int32_t* __restrict__ map_last,
+                        int64_t mask, int32_t* __restrict__ where) {
+  const int64_t q = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  if (q >= n) return;
+  const int64_t s = slots[q];
+  if (s < 0 || s >= capacity) {
+    where[q] = -1;
+    return;
+  }
+  const auto want = static_cast<unsigned long long>(s);
+  for (int64_t h = static_cast<int64_t>(hash_key(s) & static_cast<uint64_t>(mask));;
+       h = (h + 1) & mask) {
+    const unsigned long long old = atomicCAS(map_slots + h, ~0ull, want);
+    if (old == ~0ull || old == want) {  // the map holds at most n of its >= 2n entries: it ends
+      atomicMax(map_last + h, static_cast<int32_t>(q));
+      where[q] = static_cast<int32_t>(h);
+      return;
+    }
+  }
+}
+
 template <typename V>
 __global__ void __launch_bounds__(kBlockThreads) scatter_rows_kernel(RowsParams p) {
   const int64_t e = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
   if (e >= p.n * p.vecs_per_row) return;
   const int64_t q = e / p.vecs_per_row, c = e - q * p.vecs_per_row;
-  const int64_t s = p.slots[q];
-  if (s < 0 || s >= p.capacity) return;
-  if (q + 1 < p.n && p.slots[q + 1] == s) return;  // a later position writes this slot
-  reinterpret_cast<V*>(p.dst)[s * p.vecs_per_row + c] =
-      reinterpret_cast<const V*>(p.src)[int64_t{p.order[q]} * p.vecs_per_row + c];
+  const int32_t h = p.where[q];
+  if (h < 0 || p.last[h] != q) return;  // out of range, or a later position writes this slot
+  reinterpret_cast<V*>(p.dst)[p.slots[q] * p.vecs_per_row + c] =
+      reinterpret_cast<const V*>(p.src)[q * p.vecs_per_row + c];
 }
 
 /** @brief Widest vector size dividing the row and both base addresses. */
@@ -97,37 +127,33 @@ inline void select_gather_rows(const at::Tensor& values, const at::Tensor& slots
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (slots.numel() == 0 || row_bytes == 0) return;
   RowsParams p{static_cast<const char*>(values.data_ptr()), static_cast<char*>(out.data_ptr()),
-               slots.data_ptr<int64_t>(), nullptr, slots.numel(), values.size(0), 0};
+               slots.data_ptr<int64_t>(), nullptr, nullptr, slots.numel(), values.size(0), 0};
   launch_rows<GatherLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
 }
 
-/** @brief Selector for scatter_rows: sort (slot, position), then the last of each slot writes. */
+/** @brief Selector for scatter_rows: the last position of each slot, then the copy. */
 inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, const at::Tensor& rows,
                                 cudaStream_t stream) {
   const int64_t n = slots.numel();
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (n == 0 || row_bytes == 0) return;
   DEMB_CHECK_VALUE(n <= INT32_MAX, "dynamicemb scatter_rows (CUDA): at most 2^31-1 rows per call");
-  const auto dev = slots.options();
-  at::Tensor pos = at::arange(n, dev.dtype(at::kInt));
-  at::Tensor sorted_slots = at::empty({n}, dev.dtype(at::kLong));
-  at::Tensor sorted_pos = at::empty({n}, dev.dtype(at::kInt));
-  // -1 sorts last as an unsigned key; every bit is sorted so any out-of-range value stays apart.
-  auto* keys_in = reinterpret_cast<const uint64_t*>(slots.data_ptr<int64_t>());
-  auto* keys_out = reinterpret_cast<uint64_t*>(sorted_slots.data_ptr<int64_t>());
-  size_t temp_bytes = 0;
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out,
-                                                 pos.data_ptr<int32_t>(),
-                                                 sorted_pos.data_ptr<int32_t>(),
-                                                 static_cast<int>(n), 0, 64, stream));
-  at::Tensor temp = at::empty({static_cast<int64_t>(temp_bytes)}, dev.dtype(at::kByte));
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data_ptr(), temp_bytes, keys_in, keys_out,
-                                                 pos.data_ptr<int32_t>(),
-                                                 sorted_pos.data_ptr<int32_t>(),
-                                                 static_cast<int>(n), 0, 64, stream));
+  int64_t entries = 2;
+  while (entries < 2 * n) entries <<= 1;
+  // one buffer: map slot words (8 B), map last words (4 B), then where (4 B per position); the
+  // map part is filled with 0xff bytes (slot "none", last -1) by one memset
+  const int64_t map_bytes = entries * (8 + 4);
+  at::Tensor scratch = at::empty({map_bytes + n * 4}, slots.options().dtype(at::kByte));
+  auto* base = static_cast<char*>(scratch.data_ptr());
+  auto* map_slots = reinterpret_cast<unsigned long long*>(base);
+  auto* map_last = reinterpret_cast<int32_t*>(base + entries * 8);
+  auto* where = reinterpret_cast<int32_t*>(base + map_bytes);
+  C10_CUDA_CHECK(cudaMemsetAsync(base, 0xff, map_bytes, stream));
+  scatter_last_kernel<<<blocks_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(
+      slots.data_ptr<int64_t>(), n, values.size(0), map_slots, map_last, entries - 1, where);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   RowsParams p{static_cast<const char*>(rows.data_ptr()), static_cast<char*>(values.data_ptr()),
-               sorted_slots.data_ptr<int64_t>(), sorted_pos.data_ptr<int32_t>(), n,
-               values.size(0), 0};
+               slots.data_ptr<int64_t>(), where, map_last, n, values.size(0), 0};
   launch_rows<ScatterLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
 }
 

@@ -6,23 +6,28 @@
  *
  * Lock-free: no thread ever waits for another. A slot is claimed by setting its bit in the call's
  * protect bits with one atomicOr; the bit that was clear before wins the slot, a claim that finds
- * it set lost it to another key and scans again. A claimed bit is never cleared during the call, so
- * a slot is handed out at most once per call and never both kept and evicted. Three kernels:
+ * it set lost it to another key and tries the next candidate. A claimed bit is never cleared during
+ * the call, so a slot is handed out at most once per call and never both kept and evicted. Three
+ * kernels:
  *
- *  1. present pass (a tile of 4 threads per key, like find): a key already in its bucket keeps its
- *     slot, is touched with atomics and its slot protected. A missing key first registers in a
- *     per-call open-addressing map of (table, key) -> first index (atomicCAS on an int32 word), so
- *     each distinct missing key has exactly one leader; the other occurrences follow it in pass 3.
- *     A leader claims the lowest empty slot of its bucket that no other leader claimed and writes
- *     its key and score words there, but not its digest: a probe of this pass never matches a key
- *     placed in it, so every occurrence of a key sees the same table. A leader that finds no free
- *     empty slot is left pending.
- *  2. evict pass (tiles of 8 threads, one warp reads 32 keys' states and its 4 tiles share the
- *     pending ones): a pending leader of an evicting table takes the victim, the occupied slot of
- *     lowest rank (then lowest slot) that is neither protected nor pinned, found by a reduction
- *     over the tile, claims it, reports it (insert_and_evict) and writes key, words and digest.
- *     Every present key of the call was protected by the end of pass 1, so no key of the call is
- *     a victim.
+ *  1. present pass (a tile of 4 threads per key, one key per tile, like find): a key already in its
+ *     bucket keeps its slot, is touched with atomics and its slot protected. A missing key first
+ *     registers in a per-call open-addressing map of (table, key) -> first index (atomicCAS on an
+ *     int32 word), so each distinct missing key has exactly one leader; the other occurrences
+ *     follow it in pass 3. A leader claims the lowest empty slot of its bucket that no other leader
+ *     claimed (it tries the lowest empty slot it does not know to be claimed; the word a lost
+ *     atomicOr returns tells it which slots of that word are taken) and writes its key and score
+ *     words there, but not its digest: a probe of this pass never matches a key placed in it, so
+ *     every occurrence of a key sees the same table. A leader that finds no free empty slot is
+ *     appended to the call's pending list (one atomicAdd per group of converged threads).
+ *  2. evict pass (a warp per pending leader, grid-stride over the list, as many warps as fit on the
+ *     GPU at once): a leader of an evicting table takes the victim, the occupied slot of lowest
+ *     rank (then lowest slot) that is neither protected nor pinned. Each lane reads 4 adjacent
+ *     slots (their digests, protect bits, pins and score words: the warp's word loads are one
+ *     contiguous 2 KB run for a 128-slot bucket, all in flight at once), then a warp reduction
+ *     picks the victim, lane 0 claims it, reports it (insert_and_evict: the words it read) and
+ *     writes key, words and digest. Every present key of the call was protected by the end of
+ *     pass 1, so no key of the call is a victim.
  *  3. finish pass (a thread per key): leaders placed in empty slots write their digests; followers
  *     take their leader's slot and flag and touch its words (atomics: c occurrences add c counts).
  *
@@ -49,9 +54,8 @@ namespace cg = cooperative_groups;
 
 constexpr int kPresentTile = 4;  // threads per key in the present pass (as find)
 constexpr int kPresentVec = 2;   // 4 x 2 x 16 = 128 digests per step
-constexpr int kEvictTile = 8;    // threads per pending key in the evict pass
-constexpr int kEvictVec = 1;     // 8 x 16 = 128 slots per step
-constexpr int kBlocksPerSm = 8;  // grid of the grid-stride kernels: enough to fill every SM
+constexpr int kEvictTile = 16;   // threads per pending key in the evict pass (two keys a warp)
+constexpr int kEvictSlots = 8;   // adjacent slots per thread there: 16 x 8 = 128 a step
 constexpr int64_t kFollowerBase = -3;  // out_slots of a follower: kFollowerBase - leader index
 
 /** @brief Words of the call's (table, key) -> leader map for n keys: a power of two >= 2n. */
@@ -77,14 +81,16 @@ __device__ __forceinline__ int64_t register_key(const UpsertParams& p, int64_t i
   }
 }
 
-/** @brief Bits k (0..15) set where global slot g + k is protected (claimed) in this call; read
- * through L2, where the atomics that set them are done. The array has one word of padding. */
-__device__ __forceinline__ uint32_t protected16(const uint32_t* bits, int64_t g) {
-  const int64_t w = g >> 5;
-  const int sh = static_cast<int>(g & 31);
-  uint64_t x = __ldcg(bits + w);
-  if (sh > 16) x |= static_cast<uint64_t>(__ldcg(bits + w + 1)) << 32;
-  return static_cast<uint32_t>(x >> sh) & 0xffffu;
+/**
+ * @brief Bits k (0..15) set where global slot g + k lies in the 32-slot protect word that starts at
+ * global slot `word_base` and its bit in `word` is set: what a returned atomicOr word says about
+ * the 16 slots at g.
+ */
+__device__ __forceinline__ uint32_t claimed16(uint32_t word, int64_t word_base, int64_t g) {
+  const int64_t d = word_base - g;  // where the word starts, relative to g
+  if (d >= 16 || d <= -32) return 0u;
+  const uint64_t w = word;
+  return static_cast<uint32_t>((d >= 0 ? (w << d) : (w >> -d)) & 0xffffu);
 }
 
 /** @brief Claims global slot g for this call: true when its protect bit was clear. */
@@ -93,16 +99,18 @@ __device__ __forceinline__ bool claim(uint32_t* bits, int64_t g) {
   return (atomicOr(bits + (g >> 5), bit) & bit) == 0;
 }
 
-/** @brief Mask of the slots g .. g + 15 that lie before `end`. */
-__device__ __forceinline__ uint32_t in_range16(int64_t g, int64_t end) {
-  const int64_t left = end - g;
-  return left >= 16 ? 0xffffu : (left <= 0 ? 0u : (1u << left) - 1u);
+/** @brief claim() that also hands back the protect word as it was before the atomicOr. */
+__device__ __forceinline__ uint32_t claim_word(uint32_t* bits, int64_t g) {
+  return atomicOr(bits + (g >> 5), 1u << (g & 31));
 }
 
 /**
  * @brief The lowest empty slot of the key's bucket that no key of this call claimed, claimed for
  * the tile (rank 0 does the atomic), or -1 when there is none. Every thread gets the answer.
  * Digests do not change while pass 1 runs (new keys write theirs in pass 3), so plain loads serve.
+ * No read of the protect bits first: the tile tries the lowest empty slot it does not know to be
+ * claimed, and a lost atomicOr returns the word, which marks every claimed slot it covers. Claims
+ * are never undone, so each won claim is the lowest empty slot still unclaimed at that moment.
  */
 template <int kVec, typename Tile>
 __device__ __forceinline__ int64_t claim_empty(const Tile& tile, const UpsertParams& p,
@@ -111,101 +119,120 @@ __device__ __forceinline__ int64_t claim_empty(const Tile& tile, const UpsertPar
   const int64_t stride = 16 * kVec * static_cast<int64_t>(tile.size());
   for (int64_t base = home.begin; base < home.end; base += stride) {
     const int64_t g0 = base + 16 * kVec * rank;
-    uint32_t empty[kVec];
+    uint32_t free[kVec];  // empty and not known to be claimed
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
       uint32_t m = 0;
-      empty[v] = 0;
+      free[v] = 0;
       if (g0 + 16 * v < home.end) {
-        scan16(p.digests, g0 + 16 * v, home.end, home.digest, &m, &empty[v]);
+        scan16(p.digests, g0 + 16 * v, home.end, home.digest, &m, &free[v]);
       }
     }
     for (;;) {
       int64_t mine = -1;
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        const int64_t g = g0 + 16 * v;
-        if (mine < 0 && empty[v] != 0) {
-          const uint32_t free = empty[v] & ~protected16(p.protect_bits, g);
-          if (free != 0) mine = g + __ffs(free) - 1;
-        }
+        if (mine < 0 && free[v] != 0) mine = g0 + 16 * v + __ffs(free[v]) - 1;
       }
       const unsigned any = tile.ballot(mine >= 0);
       if (any == 0) break;  // nothing free in this step: the next one
       const int64_t cand = tile.shfl(mine, __ffs(any) - 1);
-      int won = 0;
-      if (rank == 0) won = claim(p.protect_bits, cand) ? 1 : 0;
-      if (tile.shfl(won, 0) != 0) return cand;
-      // lost it to another key: scan the same step again (its bit now reads as set)
+      uint32_t word = 0;
+      if (rank == 0) word = claim_word(p.protect_bits, cand);
+      word = tile.shfl(word, 0);
+      if (((word >> (cand & 31)) & 1u) == 0) return cand;
+      // lost it: every slot the returned word marks is taken, the candidate among them
+      const int64_t word_base = cand & ~int64_t{31};
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) free[v] &= ~claimed16(word, word_base, g0 + 16 * v);
     }
   }
   return -1;
 }
 
+/** @brief Appends key i to the call's pending list: one atomicAdd per group of converged callers. */
+__device__ __forceinline__ void append_pending(const UpsertParams& p, int64_t i) {
+  const auto group = cg::coalesced_threads();
+  int at = 0;
+  if (group.thread_rank() == 0) at = atomicAdd(p.pending_count, static_cast<int>(group.size()));
+  at = group.shfl(at, 0) + static_cast<int>(group.thread_rank());
+  p.pending[at] = static_cast<int32_t>(i);
+}
+
 /**
- * @brief Pass 1: a tile of kPresentTile threads per key, grid-stride. Present keys: slot, touch,
- * protect. Missing keys: register (leader / follower); a leader takes a free empty slot (key and
- * words written, digest in pass 3) or stays kPending for pass 2.
+ * @brief Pass 1 for key i, by its tile. Present keys: slot, touch, protect. Missing keys: register
+ * (leader / follower); a leader takes a free empty slot (key and words written, digest in pass 3;
+ * the table's size counted in `block_delta`) or joins the pending list for pass 2.
+ */
+template <typename Tile>
+__device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams& p, int64_t i,
+                                            unsigned long long* block_delta) {
+  const int64_t key = p.keys[i];
+  const int64_t t = p.table_ids[i];
+  const bool lead = tile.thread_rank() == 0;
+  KeyHome home;
+  if (!key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
+    if (lead) {  // bad table id / bucketless table: not placed
+      p.out_slots[i] = -1;
+      p.out_flag[i] = false;
+    }
+    return;  // the same for the whole tile
+  }
+  const int64_t g = tile_probe<kPresentVec>(tile, p.table_keys, p.digests, key, home, false).hit;
+  if (g >= 0) {
+    if (lead) {
+      p.out_slots[i] = g - home.layout.offset;
+      p.out_flag[i] = false;
+      protect(p.protect_bits, g);
+      if (p.input_scores != nullptr) {  // duplicates with input words: one of them wins
+        const int64_t w[2] = {p.input_scores[2 * i], p.input_scores[2 * i + 1]};
+        store_words(p.scores, g, w);
+      } else {
+        touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+      }
+    }
+    return;
+  }
+  int64_t leader = 0;
+  if (lead) leader = register_key(p, i, key, t);
+  leader = tile.shfl(leader, 0);
+  if (leader != i) {
+    if (lead) p.out_slots[i] = kFollowerBase - leader;
+    return;
+  }
+  const int64_t e = claim_empty<kPresentVec>(tile, p, home);
+  if (!lead) return;
+  if (e < 0) {
+    p.out_slots[i] = kPending;
+    append_pending(p, i);
+    return;
+  }
+  int64_t w[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
+  touched_words(p, i, p.policies[t], p.now[t], w);
+  store_words(p.scores, e, w);
+  p.table_keys[e] = key;
+  p.out_slots[i] = e - home.layout.offset;
+  p.out_flag[i] = true;
+  if (t < kSharedSizeTables) {
+    atomicAdd(&block_delta[t], 1ull);
+  } else {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + t), 1ull);
+  }
+}
+
+/**
+ * @brief Pass 1: one tile of kPresentTile threads per key (no grid-stride loop: blocks that finish
+ * early are replaced at once, so the slow keys of one block hold up nobody). New keys per table
+ * are summed per block in shared memory and added to `sizes` once per block.
  */
 __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) {
   __shared__ unsigned long long block_delta[kSharedSizeTables];
   if (threadIdx.x < kSharedSizeTables) block_delta[threadIdx.x] = 0;
   __syncthreads();
   const auto tile = cg::tiled_partition<kPresentTile>(cg::this_thread_block());
-  const int64_t tiles = static_cast<int64_t>(gridDim.x) * (kBlockThreads / kPresentTile);
-  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kPresentTile;
-       i < p.n; i += tiles) {
-    const int64_t key = p.keys[i];
-    const int64_t t = p.table_ids[i];
-    KeyHome home;
-    if (!key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-      if (tile.thread_rank() == 0) {  // bad table id / bucketless table: not placed
-        p.out_slots[i] = -1;
-        p.out_flag[i] = false;
-      }
-      continue;  // the same for the whole tile
-    }
-    const int64_t g =
-        tile_probe<kPresentVec>(tile, p.table_keys, p.digests, key, home, false).hit;
-    if (g >= 0) {
-      if (tile.thread_rank() == 0) {
-        p.out_slots[i] = g - home.layout.offset;
-        p.out_flag[i] = false;
-        protect(p.protect_bits, g);
-        if (p.input_scores != nullptr) {  // duplicates with input words: one of them wins
-          const int64_t w[2] = {p.input_scores[2 * i], p.input_scores[2 * i + 1]};
-          store_words(p.scores, g, w);
-        } else {
-          touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
-        }
-      }
-      continue;
-    }
-    int64_t leader = 0;
-    if (tile.thread_rank() == 0) leader = register_key(p, i, key, t);
-    leader = tile.shfl(leader, 0);
-    if (leader != i) {
-      if (tile.thread_rank() == 0) p.out_slots[i] = kFollowerBase - leader;
-      continue;
-    }
-    const int64_t e = claim_empty<kPresentVec>(tile, p, home);
-    if (tile.thread_rank() != 0) continue;
-    if (e < 0) {
-      p.out_slots[i] = kPending;
-      continue;
-    }
-    int64_t w[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
-    touched_words(p, i, p.policies[t], p.now[t], w);
-    store_words(p.scores, e, w);
-    p.table_keys[e] = key;
-    p.out_slots[i] = e - home.layout.offset;
-    p.out_flag[i] = true;
-    if (t < kSharedSizeTables) {
-      atomicAdd(&block_delta[t], 1ull);
-    } else {
-      atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + t), 1ull);
-    }
-  }
+  const int64_t i =
+      (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kPresentTile;
+  if (i < p.n) present_key(tile, p, i, block_delta);  // i is the same for the whole tile
   __syncthreads();
   if (threadIdx.x < kSharedSizeTables && threadIdx.x < p.num_tables &&
       block_delta[threadIdx.x] != 0) {
@@ -215,39 +242,79 @@ __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) 
 }
 
 /**
- * @brief The victim of a pending key's bucket, claimed for the tile, or -1 when every occupied
- * slot is protected or pinned. Each thread scans 16-slot runs (digests for occupancy, protect
- * bits through L2, pins), loads the candidates' words, then the tile reduces; a lost claim scans
- * again. Words of unclaimed slots do not change during the pass; a slot claimed meanwhile may be
- * read half-written, but then its claim fails.
+ * @brief Bit k set where slot g0 + k (k < kEvictSlots) lies before `end` and is occupied,
+ * unprotected and unpinned; `w[k]` gets its score words (with `use_fn`: the score-function rank's
+ * bits in w[k].x). All loads are issued before any is used. The usual case (8 aligned slots inside
+ * the bucket) reads the 8 digests with one 8-byte load and the protect bits with one word.
+ */
+__device__ __forceinline__ uint32_t victim_candidates(const UpsertParams& p, int64_t g0,
+                                                      int64_t end, bool use_fn,
+                                                      longlong2 (&w)[kEvictSlots]) {
+  static_assert(kEvictSlots == 8, "the fast path reads 8 digests and one byte of protect bits");
+  uint32_t ok = 0;
+  if (g0 + kEvictSlots <= end && (g0 & 7) == 0) {
+    const uint2 d = *reinterpret_cast<const uint2*>(p.digests + g0);
+    const uint32_t bits = __ldcg(p.protect_bits + (g0 >> 5));
+    const longlong2* words = reinterpret_cast<const longlong2*>(p.scores + 2 * g0);
+#pragma unroll
+    for (int k = 0; k < kEvictSlots; ++k) {
+      w[k] = use_fn ? make_longlong2(__double_as_longlong(p.fn_scores[g0 + k]), 0) : words[k];
+    }
+    const uint32_t empty = byte_matches(d.x ^ 0x01010101u, 1) | (byte_matches(d.y ^ 0x01010101u, 1) << 4);
+    ok = ~empty & ~(bits >> (g0 & 31)) & 0xffu;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kEvictSlots; ++k) {
+      const int64_t g = g0 + k;
+      w[k] = make_longlong2(0, 0);
+      if (g >= end) continue;
+      if (p.digests[g] != 0 && !is_protected(p.protect_bits, g)) ok |= 1u << k;
+      w[k] = use_fn ? make_longlong2(__double_as_longlong(p.fn_scores[g]), 0)
+                    : *reinterpret_cast<const longlong2*>(p.scores + 2 * g);
+    }
+  }
+  if (p.pins != nullptr) {
+#pragma unroll
+    for (int k = 0; k < kEvictSlots; ++k) {
+      if (((ok >> k) & 1u) != 0 && p.pins[g0 + k] > 0) ok &= ~(1u << k);
+    }
+  }
+  return ok;
+}
+
+/**
+ * @brief The victim of a pending key's bucket, claimed for the tile (its slot and the words read
+ * for it), or slot -1 when every occupied slot is protected or pinned. Each thread
+ * reads kEvictSlots adjacent slots a step (digest, protect bit through L2, pin, score words or
+ * score-function rank), all loads issued before any is used (a tile's word loads are one
+ * contiguous 2 KB run for a 128-slot bucket), then the tile reduces and rank 0 claims; a lost
+ * claim scans again. Words of unclaimed slots do not change during the pass (only a claimer
+ * writes a slot); a slot claimed meanwhile may be read half-written, but then its claim fails. A
+ * digest read stale is harmless: a victim's digest changes from one key's to another's, and a
+ * slot that reads empty was claimed in pass 1 (a leader is pending only when every empty slot of
+ * its bucket was claimed), so it is no candidate either way. With a score function the rank's
+ * bits ride in the first word's register (one set of registers for either kind of rank).
  */
 template <typename Tile>
-__device__ __forceinline__ int64_t claim_victim(const Tile& tile, const UpsertParams& p,
-                                                const KeyHome& home, int64_t policy,
-                                                bool use_fn) {
+__device__ __forceinline__ Candidate claim_victim(const Tile& tile, const UpsertParams& p,
+                                                  const KeyHome& home, int64_t policy,
+                                                  bool use_fn) {
   const int rank = tile.thread_rank();
-  const int64_t step = 16 * static_cast<int64_t>(tile.size());
   for (;;) {
     Candidate best{-1, 0, 0, 0.0};
-    for (int64_t g = home.begin + 16 * rank; g < home.end; g += step) {
-      uint32_t m = 0, e = 0;
-      scan16(p.digests, g, home.end, home.digest, &m, &e);
-      uint32_t cand = ~e & in_range16(g, home.end) & ~protected16(p.protect_bits, g);
+    for (int64_t base = home.begin; base < home.end; base += kEvictTile * kEvictSlots) {
+      const int64_t g0 = base + kEvictSlots * rank;
+      longlong2 w[kEvictSlots];
+      const uint32_t ok = victim_candidates(p, g0, home.end, use_fn, w);
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        if (((cand >> k) & 1u) == 0) continue;
-        if (p.pins != nullptr && p.pins[g + k] > 0) continue;
-        Candidate c{g + k, 0, 0, use_fn ? p.fn_scores[g + k] : 0.0};
-        if (!use_fn) {
-          int64_t w[2];
-          load_words(p.scores, g + k, w);
-          c.w0 = w[0];
-          c.w1 = w[1];
-        }
+      for (int k = 0; k < kEvictSlots; ++k) {
+        if (((ok >> k) & 1u) == 0) continue;
+        const Candidate c = use_fn ? Candidate{g0 + k, 0, 0, __longlong_as_double(w[k].x)}
+                                   : Candidate{g0 + k, w[k].x, w[k].y, 0.0};
         if (evicts_before(c, best, policy, use_fn)) best = c;
       }
     }
-    for (int o = static_cast<int>(tile.size()) / 2; o > 0; o >>= 1) {
+    for (int o = kEvictTile / 2; o > 0; o >>= 1) {
       Candidate other;
       other.g = tile.shfl_xor(best.g, o);
       other.w0 = tile.shfl_xor(best.w0, o);
@@ -255,65 +322,52 @@ __device__ __forceinline__ int64_t claim_victim(const Tile& tile, const UpsertPa
       other.f = tile.shfl_xor(best.f, o);
       if (evicts_before(other, best, policy, use_fn)) best = other;
     }
-    if (best.g < 0) return -1;
+    if (best.g < 0) return best;
     int won = 0;
     if (rank == 0) won = claim(p.protect_bits, best.g) ? 1 : 0;
-    if (tile.shfl(won, 0) != 0) return best.g;
+    if (tile.shfl(won, 0) != 0) return best;
   }
 }
 
 /**
- * @brief Pass 2: each warp reads the states of 32 consecutive keys; its 4 tiles of kEvictTile
- * share the pending ones (tile k takes the k-th, (k+4)-th, ... of them). A pending key of an
- * evicting table takes a victim; otherwise (NO_EVICTION, or nothing left to evict) slot -1.
+ * @brief Pass 2: a tile of kEvictTile threads per pending leader, grid-stride over the pending
+ * list (its length is read here, on the device: no synchronisation). A leader of an evicting
+ * table takes a victim; otherwise (NO_EVICTION, or nothing left to evict) slot -1.
  */
-__global__ void __launch_bounds__(kBlockThreads) evict_kernel(UpsertParams p) {
-  using Tile = cg::thread_block_tile<kEvictTile>;
-  const auto block = cg::this_thread_block();
-  const Tile tile = cg::tiled_partition<kEvictTile>(block);
-  const int lane = static_cast<int>(threadIdx.x & 31);
-  const int which = lane / kEvictTile;  // this tile's number in its warp
-  constexpr int kTilesPerWarp = 32 / kEvictTile;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kBlockThreads / 32);
-  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / 32 * 32;
-       base < p.n; base += warps * 32) {
-    const int64_t mine = base + lane;
-    const bool pending = mine < p.n && p.out_slots[mine] == kPending;
-    unsigned todo = __ballot_sync(0xffffffffu, pending);
-    // drop the pending keys of the tiles before this one, then take every kTilesPerWarp-th
-    for (int k = 0; k < which && todo; ++k) todo &= todo - 1;
-    while (todo != 0) {
-      const int64_t i = base + __ffs(todo) - 1;
-      for (int k = 0; k < kTilesPerWarp && todo; ++k) todo &= todo - 1;
-      const int64_t key = p.keys[i];
-      const int64_t t = p.table_ids[i];
-      KeyHome home;
-      key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home);  // pass 1 placed it
-      const int64_t policy = p.policies[t];
-      int64_t g = -1;
-      if (policy_can_evict(policy)) {
-        const bool use_fn = p.has_fn != nullptr && p.has_fn[t] != 0;
-        g = claim_victim(tile, p, home, policy, use_fn);
-      }
-      if (tile.thread_rank() != 0) continue;
-      p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
-      p.out_flag[i] = g >= 0;
-      if (g < 0) continue;
-      if (p.mode == UpsertMode::kInsertAndEvict) {
-        int64_t old[2];
-        load_words(p.scores, g, old);
-        p.ev_flag[i] = true;
-        p.ev_keys[i] = p.table_keys[g];
-        p.ev_slots[i] = g - home.layout.offset;
-        p.ev_scores[2 * i] = old[0];
-        p.ev_scores[2 * i + 1] = old[1];
-      }
-      int64_t w[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
-      touched_words(p, i, policy, p.now[t], w);
-      store_words(p.scores, g, w);
-      p.table_keys[g] = key;
-      p.digests[g] = home.digest;
+__global__ void __launch_bounds__(kBlockThreads, 4) evict_kernel(UpsertParams p) {
+  const auto tile = cg::tiled_partition<kEvictTile>(cg::this_thread_block());
+  const int64_t tiles = static_cast<int64_t>(gridDim.x) * (kBlockThreads / kEvictTile);
+  const int64_t count = *p.pending_count;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kEvictTile;
+       w < count; w += tiles) {
+    const int64_t i = p.pending[w];
+    const int64_t key = p.keys[i];
+    const int64_t t = p.table_ids[i];
+    KeyHome home;
+    key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home);  // pass 1 placed it
+    const int64_t policy = p.policies[t];
+    const bool use_fn = p.has_fn != nullptr && p.has_fn[t] != 0;
+    Candidate victim{-1, 0, 0, 0.0};
+    if (policy_can_evict(policy)) victim = claim_victim(tile, p, home, policy, use_fn);
+    const int64_t g = victim.g;
+    if (tile.thread_rank() != 0) continue;
+    p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
+    p.out_flag[i] = g >= 0;
+    if (g < 0) continue;
+    if (p.mode == UpsertMode::kInsertAndEvict) {
+      int64_t old[2] = {victim.w0, victim.w1};  // read in the scan; unchanged until this write
+      if (use_fn) load_words(p.scores, g, old);
+      p.ev_flag[i] = true;
+      p.ev_keys[i] = p.table_keys[g];
+      p.ev_slots[i] = g - home.layout.offset;
+      p.ev_scores[2 * i] = old[0];
+      p.ev_scores[2 * i + 1] = old[1];
     }
+    int64_t nw[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
+    touched_words(p, i, policy, p.now[t], nw);
+    store_words(p.scores, g, nw);
+    p.table_keys[g] = key;
+    p.digests[g] = home.digest;
   }
 }
 
@@ -349,20 +403,33 @@ __global__ void __launch_bounds__(kBlockThreads) finish_kernel(UpsertParams p) {
   }
 }
 
-/** @brief Blocks of a grid-stride kernel: enough to fill the GPU, never more than the work. */
-inline int grid_for(int64_t n, int64_t per_block) {
+/**
+ * @brief Blocks of the evict pass: as many as the GPU holds at once (its occupancy, computed once),
+ * so the grid-stride loop leaves no second wave behind; never more than n keys need.
+ */
+inline int evict_grid(int64_t n) {
+  static int per_sm = 0;  // the same for every device of a process in practice; a race only
+                          // recomputes it
+  if (per_sm == 0) {
+    int blocks = 0;
+    C10_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, evict_kernel, kBlockThreads, 0));
+    per_sm = std::max(blocks, 1);
+  }
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return static_cast<int>(std::min<int64_t>(blocks_for(n, per_block), int64_t{sms} * kBlocksPerSm));
+  return static_cast<int>(
+      std::min<int64_t>(blocks_for(n, kBlockThreads / kEvictTile), int64_t{sms} * per_sm));
 }
 
 /**
- * @brief Launcher: present, evict, finish. `p.protect_bits` must be zeroed, `p.dedup` filled
- * with -1 (dedup_words(n) words); `p.now` set (the ops resolve it for every inserting call).
+ * @brief Launcher: present, evict, finish. `p.protect_bits` must be zeroed, `p.pending_count`
+ * zeroed, `p.pending` hold n words, `p.dedup` filled with -1 (dedup_words(n) words); `p.now` set
+ * (the ops resolve it for every inserting call).
  */
 inline void launch_upsert_parallel(const UpsertParams& p, cudaStream_t stream) {
-  present_kernel<<<grid_for(p.n, kBlockThreads / kPresentTile), kBlockThreads, 0, stream>>>(p);
+  present_kernel<<<blocks_for(p.n, kBlockThreads / kPresentTile), kBlockThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  evict_kernel<<<grid_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(p);
+  evict_kernel<<<evict_grid(p.n), kBlockThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   finish_kernel<<<blocks_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

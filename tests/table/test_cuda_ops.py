@@ -277,6 +277,19 @@ def test_rows_gather_scatter_match_cpu(dtype: torch.dtype, width: int) -> None:
     assert torch.equal(ops.gather_rows(vc, slots), ops.gather_rows(vg, slots.cuda()).cpu())
 
 
+def test_scatter_rows_last_write_wins_under_many_repeats() -> None:
+    """200,000 positions into 5,000 slots (and -1): each slot's row must be its last position's,
+    which the CUDA kernel finds through a per-call map of slot -> last position, full of
+    collisions here. Rows carry their position, so a wrong winner shows."""
+    g = torch.Generator().manual_seed(11)
+    slots = torch.randint(-1, 5000, (200_000,), generator=g)
+    rows = torch.arange(200_000, dtype=torch.float32).unsqueeze(1).repeat(1, 4)
+    vc, vg = torch.zeros(5000, 4), torch.zeros(5000, 4, device="cuda")
+    ops.scatter_rows(vc, slots, rows)
+    ops.scatter_rows(vg, slots.cuda(), rows.cuda())
+    assert torch.equal(vc, vg.cpu())
+
+
 def test_ops_pass_opcheck_on_cuda() -> None:
     from torch.library import opcheck
 
