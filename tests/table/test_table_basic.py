@@ -194,7 +194,10 @@ def test_export_threshold_selects_by_score_in_slot_order(device: torch.device) -
     out = table.export(0, threshold=3)
     assert sorted(out.keys.tolist()) == keys[3:]
     assert out.slots.tolist() == sorted(out.slots.tolist())
-    assert out.scores.flatten().tolist() == [3, 4, 5]
+    # each key with its own score (which slot each key got depends on the CUDA engine's schedule)
+    assert dict(zip(out.keys.tolist(), out.scores.flatten().tolist())) == {
+        k: s for s, k in enumerate(keys) if s >= 3
+    }
 
 
 # ------------------------------------------------------------------------------------------------
