@@ -32,6 +32,8 @@ from reference_harness import assert_same
 from test_against_reference import TableMachine
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy
+from dynamicemb_core.ops import table_ops
+from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import ScoredHashTable, TableSpec
 
 _CUDA = torch.cuda.is_available()
@@ -310,6 +312,37 @@ def _adopt_slots(
         table.slots, table.rows = new_slots, new_rows
 
 
+def _adopt_insertion_numbers(
+    model: ref.RefScoredHashTable, real: ScoredHashTable, pre_keys: List[set]
+) -> None:
+    """NO_EVICTION tables number a call's new keys in ascending slot order (the class's rule), so
+    which key gets which number follows which slot each key got, which the schedule chose. The
+    call must hand out the same numbers (compared as a multiset); then the model's new keys take
+    the numbers the real table gave them. Keys placed with given scores keep them in both."""
+    for t, table in enumerate(model.tables):
+        if table.spec.policy != ref.NO_EVICTION:
+            continue
+        res = real.export(t)
+        real_number = {
+            k: table.internal_scores(sc[: table.spec.num_scores])[0]
+            for k, sc in zip(res.keys.tolist(), res.scores.tolist())
+        }
+        new = [e for e in table.slots if e is not None and e.key not in pre_keys[t]]
+        assert_same(sorted(real_number[e.key] for e in new), sorted(e.s0 for e in new))
+        for e in new:
+            e.s0 = real_number[e.key]
+
+
+def _adopt_retained_keys(model: ref.RefScoredHashTable, real: ScoredHashTable) -> None:
+    """After a call whose victims were not compared (a table grew: rehashed by the schedule, so
+    ties may pick other victims), RETAIN_KEY tables' buffers of evicted keys take the real
+    table's (read without popping them)."""
+    for t, table in enumerate(model.tables):
+        if table.spec.retain_key:
+            held = real._evicted_keys[t]  # a peek: pop_evicted_keys would clear it
+            model.evicted_buffers[t] = set(torch.cat(held).tolist()) if held else set()
+
+
 class ContentsMachine(TableMachine):
     """TableMachine for the key-parallel engine: inserting calls compare contents, not slots."""
 
@@ -341,6 +374,7 @@ class ContentsMachine(TableMachine):
     def _apply(self, what: str, call: Any, compare: Any) -> Any:
         capacities = [self.model.capacity(t) for t in range(len(self.specs))]
         pre_rows = [list(table.rows) for table in self.model.tables]
+        pre_keys = [{e.key for e in table.slots if e is not None} for table in self.model.tables]
         expected = call(self.model)
         grew = [self.model.capacity(t) for t in range(len(self.specs))] != capacities
         subject = self.subjects[0]
@@ -349,6 +383,7 @@ class ContentsMachine(TableMachine):
             if grew:  # rehashed in another order: ties may pick other victims; adopt the state
                 now = [self.model.capacity(t) for t in range(len(self.specs))]
                 _adopt_state(self.model, subject.table, [a != b for a, b in zip(now, capacities)])
+                _adopt_retained_keys(self.model, subject.table)
                 return expected
             slots = got if what == "insert" else got.slots
             want = expected if what == "insert" else expected.slots
@@ -360,6 +395,7 @@ class ContentsMachine(TableMachine):
                 _adopt_state(self.model, subject.table)
             else:
                 _adopt_slots(self.model, subject.table, pre_rows)
+                _adopt_insertion_numbers(self.model, subject.table, pre_keys)
             return expected
         try:
             compare(got, expected)
@@ -404,6 +440,72 @@ def _adopt_state(
             s0, s1 = table.internal_scores(sc[: table.spec.num_scores])
             table.slots[s] = ref.RefEntry(k, s0, s1)
             table.rows[s] = tuple(rows[i]) if rows else old_rows[s] if s < len(old_rows) else None
+
+
+def _permute_new_placements(
+    state: TableState, before: Tuple[torch.Tensor, torch.Tensor], gen: torch.Generator
+) -> torch.Tensor:
+    """Shuffle, within each bucket, the slots this call filled with keys that were not there
+    before (its new keys' slots): keys, digests and score words move together. Returns the map
+    old global slot -> new global slot (identity elsewhere). That is exactly the freedom the
+    key-parallel engine has, played on CPU."""
+    keys_before, digests_before = before
+    filled = (state.digests != 0) & ((digests_before == 0) | (keys_before != state.table_keys))
+    where = torch.arange(state.digests.numel())
+    offsets, caps = state.slot_offsets.tolist(), state.bucket_caps.tolist()
+    groups: Dict[Tuple[int, int], List[int]] = {}
+    for g in where[filled].tolist():
+        t = next(i for i in range(len(caps)) if offsets[i] <= g < offsets[i + 1])
+        groups.setdefault((t, (g - offsets[t]) // caps[t]), []).append(g)
+    moved = where.clone()
+    for slots in groups.values():
+        if len(slots) < 2:
+            continue
+        order = torch.randperm(len(slots), generator=gen).tolist()
+        src = torch.tensor(slots)
+        dst = torch.tensor([slots[i] for i in order])
+        for tensor in (state.table_keys, state.digests, state.scores):
+            tensor[dst] = tensor[src].clone()
+        moved[src] = dst
+    return moved
+
+
+@pytest.fixture
+def permuted_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU inserting ops whose new keys take their bucket's filled slots in a random order, as the
+    key-parallel CUDA engine's schedule may give them. The shuffle is a function of the call's
+    keys, so hypothesis replays a failing case exactly."""
+
+    def wrap(name: str, slots_at: Optional[int]):
+        op = getattr(table_ops, name)
+
+        def permuted(keys, table_ids, state, *args, **kwargs):
+            before = (state.table_keys.clone(), state.digests.clone())
+            out = op(keys, table_ids, state, *args, **kwargs)
+            gen = torch.Generator().manual_seed(hash(tuple(keys.tolist())) % (1 << 31))
+            moved = _permute_new_placements(state, before, gen)
+            slots = out if slots_at is None else out[slots_at]
+            glob = state.slot_offsets[table_ids.clamp(0, state.bucket_caps.numel() - 1)] + slots
+            new = torch.where(slots >= 0, moved[glob.clamp(min=0)] - (glob - slots), slots)
+            if slots_at is None:
+                return new
+            return (*out[:slots_at], new, *out[slots_at + 1 :])
+
+        monkeypatch.setattr(table_ops, name, permuted)
+
+    wrap("insert", None)
+    wrap("find_or_insert", 0)
+    wrap("insert_and_evict", 0)
+
+
+def test_contents_machine_holds_under_permuted_placement(permuted_placement: None) -> None:
+    """The contents state machine on CPU with new keys placed in shuffled slots of their bucket:
+    what it compares must not depend on which new key got which slot (it does not for the
+    deterministic engine trivially). Caught: NO_EVICTION insertion numbers follow slot order."""
+    run_state_machine_as_test(
+        lambda: ContentsMachine(["cpu"]),
+        settings=settings(settings.get_profile("demb-table"), max_examples=25),
+    )
 
 
 @pytest.mark.gpu
