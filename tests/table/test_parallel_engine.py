@@ -17,6 +17,10 @@ Two kinds of checks:
   slots may differ. After each call the model adopts the real table's slots (a permutation inside
   each bucket), so the next call starts from the same state again. Where a bucket gets more new
   keys than it can take, only how many got in is compared, and the model adopts the real state.
+  What follows from the slots is adopted too: NO_EVICTION insertion numbers (handed out in slot
+  order: the same numbers, to other keys) and, after a growth, RETAIN_KEY buffers. The same
+  machine runs on CPU (in CI) with the inserting ops' new keys shuffled inside their buckets, the
+  freedom the key-parallel engine has, so what it compares is checked schedule-free there too.
 """
 
 from __future__ import annotations
