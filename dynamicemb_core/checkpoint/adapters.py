@@ -27,12 +27,9 @@ _Tier = Tuple[Any, int, Optional[Callable[[], None]], Optional[Callable[[torch.T
 
 def _last_tier(name: str, tier: Any) -> _Tier:
     """``(storage, table_id, flush, drop)`` for one table's tier."""
-    from dynamicemb_core.storage import CachedStorage
-    from dynamicemb_core.storage.grouped import TableView
+    from dynamicemb_core.storage.grouped import CachedTableView, TableView
 
-    if isinstance(tier, TableView):
-        return tier.group, tier.table_id, None, None  # a grouped module's table: the group's id
-    if isinstance(tier, CachedStorage):
+    if isinstance(tier, CachedTableView):
         backing = tier.backing
         if not _is_slot_storage(backing):
             raise NotImplementedError(
@@ -40,13 +37,9 @@ def _last_tier(name: str, tier: Any) -> _Tier:
                 f"checkpoints (DynamicEmbDump, incremental_dump, replay_increment) need a hash-table "
                 f"storage. Use the storage's own dump()/load() for it."
             )
-        cache = tier.cache
-
-        def drop(keys: torch.Tensor) -> None:
-            if cache is not None and keys.numel():
-                cache.table.erase(torch.unique(keys.to(cache.device)), 0)
-
-        return backing, int(tier.backing_ids[0]), tier.flush, drop
+        return backing, int(tier.backing_ids[0]), tier.flush, tier.drop_from_cache
+    if isinstance(tier, TableView):
+        return tier.group, tier.table_id, None, None  # a grouped module's table: the group's id
     if not _is_slot_storage(tier):
         raise NotImplementedError(
             f"table '{name}': storage {type(tier).__name__} holds no hash table; slot-based checkpoints "

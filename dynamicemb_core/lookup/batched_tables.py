@@ -10,8 +10,7 @@ applies the fused optimizer in place to the stored rows; there is no dense weigh
 from __future__ import annotations
 
 import contextlib
-import functools
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
@@ -21,31 +20,26 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb_core.devices import normalize_device
-from dynamicemb_core.lookup.autograd import LookupFunction, TableLookup
-from dynamicemb_core.lookup.features import split_by_table, validate_inputs
+from dynamicemb_core.lookup.features import validate_inputs
 from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
-from dynamicemb_core.lookup.initializers import initialize_embeddings, validate_initializer
+from dynamicemb_core.lookup.initializers import validate_initializer
 from dynamicemb_core.lookup.steps import advance_steps, start_steps
 from dynamicemb_core.lookup.tiers import (
-    build_tier,
+    cached_backings,
     check_row_dtypes,
-    device_budget_bytes,
-    rows_in_budget,
+    table_place,
     tier_kind,
 )
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
     OptimizerArgs,
     OptimizerKind,
-    apply_update,
-    initial_state_value,
     optimizer_args_from_kwargs,
     optimizer_kind,
     row_width,
 )
 from dynamicemb_core.optim.args import output_dtype_from
-from dynamicemb_core.storage import HOME_NONE, LookupTier
-from dynamicemb_core.storage.grouped import GroupedDeviceStorage, TableView
+from dynamicemb_core.storage.grouped import CachedTableView, GroupedDeviceStorage, TableView
 from dynamicemb_core.table.metrics import METRIC_NAMES
 from dynamicemb_core.table.safe_check import UnplacedKeyReport
 from dynamicemb_core.types import StorageTableSpec
@@ -68,18 +62,18 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
             weight_decay, weight_decay_mode, initial_accumulator_value).
 
-    The tables stored in device memory, whole or hybrid (rows beyond their ``local_hbm_for_values``
-    budget in host memory), form one group (:mod:`dynamicemb_core.lookup.grouped`): one hash table,
-    one device value buffer and one host value buffer for all of them; one pass per step whatever
-    their number (tables that do not train and tables with an admission strategy included). A table
-    with a cache in front of a host table or an external storage has its own storage tier, and the
-    step loops over those tables; a module with both kinds splits each batch by feature between
-    the group and the tiered tables and joins their outputs.
+    Every table of the module lives in one group (:mod:`dynamicemb_core.lookup.grouped`): one
+    hash table and one value descriptor for all of them, whether a table is device-resident,
+    hybrid (rows beyond its ``local_hbm_for_values`` budget in host memory) or cached (a device
+    cache of that budget in front of a host table or an external storage, see
+    :mod:`dynamicemb_core.storage.grouped_cache`); one pass per step whatever their number
+    (tables that do not train and tables with an admission strategy included).
 
     Attributes:
-        tables: per table, its storage (a :class:`~dynamicemb_core.storage.LookupTier`, which is a
-            plugin ``Storage`` holding that one table as table id 0; for a grouped table, a
-            :class:`~dynamicemb_core.storage.grouped.TableView` of the group).
+        tables: per table, a view of the group holding that table as table id 0 (a
+            :class:`~dynamicemb_core.storage.grouped.TableView`; for a cached table a
+            :class:`~dynamicemb_core.storage.grouped.CachedTableView`, the union of its cache and
+            its backing store).
         optimizer_args: the hyper-parameters; ``set_learning_rate`` changes the rate between steps.
     """
 
@@ -105,7 +99,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.table_options = list(table_options)
         self.feature_table_map = list(feature_table_map)
         self.dims = self._validate_tables()
-        self.tables: List[LookupTier] = []
+        self.tables: List[TableView] = []
         self._admission: List[Optional[tuple]] = []
         specs = [
             StorageTableSpec(
@@ -118,21 +112,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             )
             for t, (name, opts) in enumerate(zip(self.table_names, self.table_options))
         ]
-        self._group: Optional[TableGroup] = None
-        self._group_tables: List[int] = []
         self._admission = [self._build_admission(opts) for opts in self.table_options]
-        kinds = [
-            tier_kind(opts, spec, self.device) for opts, spec in zip(self.table_options, specs)
-        ]
-        grouped = [t for t, kind in enumerate(kinds) if kind in ("device", "hybrid")]
-        check_row_dtypes(self.table_names, specs, kinds)
-        self.tables = [None] * len(specs)  # type: ignore[list-item]
-        if grouped:
-            self._build_group(grouped, specs, kinds)
-        for t, (opts, spec) in enumerate(zip(self.table_options, specs)):
-            if t not in grouped:
-                self.tables[t] = build_tier(opts, spec, self.device)
-        self._parts = _Parts(self.feature_table_map, self.dims, grouped, len(specs), self.device)
+        self._group = self._build_group(specs)
         for tier in self.tables:
             start_steps(tier)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
@@ -181,38 +162,40 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             )
         return dims
 
-    def _build_group(
-        self, grouped: List[int], specs: List[StorageTableSpec], kinds: List[str]
-    ) -> None:
-        """One group for the device-resident and hybrid tables (group ids: their order here)."""
-        local = {t: i for i, t in enumerate(grouped)}
-        opts = [self.table_options[t] for t in grouped]
+    def _build_group(self, specs: List[StorageTableSpec]) -> TableGroup:
+        """The module's one group: every table, device-resident, hybrid or cached."""
+        opts = self.table_options
+        kinds = [tier_kind(o, spec, self.device) for o, spec in zip(opts, specs)]
+        check_row_dtypes(self.table_names, specs, kinds)
+        places = [
+            table_place(o, spec, kind, self.device) for o, spec, kind in zip(opts, specs, kinds)
+        ]
+        backing = cached_backings(opts, specs, kinds, self.device)
         storage = GroupedDeviceStorage(
-            [specs[t] for t in grouped],
+            specs,
             self.device,
-            dims=[self.dims[t] for t in grouped],
+            dims=self.dims,
             table_options=opts,
-            device_rows=[
-                rows_in_budget(specs[t], device_budget_bytes(self.table_options[t], specs[t]))
-                if kinds[t] == "hybrid"
-                else None
-                for t in grouped
-            ],
+            device_rows=[p.device_rows for p in places],
+            cache_rows=[p.cache_rows for p in places],
+            backing=backing,
         )
-        self._group = TableGroup(
+        group = TableGroup(
             storage,
-            [local[t] for t in self.feature_table_map if t in local],
+            self.feature_table_map,
             self.pooling_mode is not DynamicEmbPoolingMode.NONE,
             self._kind,
             self._optimizer_args_now,
             [o.initializer_args for o in opts],
             [o.eval_initializer_args for o in opts],
             trains=[o.training for o in opts],
-            admission=[self._admission[t] for t in grouped],
+            admission=self._admission,
         )
-        self._group_tables = list(grouped)
-        for t in grouped:
-            self.tables[t] = TableView(storage, local[t])
+        self.tables = [
+            CachedTableView(storage, t) if storage.is_cached(t) else TableView(storage, t)
+            for t in range(len(specs))
+        ]
+        return group
 
     def _build_admission(self, opts: DynamicEmbTableOptions) -> Optional[tuple]:
         if opts.admit_strategy is None:
@@ -267,9 +250,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """Per table: ``name``, ``size`` (keys stored), ``capacity`` (device slots), ``evictions``."""
         stats: List[Dict[str, Any]] = []
         for name, tier in zip(self.table_names, self.tables):
-            table: Any = tier.device_table()
-            grouped = isinstance(tier, TableView)
-            size = table.size(0) if table is not None and not grouped else tier.size(0)
+            # a cached table: keys in its cache (its size over both tiers would flush it)
+            cached = isinstance(tier, CachedTableView)
+            size = tier.group.table.size(tier.table_id) if cached else tier.size(0)
             stats.append(
                 {
                     "name": name,
@@ -303,87 +286,16 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     # ---- forward ------------------------------------------------------------------------------
     def _new_rows(self, t: int, keys: torch.Tensor) -> torch.Tensor:
-        """Rows for new keys: embedding from the initializer, then the optimizer's fresh state."""
-        opts, dim = self.table_options[t], self.dims[t]
-        width = self.tables[t].tables[0].row_width
-        rows = torch.full(
-            (keys.numel(), width),
-            initial_state_value(self._kind, self.optimizer_args),
-            dtype=torch.float32,
-            device=self.device,
-        )
-        rows[:, :dim] = initialize_embeddings(opts.initializer_args, keys, dim)
-        return rows
+        """(k, row_width) rows table ``t`` gives new keys: the initializer's embedding, then the
+        optimizer's fresh state."""
+        tids = torch.full_like(keys, t)
+        return self._group.new_rows(keys, tids)[:, : self.tables[t].tables[0].row_width]
 
     def _safe_check(self, t: int, failed: int) -> None:
         """Apply table ``t``'s safe_check_mode to ``failed`` keys that found no place."""
         self._unplaced_report(
             self.table_names[t], self.table_options[t].safe_check_mode, failed, stacklevel=5
         )
-
-    def _lookup_table(
-        self, t: int, keys: torch.Tensor, counts: torch.Tensor, inverse: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Rows to read, the row of each index, and the unique keys' homes (None: no training)."""
-        opts, dim, tier = self.table_options[t], self.dims[t], self.tables[t]
-        if not (self.training and opts.training):
-            res = tier.lookup(0, keys, touch=False)
-            emb = res.full_rows()[:, :dim].clone()
-            missing = (~res.found).nonzero().squeeze(1)
-            if missing.numel():
-                emb[missing] = initialize_embeddings(opts.eval_initializer_args, keys[missing], dim)
-            return emb, inverse, None
-        init = lambda k: self._new_rows(t, k)  # noqa: E731
-        if self._admission[t] is None:
-            res = tier.acquire(0, keys, init)
-            self._safe_check(t, res.count_unplaced())
-            return res.full_rows()[:, :dim].contiguous(), inverse, res.homes
-        admitted = torch.ones_like(keys, dtype=torch.bool)
-        admission = self._admission[t]
-        assert admission is not None
-        strategy, counter = admission
-        missing = (~tier.lookup(0, keys, touch=False).found).nonzero().squeeze(1)
-        if missing.numel():
-            mkeys = keys[missing]
-            freq = counter.add(mkeys, counts[missing], True).to(self.device)
-            ok = strategy.admit(mkeys, freq).to(self.device, torch.bool)
-            counter.erase(mkeys[ok])
-            admitted[missing[~ok]] = False
-        take = admitted.nonzero().squeeze(1)
-        res = tier.acquire(0, keys[take], init)
-        emb = torch.empty((keys.numel(), dim), dtype=torch.float32, device=self.device)
-        emb[take] = res.full_rows()[:, :dim].to(torch.float32)
-        homes = torch.full_like(keys, HOME_NONE)
-        homes[take] = res.homes
-        rejected = (~admitted).nonzero().squeeze(1)
-        if rejected.numel():
-            init_args = strategy.get_initializer_args() or opts.initializer_args
-            emb[rejected] = initialize_embeddings(init_args, keys[rejected], dim)
-        self._safe_check(t, res.count_unplaced())
-        return emb, inverse, homes
-
-    def _grad_applier(
-        self, t: int, keys: torch.Tensor, homes: torch.Tensor
-    ) -> Callable[[torch.Tensor], None]:
-        """The backward's update of table ``t``: the forward's homes while they are current.
-
-        A placing call between the forward and its backward (a pipelined prefetch, another
-        forward) may have grown the table or evicted some of these keys, moving or reusing their
-        slots; then the keys are looked up again, and keys no longer stored get no update.
-        """
-        tier = self.tables[t]
-        epoch = tier.placement_epoch(0)
-
-        def apply(values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor) -> None:
-            apply_update(self._kind, self.optimizer_args, self._step, values, slots, grads)
-
-        def apply_grads(grads: torch.Tensor) -> None:
-            current = homes
-            if tier.placement_epoch(0) != epoch:
-                current = tier.lookup(0, keys, touch=False).homes
-            tier.update(0, keys, current, grads, apply)
-
-        return apply_grads
 
     def forward(
         self,
@@ -417,107 +329,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             and per_sample_weights.requires_grad
             and torch.is_grad_enabled()
         )
-        parts = self._parts
-        if parts.split is None:
-            if parts.grouped:
-                out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights)
-            else:
-                out = self._tiered_forward(
-                    indices, offsets, per_sample_weights, B, learn_weights, parts.tiered
-                )
-        else:
-            out = self._split_forward(indices, offsets, per_sample_weights, B, learn_weights)
+        out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights)
         if self.training and any(o.training for o in self.table_options):
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
             advance_steps(self.tables)  # STEP scores: this forward wrote the old step
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
-
-    def _split_forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: Optional[torch.Tensor],
-        B: int,
-        learn_weights: bool,
-    ) -> torch.Tensor:
-        """A module with grouped and tiered tables: each kind's features in its own pass."""
-        parts = self._parts
-        assert parts.split is not None
-        seg_g, seg_t = split_by_table(indices, offsets, None, parts.split, B, True)
-        outs, positions = [], []
-        for seg, grouped in ((seg_g, True), (seg_t, False)):
-            assert seg.positions is not None
-            w = None if per_sample_weights is None else per_sample_weights[seg.positions]
-            if grouped:
-                out = self._grouped_forward(seg.indices, seg.offsets, w, B, learn_weights)
-            else:
-                out = self._tiered_forward(
-                    seg.indices, seg.offsets, w, B, learn_weights, parts.tiered
-                )
-            outs.append(out)
-            positions.append(seg.positions)
-        if self.pooling_mode is DynamicEmbPoolingMode.NONE:
-            order = torch.argsort(torch.cat(positions))
-            return torch.cat(outs)[order]
-        return torch.cat(outs, 1)[:, parts.columns]
-
-    def _tiered_forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        per_sample_weights: Optional[torch.Tensor],
-        B: int,
-        learn_weights: bool,
-        layout: "_Layout",
-    ) -> torch.Tensor:
-        """The forward of the tiered tables: one storage pass per table."""
-        pooled = self.pooling_mode is not DynamicEmbPoolingMode.NONE
-        segments = split_by_table(
-            indices,
-            offsets,
-            None if per_sample_weights is None else per_sample_weights.detach(),
-            layout.features_of_table,
-            B,
-            not pooled or learn_weights,
-        )
-        parts = []
-        for seg in segments:
-            t = seg.table
-            if seg.indices.numel() == 0:
-                continue
-            keys, inverse, counts = lookup_ops.unique(seg.indices)
-            rows, row_index, homes = self._lookup_table(t, keys, counts, inverse)
-            parts.append(
-                TableLookup(
-                    table=t,
-                    rows=rows,
-                    row_index=row_index,
-                    inverse=inverse,
-                    num_unique=keys.numel(),
-                    offsets=seg.offsets if pooled else None,
-                    weights=seg.weights,
-                    positions=seg.positions,
-                    columns=layout.columns[t],
-                    apply_grads=self._grad_applier(t, keys, homes) if homes is not None else None,
-                )
-            )
-        mode = None
-        shape = (indices.numel(), self.dims[0])
-        if pooled:
-            mode = lookup_ops.POOL_SUM
-            if self.pooling_mode is DynamicEmbPoolingMode.MEAN:
-                mode = lookup_ops.POOL_MEAN
-            shape = (B, layout.total_dim)
-        return LookupFunction.apply(
-            self._dummy,
-            per_sample_weights if learn_weights else None,
-            parts,
-            mode,
-            shape,
-            B,
-            sum(1 for f in layout.features_of_table if f),
-        )
 
     def _grouped_forward(
         self,
@@ -533,7 +350,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         training = self.training and group.any_trains
         step, rows, slots, unplaced = group.lookup(indices, offsets, B, training)
         if unplaced is not None:
-            for t, count in zip(self._group_tables, unplaced):
+            for t, count in enumerate(unplaced):
                 self._safe_check(t, count)
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:
@@ -552,13 +369,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             self,
         )
 
-    def _grouped_prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, B: int) -> None:
-        """Place the batch's keys of every grouped table that trains (as a training forward)."""
-        group = self._group
-        assert group is not None
-        if self.training:
-            group.prefetch(indices, offsets, B)
-
     # ---- cache control ------------------------------------------------------------------------
     def prefetch(
         self,
@@ -576,36 +386,14 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         are shared state, so the GPU runs the calls in the order the host made them.
         """
         B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
-        parts = self._parts
+        if not self.training:
+            return
         with _ordered_with(forward_stream, self.device):
-            if parts.split is None:
-                if parts.grouped:
-                    self._grouped_prefetch(indices, offsets, B)
-                else:
-                    self._tiered_prefetch(indices, offsets, B, parts.tiered)
-                return
-            seg_g, seg_t = split_by_table(indices, offsets, None, parts.split, B, False)
-            self._grouped_prefetch(seg_g.indices, seg_g.offsets, B)
-            self._tiered_prefetch(seg_t.indices, seg_t.offsets, B, parts.tiered)
-
-    def _tiered_prefetch(
-        self, indices: torch.Tensor, offsets: torch.Tensor, B: int, layout: "_Layout"
-    ) -> None:
-        segments = split_by_table(indices, offsets, None, layout.features_of_table, B, False)
-        for seg in segments:
-            t = seg.table
-            if seg.indices.numel() == 0 or not (self.training and self.table_options[t].training):
-                continue
-            keys = lookup_ops.unique(seg.indices)[0]
-            if self._admission[t] is not None:
-                # Only keys already stored somewhere: admission decides about new ones later.
-                keys = keys[self.tables[t].lookup(0, keys, touch=False).found]
-            self.tables[t].prefetch(0, keys, functools.partial(self._new_rows, t))
+            self._group.prefetch(indices, offsets, B)
 
     def flush(self) -> None:
-        """Write cached rows back to their next tier and flush external storages."""
-        for tier in self.tables:
-            tier.flush()
+        """Write cached rows back to their backing stores and flush those."""
+        self._group.storage.flush()
 
 
 @contextlib.contextmanager
@@ -621,63 +409,3 @@ def _ordered_with(stream: Optional["torch.cuda.Stream"], device: torch.device) -
     current.wait_stream(stream)
     yield
     stream.wait_stream(current)
-
-
-class _Layout:
-    """Which features of a (sub-)batch each tiered table reads and where its columns start.
-
-    Features are numbered as in the (sub-)batch the tiered pass sees; tables read by no feature of
-    it (the grouped ones) have none.
-    """
-
-    def __init__(
-        self, features: Sequence[int], feature_table_map: Sequence[int], dims: Sequence[int], T: int
-    ) -> None:
-        self.features_of_table: List[List[int]] = [[] for _ in range(T)]
-        self.columns: List[List[int]] = [[] for _ in range(T)]
-        start = 0
-        for i, f in enumerate(features):
-            t = feature_table_map[f]
-            self.features_of_table[t].append(i)
-            self.columns[t].append(start)
-            start += dims[t]
-        self.total_dim = start
-
-
-class _Parts:
-    """How a batch is cut between the group and the tiered tables.
-
-    Attributes:
-        split: ``[group features, tiered features]`` when the module has both kinds (a batch is
-            cut by feature, one host sync), else None.
-        grouped: every feature reads a grouped table (the group's pass alone serves a batch).
-        tiered: the layout of the tiered pass (over the tiered features, or all of them).
-        columns: (total_dim,) int64 for a pooled output: column c of the module's output is
-            column ``columns[c]`` of the group's output followed by the tiered output.
-    """
-
-    def __init__(
-        self,
-        feature_table_map: Sequence[int],
-        dims: Sequence[int],
-        grouped: Sequence[int],
-        T: int,
-        device: torch.device,
-    ) -> None:
-        F = len(feature_table_map)
-        in_group = [feature_table_map[f] in set(grouped) for f in range(F)]
-        gf = [f for f in range(F) if in_group[f]]
-        tf = [f for f in range(F) if not in_group[f]]
-        self.split: Optional[List[List[int]]] = [gf, tf] if gf and tf else None
-        self.grouped = not tf  # every feature reads a grouped table
-        self.tiered = _Layout(
-            tf if self.split is not None else range(F), feature_table_map, dims, T
-        )
-        cat_start, start = {}, 0
-        for f in gf + tf:
-            cat_start[f] = start
-            start += dims[feature_table_map[f]]
-        cols: List[int] = []
-        for f in range(F):
-            cols.extend(range(cat_start[f], cat_start[f] + dims[feature_table_map[f]]))
-        self.columns = torch.tensor(cols, dtype=torch.int64, device=device)

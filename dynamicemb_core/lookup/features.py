@@ -1,45 +1,21 @@
-"""Input layout of the batched module: FBGEMM TBE's (indices, offsets) split per table.
+"""Input checks of the batched module: FBGEMM TBE's (indices, offsets), TorchRec's KJT.
 
 ``offsets`` is feature-major, as TorchRec's KeyedJaggedTensor values/offsets: bag ``f * B + b`` is
-sample ``b`` of feature ``f``. All features of one table are looked up together, so each table sees
-one list of indices and one list of bags (its features' bags one after another).
+sample ``b`` of feature ``f``. The module's one pass derives each index's table from them (see
+:mod:`dynamicemb_core.lookup.grouped`); this module only validates them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 __all__ = [
-    "TableSegment",
     "check_bag_lengths",
     "check_kjt",
-    "split_by_table",
     "validate_inputs",
 ]
-
-
-@dataclass
-class TableSegment:
-    """The part of a batch one table serves.
-
-    Attributes:
-        table: table index.
-        features: the features mapped to this table, in feature order.
-        indices: (n_t,) int64 keys of those features, feature after feature.
-        offsets: (len(features) * B + 1,) int64 bag boundaries into ``indices``.
-        weights: (n_t,) float32 per-sample weights or None.
-        positions: (n_t,) int64 position of each index in the module's input (sequence output).
-    """
-
-    table: int
-    features: List[int]
-    indices: torch.Tensor
-    offsets: torch.Tensor
-    weights: Optional[torch.Tensor]
-    positions: Optional[torch.Tensor]
 
 
 def validate_inputs(
@@ -183,44 +159,3 @@ def check_kjt(kjt: Any, where: str) -> None:
         raise ValueError(
             f"{where}: KeyedJaggedTensor has {weights.numel()} weights for {values.numel()} values"
         )
-
-
-def split_by_table(
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    per_sample_weights: Optional[torch.Tensor],
-    features_of_table: Sequence[Sequence[int]],
-    batch_size: int,
-    with_positions: bool,
-) -> List[TableSegment]:
-    """Cut the batch into one :class:`TableSegment` per table (one host sync for the boundaries)."""
-    B = batch_size
-    num_features = sum(len(f) for f in features_of_table)
-    bounds = offsets[::B].tolist() if B > 0 else [0] * (num_features + 1)
-    if len(bounds) < num_features + 1:
-        bounds = bounds + [int(offsets[-1])] * (num_features + 1 - len(bounds))
-    segments = []
-    for t, feats in enumerate(features_of_table):
-        idx_parts, off_parts, w_parts, pos_parts = [], [], [], []
-        base = 0
-        for f in feats:
-            lo, hi = bounds[f], bounds[f + 1]
-            idx_parts.append(indices[lo:hi])
-            off_parts.append(offsets[f * B : (f + 1) * B] - lo + base)
-            if per_sample_weights is not None:
-                w_parts.append(per_sample_weights[lo:hi])
-            if with_positions:
-                pos_parts.append(torch.arange(lo, hi, device=indices.device))
-            base += hi - lo
-        end = offsets.new_full((1,), base)  # a fill on the device: no host-to-device copy
-        segments.append(
-            TableSegment(
-                table=t,
-                features=list(feats),
-                indices=torch.cat(idx_parts) if idx_parts else indices[:0],
-                offsets=torch.cat(off_parts + [end]),
-                weights=(torch.cat(w_parts).float() if w_parts else None),
-                positions=(torch.cat(pos_parts) if pos_parts else None),
-            )
-        )
-    return segments

@@ -18,6 +18,7 @@ admission runs, one more small readback per forward; the rest of the pass is sha
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -28,6 +29,7 @@ from dynamicemb_core.lookup.initializers import initialize_embeddings
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage
+from dynamicemb_core.storage.grouped_cache import PinnedPairs
 from dynamicemb_core.storage.grouped_rows import GroupedRows
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
@@ -43,10 +45,14 @@ class GroupStep:
         slots: (u,) their slots at the forward for the backward's update, -1 for pairs that get no
             update (None: nothing trains in this forward).
         trained: (u,) bool, the pairs the backward may update (None: all of them).
-        epoch: the hash table's placement epoch at the forward (slots are current while it holds).
         offsets: (F*B+1,) the batch's bags; weights: (n,) float32 per-sample weights or None.
         batch_size: B.
         weight_rows: (u, max_dim) rows as read, kept only when the weights learn.
+        pins: the forward's pinned slots (its trained pairs with a slot), given back by the
+            backward or when the step is dropped; while pinned, no slot is a victim and growth
+            moves ``slots`` with their keys, so the backward's slots are current.
+        backed: (b,) positions of pairs of cached tables whose home this step is the backing
+            store (their backward reads, updates and writes rows there), or None.
         order, key_counts: (n,) the positions grouped by unique pair and (u,) each pair's count,
             from the dedup's sort (CUDA training forwards), so the backward does not sort again;
             None elsewhere.
@@ -57,13 +63,14 @@ class GroupStep:
     inverse: torch.Tensor
     slots: Optional[torch.Tensor]
     trained: Optional[torch.Tensor]
-    epoch: int
     offsets: torch.Tensor
     weights: Optional[torch.Tensor]
     batch_size: int
     weight_rows: Optional[torch.Tensor] = None
     order: Optional[torch.Tensor] = None
     key_counts: Optional[torch.Tensor] = None
+    pins: Optional[PinnedPairs] = None
+    backed: Optional[torch.Tensor] = None
 
 
 def _initializer_groups(
@@ -211,14 +218,16 @@ class TableGroup:
             )
         if not training:
             slots, found = self.storage.find_all(keys, utids)
-            missing = (~found).nonzero().squeeze(1)
-            fresh = self._embeddings(self._eval_init, keys[missing], utids[missing])
+            idx, rows = self._read_through(keys, utids, found, None)
             step = self._step(keys, utids, inverse, None, None, offsets, batch_size)
-            return self._source(step, slots, slots, missing, fresh) + (None,)
+            return self._source(step, slots, slots, idx, rows) + (None,)
         if self._plain:
             acquire = self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
-            out = self._source(step, acquire.slots, acquire.slots, None, None)
+            self._hold(step, acquire.backed)
+            out = self._source(
+                step, acquire.slots, acquire.slots, acquire.backed, acquire.backed_rows
+            )
         else:
             step, acquire, out = self._mixed_lookup(
                 keys, utids, inverse, key_counts, offsets, batch_size
@@ -226,6 +235,42 @@ class TableGroup:
         if order is not None:
             step.order, step.key_counts = order, key_counts
         return out + (acquire.unplaced_per_table,)
+
+    def _hold(self, step: GroupStep, backed: Optional[torch.Tensor]) -> None:
+        """Pin the forward's slots until its backward (or until the step is dropped), release the
+        prefetch this forward consumes, and note the pairs the backing store holds."""
+        storage = self.storage
+        assert step.slots is not None
+        step.pins = storage.pin(step.table_ids, step.slots)
+        weakref.finalize(step, storage.unpin, step.pins)
+        step.backed = backed
+        if storage.cache is not None:
+            storage.cache.consume(step.table_ids, step.slots)
+
+    def _read_through(
+        self,
+        keys: torch.Tensor,
+        utids: torch.Tensor,
+        found: torch.Tensor,
+        only: Optional[torch.Tensor],
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Rows of pairs the hash table does not hold, as an eval forward reads them: a cached
+        table's from its backing store when it has them, else the eval initializer's. ``only``
+        (u,) bool limits the pairs considered. -> (positions, (m, max_dim) rows)"""
+        cache = self.storage.cache
+        idx, rows = [], []
+        if cache is not None:
+            look = found if only is None else found | ~only
+            found, got, brows = cache.read_through(keys, utids, look)
+            if got.numel():
+                idx.append(got)
+                rows.append(brows[:, : self.max_dim])
+        missing = ~found if only is None else ~found & only
+        miss = missing.nonzero().squeeze(1)
+        if miss.numel() or not idx:
+            idx.append(miss)
+            rows.append(self._embeddings(self._eval_init, keys[miss], utids[miss]))
+        return torch.cat(idx), torch.cat(rows)
 
     def _mixed_lookup(
         self,
@@ -241,7 +286,13 @@ class TableGroup:
         train. Returns the step, the placement and what the output reads (:meth:`_source`)."""
         storage = self.storage
         stored, found = storage.find_all(keys, utids)
-        trained = self._trains_dev[utids]
+        frozen = ~self._trains_dev[utids]
+        kept, kept_rows = found[:0], None  # frozen pairs read from a backing store
+        if storage.cache is not None:
+            found, got, brows = storage.cache.read_through(keys, utids, found)
+            mine = frozen[got]
+            kept, kept_rows = got[mine], brows[mine][:, : self.max_dim]
+        trained = ~frozen
         rejected = self._admit(keys, utids, key_counts, found, trained)
         if rejected is not None:
             trained[rejected] = False
@@ -253,16 +304,27 @@ class TableGroup:
         slots[take] = acquire.slots
         read = torch.where(trained, slots, stored)
         step = self._step(keys, utids, inverse, slots, trained, offsets, batch_size)
-        # Rows that are not stored: eval-initialised misses of tables that do not train, rows of
-        # rejected keys (keys that found no room read slot -1: zeros).
+        backed = None if acquire.backed is None else take[acquire.backed]
+        self._hold(step, backed)
+        # Rows that are not in the hash table: eval-initialised misses of tables that do not
+        # train, their rows in a backing store, rows of rejected keys, trained pairs whose home
+        # is a backing store (keys that found no room read slot -1: zeros).
         idx, rows = [], []
-        still = (~trained & ~found & ~self._trains_dev[utids]).nonzero().squeeze(1)
+        still = (~found & frozen).nonzero().squeeze(1)
         if still.numel():
             idx.append(still)
             rows.append(self._embeddings(self._eval_init, keys[still], utids[still]))
+        if kept.numel():
+            assert kept_rows is not None
+            idx.append(kept)
+            rows.append(kept_rows)
         if rejected is not None and rejected.numel():
             idx.append(rejected)
             rows.append(self._rejected_rows(keys[rejected], utids[rejected]))
+        if backed is not None:
+            assert acquire.backed_rows is not None
+            idx.append(backed)
+            rows.append(acquire.backed_rows[:, : self.max_dim])
         if not idx:
             return step, acquire, self._source(step, read, slots, None, None)
         return step, acquire, self._source(step, read, slots, torch.cat(idx), torch.cat(rows))
@@ -328,7 +390,6 @@ class TableGroup:
             inverse=inverse,
             slots=slots,
             trained=trained,
-            epoch=self.storage.table.placement_epoch,
             offsets=offsets,
             weights=None,
             batch_size=batch_size,
@@ -356,22 +417,37 @@ class TableGroup:
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int) -> None:
         """Place the batch's keys of the tables that train, as a training forward would; keys of
-        an admission table only when already stored (admission decides about new ones later)."""
+        an admission table only when already stored (admission decides about new ones later).
+        Keys of cached tables are pinned in the cache until the forward that consumes this
+        prefetch (see :mod:`dynamicemb_core.storage.grouped_cache`)."""
         if not self.any_trains:
             return
+        storage, cache = self.storage, self.storage.cache
         tids = self.table_ids(offsets, indices.numel(), batch_size)
         keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, self.num_tables)
+        keep: Optional[torch.Tensor] = None
         if not self._plain:
             keep = self._trains_dev[utids]
             gated = [t for t, a in enumerate(self.admission) if a is not None]
             if gated:
                 ids = torch.tensor(gated, dtype=torch.int64, device=self.device)
-                found = self.storage.find_all(keys, utids)[1]
+                found = storage.find_all(keys, utids)[1]
+                if cache is not None:
+                    found = cache.read_through(keys, utids, found)[0]
                 keep &= found | ~torch.isin(utids, ids)
+        if cache is not None:
+            found = storage.find_all(keys, utids)[1]
+            fits = cache.pinnable(keys, utids, found)
+            keep = fits if keep is None else keep & fits
+        if keep is not None:
             idx = keep.nonzero().squeeze(1)
             keys, utids = keys[idx], utids[idx]
             counts = torch.bincount(utids, minlength=self.num_tables)
-        self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
+        acquire = storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
+        if cache is not None:
+            mine = cache.cached_dev[utids] & (acquire.slots >= 0)
+            pairs = mine.nonzero().squeeze(1)
+            cache.add_prefetch(storage.pin(utids[pairs], acquire.slots[pairs]))
 
     def output(
         self, step: GroupStep, rows: GroupedRows, slots: torch.Tensor, mode: Optional[int]
@@ -399,39 +475,62 @@ class TableGroup:
         """One reduction and fused update of every trained row (keys since evicted are skipped)."""
         assert step.slots is not None
         storage = self.storage
-        slots = step.slots
-        if storage.table.placement_epoch != step.epoch:
-            # another forward or a prefetch placed keys in between: slots may have moved
-            slots = storage.find_all(step.keys, step.table_ids)[0]
-            if step.trained is not None:
-                slots = torch.where(step.trained, slots, -1)
+        try:
+            self._update(step, grad_out.float(), mode, it)
+        finally:
+            if step.pins is not None:
+                storage.unpin(step.pins)
+
+    def _update(
+        self, step: GroupStep, grad_out: torch.Tensor, mode: Optional[int], it: int
+    ) -> None:
+        """The fused update at the forward's slots (pinned since: still the keys' slots); rows of
+        backed pairs are read, updated and written in their backing store first."""
+        storage = self.storage
+        assert step.slots is not None
         a = self.optimizer_args()
-        storage.rows.reduce_update(
-            step.table_ids,
-            slots,
-            grad_out.float(),
+        hyper = (
+            lookup_ops.OPTIMIZER_CODES[self.kind.value],
+            float(a.learning_rate),
+            float(a.eps),
+            float(a.beta1),
+            float(a.beta2),
+            float(a.weight_decay),
+            int(a.weight_decay_mode),
+            max(1, int(it)),
+        )
+        pool = lookup_ops.POOL_NONE if mode is None else mode
+        bags = (
+            grad_out,
             step.inverse,
             step.offsets,
             step.weights,
             self.feature_tables,
             self.d_offsets,
-            lookup_ops.POOL_NONE if mode is None else mode,
+            pool,
             step.batch_size,
-            self.max_dim,
-            (
-                lookup_ops.OPTIMIZER_CODES[self.kind.value],
-                float(a.learning_rate),
-                float(a.eps),
-                float(a.beta1),
-                float(a.beta2),
-                float(a.weight_decay),
-                int(a.weight_decay_mode),
-                max(1, int(it)),
-            ),
-            frozen=self._frozen,
-            order=step.order,
-            key_counts=step.key_counts,
         )
+        if step.backed is None:
+            storage.rows.reduce_update(
+                step.table_ids,
+                step.slots,
+                *bags,
+                self.max_dim,
+                hyper,
+                frozen=self._frozen,
+                order=step.order,
+                key_counts=step.key_counts,
+            )
+            return
+        grads = storage.rows.reduce_grads(
+            grad_out.contiguous(), *bags[1:], step.slots.numel(), self.max_dim
+        )
+        cache = storage.cache
+        assert cache is not None
+        b = step.backed
+        # the backing store first: when it fails, no row of this update has been written
+        cache.update_backed(step.keys[b], step.table_ids[b], grads[b], hyper, self.dims)
+        storage.rows.update(step.table_ids, step.slots, grads, hyper, self._frozen)
 
     def weight_grads(self, step: GroupStep, grad_out: torch.Tensor) -> torch.Tensor:
         """(n,) gradient of each per-sample weight: its row (as read) dotted with its bag's

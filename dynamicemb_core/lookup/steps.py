@@ -27,23 +27,20 @@ _STEP = int(DynamicEmbScoreStrategy.STEP)
 def hash_tables(storage: Any, table_id: int = 0) -> Iterator[Tuple[Any, int]]:
     """``(ScoredHashTable, table id)`` of every hash table of ``storage`` holding ``table_id``.
 
-    A device (or hybrid) storage has one; a cache has its own and, behind it, its next tier's when
-    that is a hash-table storage (an external storage keeps its scores itself). A grouped module's
-    per-table view holds its table as id 0 of the view: the group's table ``view.table_id``."""
+    A module's per-table view holds its table as id 0 of the view: the group's table
+    ``view.table_id``, and for a cached table also its backing store's when that is a hash-table
+    storage (a host table; an external storage keeps its scores itself)."""
     group = getattr(storage, "group", None)
     if group is not None:
-        yield from hash_tables(group, int(storage.table_id))
+        t = int(storage.table_id)
+        yield group.table, t
+        cache = group.cache
+        if cache is not None and cache.cached[t]:
+            yield from hash_tables(cache.backing.store(t), cache.backing.backing_ids[t])
         return
     table = getattr(storage, "table", None)
     if table is not None and hasattr(table, "advance_step"):
         yield table, table_id
-    cache = getattr(storage, "cache", None)
-    if cache is not None:
-        yield from hash_tables(cache, table_id)
-    backing = getattr(storage, "backing", None)
-    if backing is not None:
-        ids = getattr(storage, "backing_ids", None)
-        yield from hash_tables(backing, int(ids[table_id]) if ids is not None else table_id)
 
 
 def step_tables(storage: Any, table_id: int = 0) -> List[Tuple[Any, int]]:

@@ -8,8 +8,9 @@
   seed's default budget, 0, means no rows in device memory: every value row in host memory.
 - otherwise (the budget holds every row): the whole table on the device.
 
-Device and hybrid tables live in the lookup module's group (``storage/grouped.py``, sized here by
-:func:`device_budget_bytes` and :func:`rows_in_budget`); :func:`build_tier` builds the cached ones.
+Every table lives in the lookup module's one group (``storage/grouped.py``): :func:`table_place`
+gives its device rows (hybrid) or cache rows (cached), :func:`cached_backings` the backing store of
+each cached table (one host table for all ``caching=True`` tables of the module).
 
 A nonzero budget (for the cache, or the hybrid table's device part) smaller than one bucket of rows
 is rounded up to one bucket with a warning, as the seed does. On a CPU table device memory is host
@@ -20,16 +21,25 @@ is how the hybrid path is exercised without a GPU).
 from __future__ import annotations
 
 import warnings
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.optim.layout import ROW_DTYPES, row_bytes
-from dynamicemb_core.storage import CachedStorage, DeviceStorage, LookupTier
+from dynamicemb_core.storage import DeviceStorage
 from dynamicemb_core.types import PerTableStorage, Storage, StorageTableSpec
 
-__all__ = ["build_tier", "check_row_dtypes", "device_budget_bytes", "rows_in_budget", "tier_kind"]
+__all__ = [
+    "TablePlace",
+    "cached_backings",
+    "check_row_dtypes",
+    "device_budget_bytes",
+    "rows_in_budget",
+    "table_place",
+    "tier_kind",
+]
 
 
 def rows_in_budget(spec: StorageTableSpec, budget_bytes: int) -> int:
@@ -47,9 +57,9 @@ def check_row_dtypes(
 ) -> None:
     """Raise unless every table's row dtype is one its storage kind stores.
 
-    Half-precision tables (``embedding_dtype`` float16 / bfloat16) live in the lookup module's
-    group only (device or hybrid tables); cached tables and external storages keep float32 rows,
-    and the tables of one group share one dtype (TorchRec groups tables by ``data_type`` too).
+    Half-precision tables (``embedding_dtype`` float16 / bfloat16) are device or hybrid tables;
+    cached tables and external storages keep float32 rows, and the tables of one module (one group,
+    one value buffer) share one dtype (TorchRec groups tables by ``data_type`` too).
     """
     for name, spec, kind in zip(names, specs, kinds):
         if spec.dtype not in ROW_DTYPES:
@@ -62,13 +72,13 @@ def check_row_dtypes(
                 "tables only; a cached table (caching=True) or an external_storage keeps float32 "
                 "rows: leave embedding_dtype unset (or float32) for it"
             )
-    grouped = {spec.dtype for spec, kind in zip(specs, kinds) if kind in ("device", "hybrid")}
-    if len(grouped) > 1:
-        found = {n: s.dtype for n, s, k in zip(names, specs, kinds) if k in ("device", "hybrid")}
+    dtypes = {spec.dtype for spec in specs}
+    if len(dtypes) > 1:
+        found = {n: s.dtype for n, s in zip(names, specs)}
         raise ValueError(
-            "BatchedDynamicEmbeddingTables: the device and hybrid tables of one module share one "
-            f"embedding_dtype (their rows live in one buffer), got {found}; put tables of "
-            "another dtype in another module"
+            "BatchedDynamicEmbeddingTables: the tables of one module share one embedding_dtype "
+            f"(their rows live in one buffer), got {found}; put tables of another dtype in "
+            "another module"
         )
 
 
@@ -133,7 +143,7 @@ def _external(
 
 
 def tier_kind(options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device) -> str:
-    """Which storage :func:`build_tier` builds: ``"cached"``, ``"hybrid"`` or ``"device"``.
+    """Which kind of table of the group: ``"cached"``, ``"hybrid"`` or ``"device"``.
 
     The rule of the module docstring, kept apart from the building so that it can be checked for
     any device without allocating.
@@ -148,28 +158,59 @@ def tier_kind(options: DynamicEmbTableOptions, spec: StorageTableSpec, device: t
     return "device"
 
 
-def build_tier(
-    options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device
-) -> LookupTier:
-    """The storage of one cached table (:func:`tier_kind` ``"cached"``; see the module docstring)."""
+@dataclass
+class TablePlace:
+    """Where a table's rows live in the group.
+
+    Attributes:
+        device_rows: a hybrid table's rows in device memory (None: all of them).
+        cache_rows: a cached table's cache rows (0: no cache; None: not a cached table).
+    """
+
+    device_rows: Optional[int] = None
+    cache_rows: Optional[int] = None
+
+
+def table_place(
+    options: DynamicEmbTableOptions, spec: StorageTableSpec, kind: str, device: torch.device
+) -> TablePlace:
+    """The :class:`TablePlace` of a table of :func:`tier_kind` ``kind``."""
     capacity = int(options.max_capacity or 0)
+    if kind == "hybrid":
+        return TablePlace(device_rows=rows_in_budget(spec, device_budget_bytes(options, spec)))
+    if kind != "cached":
+        return TablePlace()
     if options.external_storage is not None:
         hbm = int(options.local_hbm_for_values)  # 0: no cache in front of the external storage
-        backing, table_id = _external(options, spec, device)
-        cache_rows = (
-            min(rows_in_budget(spec, hbm), capacity) if capacity else rows_in_budget(spec, hbm)
+    else:
+        hbm = device_budget_bytes(options, spec, at_least_one_bucket=True)
+    rows = rows_in_budget(spec, hbm)
+    return TablePlace(cache_rows=min(rows, capacity) if capacity else rows)
+
+
+def cached_backings(
+    options: Sequence[DynamicEmbTableOptions],
+    specs: Sequence[StorageTableSpec],
+    kinds: Sequence[str],
+    device: torch.device,
+) -> List[Optional[Tuple[Any, int]]]:
+    """Per table, ``(backing store, the table's id in it)`` for a cached table, else None.
+
+    ``caching=True`` tables share one host table (table ids in the order of the module); an
+    ``external_storage`` is resolved by name through the plugin registry (or used as given)."""
+    out: List[Optional[Tuple[Any, int]]] = [None] * len(specs)
+    hosted = [
+        t for t, k in enumerate(kinds) if k == "cached" and options[t].external_storage is None
+    ]
+    if hosted:
+        host = DeviceStorage(
+            [specs[t] for t in hosted],
+            torch.device("cpu"),
+            table_options=[options[t] for t in hosted],
         )
-        return CachedStorage(
-            [spec], device, backing, [cache_rows], table_options=[options], backing_ids=[table_id]
-        )
-    if not options.caching:
-        raise ValueError(
-            f"table {spec.name!r}: build_tier builds cached tables; a {tier_kind(options, spec, device)}"
-            " table lives in the lookup module's group"
-        )
-    hbm = device_budget_bytes(options, spec, at_least_one_bucket=True)
-    host = DeviceStorage([spec], torch.device("cpu"), table_options=[options])
-    cache_rows = rows_in_budget(spec, hbm)
-    if capacity:
-        cache_rows = min(cache_rows, capacity)
-    return CachedStorage([spec], device, host, [cache_rows], table_options=[options])
+        for i, t in enumerate(hosted):
+            out[t] = (host, i)
+    for t, kind in enumerate(kinds):
+        if kind == "cached" and options[t].external_storage is not None:
+            out[t] = _external(options[t], specs[t], device)
+    return out

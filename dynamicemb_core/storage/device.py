@@ -1,8 +1,10 @@
 """DeviceStorage: one ScoredHashTable whose keys and value rows all live on the table's device.
 
-This is the default tier (``caching=False``, no external storage) and, built on the CPU, the host
-table behind a device cache. It is both a plugin ``Storage`` (find / insert / erase / export by table
-id) and a :class:`LookupTier` the batched module trains through by slot.
+Built on the CPU, it is the host table behind the device cache of ``caching=True`` tables; it is
+also a plain per-table storage (find / insert / erase / export by table id, the plugin
+``PerTableStorage`` contract), with its rows readable by slot (``read_rows`` / ``row_blocks``) for
+the checkpoint code. The lookup module's own tables live in
+:class:`~dynamicemb_core.storage.grouped.GroupedDeviceStorage`, a subclass.
 """
 
 from __future__ import annotations
@@ -25,14 +27,7 @@ from dynamicemb_core.plugins.storage_checks import (
     check_table_id,
     check_table_specs,
 )
-from dynamicemb_core.storage.tier import (
-    HOME_NONE,
-    LookupTier,
-    RowInit,
-    RowUpdate,
-    TierRows,
-)
-from dynamicemb_core.types import MemoryType, StorageTableSpec
+from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
 __all__ = ["DeviceStorage", "slots_by_block", "table_spec_for"]
 
@@ -126,7 +121,7 @@ def _fit_bucket(capacity: int) -> int:
     return max(BUCKET_ALIGNMENT, (capacity // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT)
 
 
-class DeviceStorage(LookupTier):
+class DeviceStorage(PerTableStorage):
     """Keys, scores and value rows of several logical tables in one ScoredHashTable on ``device``.
 
     Args:
@@ -189,55 +184,6 @@ class DeviceStorage(LookupTier):
         """The value buffers holding the rows, as ``(buffer, first_slot)`` pairs."""
         return [(self.table.values(table_id), 0)]
 
-    def embedding_rows(self, table_id: int, dim: int) -> Optional[torch.Tensor]:
-        blocks = self.row_blocks(table_id)
-        return blocks[0][0][:, :dim] if len(blocks) == 1 else None
-
-    # ---- LookupTier ---------------------------------------------------------------------------
-    def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
-        res = self.table.find(keys, table_id, update_score=touch)
-        return TierRows(homes=res.slots, found=res.found, rows=self.read_rows(table_id, res.slots))
-
-    def acquire(
-        self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
-    ) -> TierRows:
-        res = self.table.find_or_insert(keys, table_id)
-        self._count_evictions(table_id, res)
-        slots, is_new = res.slots, res.is_new
-        unplaced_mask = slots < 0
-        placed_new = is_new & ~unplaced_mask
-        # One readback for both counts; the indices of new keys only when there are some.
-        num_new, unplaced = torch.stack([placed_new.sum(), unplaced_mask.sum()]).tolist()
-        # Slot -1 reads zeros: a key that could not be placed reads as zeros (the seed).
-        rows = self.read_rows(table_id, slots) if (with_rows or unplaced) else None
-        if num_new:
-            idx = placed_new.nonzero().squeeze(1)
-            fresh = init(keys[idx])
-            if rows is not None:
-                rows[idx] = fresh
-            self.write_rows(table_id, slots[idx], fresh)
-        found = ~(is_new | unplaced_mask)
-        homes = torch.where(slots >= 0, slots, HOME_NONE)
-        return TierRows(homes=homes, found=found, rows=rows, unplaced=unplaced)
-
-    def placement_epoch(self, table_id: int) -> Optional[int]:
-        return self.table.placement_epoch
-
-    def update(
-        self,
-        table_id: int,
-        keys: torch.Tensor,
-        homes: torch.Tensor,
-        grads: torch.Tensor,
-        apply: RowUpdate,
-    ) -> None:
-        blocks = self.row_blocks(table_id)
-        if len(blocks) == 1:
-            apply(blocks[0][0], torch.where(homes >= 0, homes, HOME_NONE), grads)
-            return
-        for buffer, idx, local in slots_by_block(blocks, homes):
-            apply(buffer, local, grads[idx].to(buffer.device))
-
     def _count_evictions(self, table_id: int, result: Any) -> None:
         ev = getattr(result, "evicted", None)
         if ev is not None and ev.keys is not None:
@@ -259,6 +205,7 @@ class DeviceStorage(LookupTier):
         return self.table.pop_evicted_keys(table_id)
 
     def device_table(self) -> Any:
+        """The ScoredHashTable holding the keys (checkpoints and incremental dumps use it)."""
         return self.table
 
     # ---- Storage ABC --------------------------------------------------------------------------

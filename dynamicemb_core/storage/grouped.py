@@ -23,6 +23,7 @@ sizes after the insert) so that new rows are initialised and evictions counted w
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -30,12 +31,18 @@ import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
 from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.plugins.storage_checks import check_erase, check_find, check_insert
+from dynamicemb_core.storage.backing import BackingStores, fit_columns
 from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
+from dynamicemb_core.storage.grouped_cache import CacheTier, PinnedPairs, Placement
 from dynamicemb_core.storage.grouped_rows import ROW_DTYPES, GroupedRows
-from dynamicemb_core.storage.tier import LookupTier, RowInit, RowUpdate, TierRows
-from dynamicemb_core.types import MemoryType, StorageTableSpec
+from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
-__all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit", "TableView"]
+__all__ = ["CachedTableView", "GroupAcquire", "GroupedDeviceStorage", "GroupInit", "TableView"]
+
+# hash-table slots of a cached table with no cache (external storage, local_hbm_for_values=0)
+_NO_CACHE_SLOTS = 16
+
 
 # init(keys (m,), table_ids (m,)) -> (m, max row_width) rows of new keys (embedding, fresh state).
 GroupInit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -50,7 +57,10 @@ class GroupAcquire:
         unplaced: how many slots are -1 (those keys read as zeros and get no update).
         fresh_index: (m,) int64 positions of the keys that got initial rows (new and placed).
         fresh_rows: (m, max row_width) those rows, already written to the buffer.
-        unplaced_per_table: per table, how many of its keys have slot -1 (None when none has).
+        unplaced_per_table: per table, how many of its keys have no home at all (None when none
+            has): slot -1, and for a cached table not in its backing store either.
+        backed: (b,) int64 positions of the keys of cached tables whose home for this step is the
+            backing store (no cache slot), or None; ``backed_rows`` (b, max row_width) their rows.
     """
 
     slots: torch.Tensor
@@ -58,6 +68,8 @@ class GroupAcquire:
     fresh_index: torch.Tensor
     fresh_rows: Optional[torch.Tensor]
     unplaced_per_table: Optional[List[int]] = None
+    backed: Optional[torch.Tensor] = None
+    backed_rows: Optional[torch.Tensor] = None
 
 
 class GroupedDeviceStorage(DeviceStorage):
@@ -80,6 +92,9 @@ class GroupedDeviceStorage(DeviceStorage):
         dims: Sequence[int],
         table_options: Optional[Sequence[Optional[DynamicEmbTableOptions]]] = None,
         device_rows: Optional[Sequence[Optional[int]]] = None,
+        cache_rows: Optional[Sequence[Optional[int]]] = None,
+        backing: Optional[Sequence[Optional[Tuple[Any, int]]]] = None,
+        strict_prefetch: bool = False,
     ) -> None:
         dtypes = {spec.dtype for spec in tables}
         if len(dtypes) != 1 or not dtypes <= set(ROW_DTYPES):
@@ -92,7 +107,30 @@ class GroupedDeviceStorage(DeviceStorage):
         # tables' specs say float32; a half-precision table's optimizer state stays float32.
         self.dtype: torch.dtype = next(iter(dtypes))
         tables = [dataclasses.replace(spec, dtype=torch.float32) for spec in tables]
-        super().__init__(tables, device, table_options=table_options)
+        T = len(tables)
+        caches = list(cache_rows) if cache_rows is not None else [None] * T
+        stores = list(backing) if backing is not None else [None] * T
+        if len(caches) != T or len(stores) != T:
+            raise ValueError(
+                f"GroupedDeviceStorage: cache_rows ({len(caches)}) and backing ({len(stores)}) "
+                f"need one entry per table ({T})"
+            )
+        for t, (rows, store) in enumerate(zip(caches, stores)):
+            if (rows is None) != (store is None):
+                raise ValueError(
+                    f"GroupedDeviceStorage: table {t}: a cached table needs both cache_rows and "
+                    f"backing, got {rows!r} and {store!r}"
+                )
+        if self.dtype != torch.float32 and any(c is not None for c in caches):
+            raise ValueError(
+                f"GroupedDeviceStorage: cached tables keep float32 rows, the group stores "
+                f"{self.dtype}"
+            )
+        self._cached = [c is not None for c in caches]
+        self._direct = [c == 0 for c in caches]
+        # a table with no cache keeps one small bucket in the hash table, never used
+        capacities = [None if c is None else (int(c) or _NO_CACHE_SLOTS) for c in caches]
+        super().__init__(tables, device, table_options=table_options, capacities=capacities)
         if len(dims) != len(self.tables):
             raise ValueError(
                 f"GroupedDeviceStorage: dims ({len(dims)}) must have one entry per table "
@@ -108,11 +146,17 @@ class GroupedDeviceStorage(DeviceStorage):
         self.rows = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
         self.table.add_growth_listener(self._move_rows)
         self._retain = any(
-            o is not None and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY
-            for o in self.table_options
+            o is not None and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY and not cached
+            for o, cached in zip(self.table_options, self._cached)
         )
         self._sizes: List[int] = [0] * len(self.tables)
         self._sizes_epoch = self.table.placement_epoch
+        # pinned (table id, slot) pairs alive now: forwards in flight, outstanding prefetches
+        self._live: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
+        self.cache: Optional[CacheTier] = None
+        if any(self._cached):
+            stores = BackingStores(self.tables, self.device, stores)
+            self.cache = CacheTier(self, stores, self._cached, self._direct, strict_prefetch)
 
     def _table_spec(
         self,
@@ -121,7 +165,10 @@ class GroupedDeviceStorage(DeviceStorage):
         capacity: Optional[int],
         evicted_item_mode: Optional[EvictedItemMode],
     ) -> Any:
-        # Keys only: the rows live in the flat buffer, not in the hash table.
+        # Keys only: the rows live in the flat buffer, not in the hash table. A cache never
+        # drops a key itself (its victims go to the backing store, which applies the mode).
+        if capacity is not None:
+            evicted_item_mode = EvictedItemMode.DISCARD
         return table_spec_for(
             spec, options, row_width=0, capacity=capacity, evicted_item_mode=evicted_item_mode
         )
@@ -169,6 +216,42 @@ class GroupedDeviceStorage(DeviceStorage):
                 for (dst, _), (src, _) in zip(new.blocks(t), old.blocks(t)):
                     dst.copy_(src)
         self.rows = new
+        self._move_pinned(table_id, old_slots, new_slots)
+
+    # ---- pins -----------------------------------------------------------------------------------
+    def pin(self, table_ids: torch.Tensor, slots: torch.Tensor) -> PinnedPairs:
+        """One pin on each ``(table id, slot)`` pair (slot -1 skipped) until :meth:`unpin`: an
+        inserting call never evicts a pinned slot. Growth moves the pairs' slots with their keys."""
+        pairs = PinnedPairs(table_ids, slots)
+        self.table.adjust_pins(table_ids, slots, 1)
+        self.track(pairs)
+        return pairs
+
+    def track(self, pairs: PinnedPairs) -> None:
+        """Keep ``pairs``' slots current through growth (while the caller holds ``pairs``)."""
+        self._live.add(pairs)
+
+    def unpin(self, pairs: PinnedPairs) -> None:
+        """Give back the pins of :meth:`pin` (once; later calls do nothing)."""
+        if pairs.released:
+            return
+        pairs.released = True
+        self._live.discard(pairs)
+        self.table.adjust_pins(pairs.table_ids, pairs.slots, -1)
+
+    def _move_pinned(self, table_id: int, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
+        """Growth of table ``table_id``: the pinned pairs' slots follow their keys (the table moved
+        the pin counts with them)."""
+        live = [p for p in self._live if not p.released]
+        if not live:
+            return
+        size = int(old_slots.max()) + 1 if old_slots.numel() else 0
+        where = torch.full((size + 1,), -1, dtype=torch.int64, device=self.device)
+        where[old_slots] = new_slots
+        for p in live:
+            mine = (p.table_ids == table_id) & (p.slots >= 0)
+            moved = where[torch.where(mine, p.slots, size).clamp(max=size)]
+            p.slots.copy_(torch.where(mine, moved, p.slots))  # in place: a step shares it
 
     def device_rows(self, table_id: int) -> int:
         """Slots of table ``table_id`` whose rows live in device memory."""
@@ -216,17 +299,34 @@ class GroupedDeviceStorage(DeviceStorage):
         table_counts: Sequence[int],
         init: GroupInit,
     ) -> GroupAcquire:
-        """Make unique ``(table id, key)`` pairs resident; new keys get ``init`` rows.
+        """Make unique ``(table id, key)`` pairs resident; new keys get ``init`` rows (keys of a
+        cached table: their rows from the backing store when it holds them).
 
         Args:
             keys, table_ids: (u,) int64 on the device, distinct pairs (segmented_unique's).
             table_counts: per table, how many of the pairs are its (host ints).
             init: the rows of new keys.
+
+        Raises:
+            StorageTierError: a backing store failed; the cache placement was undone.
         """
+        if self.cache is not None and self.cache.any_direct:
+            return self._acquire_with_direct(keys, table_ids, table_counts, init)
+        return self._acquire_placed(keys, table_ids, table_counts, init)
+
+    def _acquire_placed(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        table_counts: Sequence[int],
+        init: GroupInit,
+    ) -> GroupAcquire:
+        """``acquire_all`` of pairs that all go through the hash table."""
+        cache = self.cache
         T = len(self.tables)
         sizes = self._known_sizes()
         res = self.table.find_or_insert_counted(
-            keys, table_ids, table_counts, sizes, report_evicted=self._retain
+            keys, table_ids, table_counts, sizes, report_evicted=self._retain or cache is not None
         )
         slots, is_new = res.slots, res.is_new
         # The one readback of the step's table work: per table the keys placed new and the keys
@@ -248,21 +348,121 @@ class GroupedDeviceStorage(DeviceStorage):
             self._count_evicted_by_table(res)
         else:
             for t in range(T):
-                self._evicted_counts[t] += evicted[t]
+                if not self._cached[t]:  # a cache's evictions are spills, not drops
+                    self._evicted_counts[t] += evicted[t]
         self._sizes = [int(s) for s in after]
         self._sizes_epoch = self.table.placement_epoch
         by_table = unplaced_by_table if unplaced else None
-        if num_missing == 0:
+        # Keys that got a slot get initial rows (an unplaced key, slot -1, reads as zeros); so do
+        # keys of cached tables without a slot (they live in the backing store for this step).
+        num_fill = num_missing
+        fill = is_new & (slots >= 0)
+        if cache is not None:
+            num_fill += sum(c for t, c in enumerate(unplaced_by_table) if self._cached[t])
+            fill = fill | ((slots < 0) & cache.cached_dev[table_ids])
+        if num_fill == 0:
             return GroupAcquire(slots, unplaced, slots[:0], None, by_table)
-        # Only keys that got a slot get initial rows: an unplaced key (slot -1) reads as zeros.
-        missing = is_new & (slots >= 0)
         if self.device.type == "cuda":
-            idx = torch.nonzero_static(missing, size=num_missing).squeeze(1)
+            idx = torch.nonzero_static(fill, size=num_fill).squeeze(1)
         else:
-            idx = missing.nonzero().squeeze(1)
+            idx = fill.nonzero().squeeze(1)
         fresh = init(keys[idx], table_ids[idx])
+        if cache is None:
+            self.rows.scatter(table_ids[idx], slots[idx], fresh)
+            return GroupAcquire(slots, unplaced, idx, fresh, by_table)
+        place = Placement(keys, table_ids, slots, is_new, res.evicted)
+        try:
+            fresh, backed, homeless = cache.complete(place, idx, fresh)
+        except BaseException:
+            # the device tables keep their placement: their new keys get their rows
+            mine = (~cache.cached_dev[table_ids[idx]]).nonzero().squeeze(1)
+            self.rows.scatter(table_ids[idx[mine]], slots[idx[mine]], fresh[mine])
+            self._sizes_epoch = -1  # the undo changed the sizes: read them again
+            raise
         self.rows.scatter(table_ids[idx], slots[idx], fresh)
-        return GroupAcquire(slots, unplaced, idx, fresh, by_table)
+        return self._cached_result(table_ids, slots, backed, homeless, idx, fresh)
+
+    def _cached_result(
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        backed: torch.Tensor,
+        homeless: torch.Tensor,
+        idx: torch.Tensor,
+        fresh: torch.Tensor,
+    ) -> GroupAcquire:
+        """The acquire of a group with cached tables: backed pairs' rows from ``fresh``, the
+        keys with no home counted per table."""
+        by_table = torch.bincount(table_ids[homeless], minlength=len(self.tables)).tolist()
+        unplaced = sum(by_table)
+        rows = None
+        if backed.numel():
+            where = torch.full_like(slots, -1)
+            where[idx] = torch.arange(idx.numel(), device=self.device)
+            rows = fresh[where[backed]]
+        return GroupAcquire(
+            slots,
+            unplaced,
+            idx,
+            fresh,
+            by_table if unplaced else None,
+            backed if backed.numel() else None,
+            rows,
+        )
+
+    def _acquire_with_direct(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        table_counts: Sequence[int],
+        init: GroupInit,
+    ) -> GroupAcquire:
+        """``acquire_all`` when some cached tables have no cache: their pairs skip the hash table
+        (found in the backing store, or new keys written there with ``init`` rows)."""
+        cache = self.cache
+        assert cache is not None
+        direct = cache.direct_dev[table_ids]
+        inside = (~direct).nonzero().squeeze(1)
+        outside = direct.nonzero().squeeze(1)
+        counts = [0 if cache.direct[t] else c for t, c in enumerate(table_counts)]
+        slots = torch.full_like(keys, -1)
+        by_table = [0] * len(self.tables)
+        backed_parts, rows_parts = [], []
+        if inside.numel():
+            got = self._acquire_placed(keys[inside], table_ids[inside], counts, init)
+            slots[inside] = got.slots
+            if got.unplaced_per_table is not None:
+                by_table = list(got.unplaced_per_table)
+            if got.backed is not None:
+                assert got.backed_rows is not None
+                backed_parts.append(inside[got.backed])
+                rows_parts.append(got.backed_rows)
+        if outside.numel():
+            okeys, otids = keys[outside], table_ids[outside]
+            found, rows, _ = cache.backing.find(okeys, otids)
+            new = (~found).nonzero().squeeze(1)
+            if new.numel():
+                fresh = init(okeys[new], otids[new])
+                rows[new] = fresh[:, : rows.shape[1]]
+                cache.backing.insert(
+                    okeys[new],
+                    otids[new],
+                    rows[new],
+                    cache.now_scores(otids[new]),
+                    "write new keys",
+                )
+            backed_parts.append(outside)
+            rows_parts.append(rows)
+        unplaced = sum(by_table)
+        return GroupAcquire(
+            slots,
+            unplaced,
+            slots[:0],
+            None,
+            by_table if unplaced else None,
+            torch.cat(backed_parts) if backed_parts else None,
+            torch.cat(rows_parts) if rows_parts else None,
+        )
 
     def _count_evicted_by_table(self, result: Any) -> None:
         ev = result.evicted
@@ -274,12 +474,48 @@ class GroupedDeviceStorage(DeviceStorage):
     def find_all(
         self, keys: torch.Tensor, table_ids: torch.Tensor, *, touch: bool = False
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(slots, found)`` of unique pairs without inserting (eval; stale-slot refresh)."""
+        """``(slots, found)`` of unique pairs without inserting (eval, admission, frozen tables)."""
         res = self.table.find(keys, table_ids, update_score=touch)
         return torch.where(res.found, res.slots, -1), res.found
 
+    # ---- the cached tables ----------------------------------------------------------------------
+    def is_cached(self, table_id: int) -> bool:
+        """Whether table ``table_id`` is a cache over a backing store."""
+        return self._cached[table_id]
 
-class TableView(LookupTier):
+    def flush(self) -> None:
+        """Write every cached row (pinned ones included) back to its backing store in one call
+        per store, then flush the stores."""
+        cache = self.cache
+        if cache is None:
+            return
+        keys, tids, slots, scores = [], [], [], []
+        for t in range(len(self.tables)):
+            if not self._cached[t] or self._direct[t]:
+                continue
+            res = self.table.export(t)
+            if res.keys.numel():
+                keys.append(res.keys)
+                tids.append(torch.full_like(res.keys, t))
+                slots.append(res.slots)
+                scores.append(fit_columns(res.scores, cache.backing.max_scores))
+        if keys:
+            k, t_ = torch.cat(keys), torch.cat(tids)
+            rows = self.rows.gather(t_, torch.cat(slots), self.max_width)
+            cache.backing.insert(k, t_, rows, torch.cat(scores), "write back the cached rows")
+        cache.backing.for_each_store("flush", "flush")
+
+    def evictions(self, table_id: int) -> int:
+        """Keys dropped by the table's last tier (a cached table's: its backing store's)."""
+        if not self._cached[table_id]:
+            return self._evicted_counts[table_id]
+        assert self.cache is not None
+        counter = getattr(self.cache.backing.store(table_id), "evictions", None)
+        bid = self.cache.backing.backing_ids[table_id]
+        return int(counter(bid)) if callable(counter) else 0
+
+
+class TableView(PerTableStorage):
     """One table of a :class:`GroupedDeviceStorage`, presented as a storage holding it as table 0.
 
     ``BatchedDynamicEmbeddingTables.tables[t]`` is this for a grouped table, so code written
@@ -335,25 +571,7 @@ class TableView(LookupTier):
         """Slots of this table whose rows live in device memory (the rest: host memory)."""
         return self.group.device_rows(self._id(table_id))
 
-    # ---- LookupTier (per-table access; the module's step goes through the group) ------------
-    def lookup(self, table_id: int, keys: torch.Tensor, *, touch: bool) -> TierRows:
-        return self.group.lookup(self._id(table_id), keys, touch=touch)
-
-    def acquire(
-        self, table_id: int, keys: torch.Tensor, init: RowInit, *, with_rows: bool = True
-    ) -> TierRows:
-        return self.group.acquire(self._id(table_id), keys, init, with_rows=with_rows)
-
-    def update(
-        self,
-        table_id: int,
-        keys: torch.Tensor,
-        homes: torch.Tensor,
-        grads: torch.Tensor,
-        apply: RowUpdate,
-    ) -> None:
-        self.group.update(self._id(table_id), keys, homes, grads, apply)
-
+    # ---- per-table state (the module's step goes through the group) -------------------------
     def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         return self.group.read_rows(self._id(table_id), slots)
 
@@ -380,3 +598,204 @@ class TableView(LookupTier):
 
     def device_table(self) -> Any:
         return self.group.table
+
+
+class CachedTableView(TableView):
+    """One cached table of a group as a storage holding it as table 0: the union of its cache (the
+    fresher rows) and its backing store.
+
+    Its find / insert / erase / size / export / dump / load are the plugin ``Storage`` contract
+    over both tiers, each failure-atomic as the module docstring of
+    :mod:`~dynamicemb_core.storage.grouped_cache` describes: writes go to the backing store first
+    and drop the cache's copy only after it acknowledged.
+    """
+
+    @property
+    def _cache(self) -> CacheTier:
+        cache = self.group.cache
+        assert cache is not None
+        return cache
+
+    @property
+    def backing(self) -> Any:
+        """The table's backing store as given (a host table, or the plugin storage)."""
+        return self._cache.backing.store(self.table_id)
+
+    @backing.setter
+    def backing(self, store: Any) -> None:
+        self._cache.backing.replace(self.table_id, store)
+
+    @property
+    def backing_ids(self) -> List[int]:
+        """The table's id in :attr:`backing` (one entry: this view holds one table)."""
+        return [self._cache.backing.backing_ids[self.table_id]]
+
+    @property
+    def strict_prefetch(self) -> bool:
+        """Raise (``DynamicEmbError``, before writing) instead of warning when a prefetch's keys
+        cannot all be pinned in their cache buckets (shared by the group's cached tables)."""
+        return self._cache.strict_prefetch
+
+    @strict_prefetch.setter
+    def strict_prefetch(self, value: bool) -> None:
+        self._cache.strict_prefetch = bool(value)
+
+    def _ids(self, keys: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(keys, self.table_id)
+
+    def cached(self, keys: torch.Tensor) -> torch.Tensor:
+        """(n,) bool: the key is in the device cache now."""
+        keys = keys.to(self.device)
+        return self.group.find_all(keys, self._ids(keys))[1]
+
+    # ---- Storage (both tiers) -------------------------------------------------------------------
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self._id(table_id)
+        check_find(self.tables, 0, keys)
+        keys = keys.to(self.device)
+        spec = self.tables[0]
+        tids = self._ids(keys)
+        res = self.group.table.find(keys, tids)
+        slots = torch.where(res.found, res.slots, -1)
+        rows = self.group.rows.gather(tids, slots, spec.row_width)
+        bfound, brows, bscores = self._cache.backing.find(keys, tids)
+        use = bfound & ~res.found
+        rows = torch.where(use.unsqueeze(1), brows[:, : spec.row_width], rows)
+        scores = bscores[:, : spec.num_scores].clone()
+        scores[res.found] = res.scores[res.found][:, : spec.num_scores]
+        return res.found | bfound, rows, scores
+
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        self._id(table_id)
+        check_insert(self.tables, 0, keys, rows, scores)
+        keys = keys.to(self.device)
+        # The backing store first: when it fails, the cache still holds its (fresher) copies.
+        self._cache.backing.insert(
+            keys, self._ids(keys), rows.to(self.device).float(), scores.to(self.device)
+        )
+        self._drop_from_cache(keys)
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        self._id(table_id)
+        check_erase(self.tables, 0, keys)
+        keys = keys.to(self.device)
+        # The backing store first: a key erased from the cache only could read a stale row.
+        self._cache.backing.erase(keys, self._ids(keys))
+        self._drop_from_cache(keys)
+
+    def _drop_from_cache(self, keys: torch.Tensor) -> None:
+        """Remove keys from the cache (after the backing store holds what it must), unpinning
+        their slots."""
+        if keys.numel() == 0 or self._cache.direct[self.table_id]:
+            return
+        tids = self._ids(keys)
+        slots, found = self.group.find_all(keys, tids)
+        self._cache.drop_pins(self.table_id, slots[found])
+        self.group.table.erase(keys, tids)
+
+    def drop_from_cache(self, keys: torch.Tensor) -> None:
+        """Invalidate cached copies of ``keys`` (the checkpoint code wrote the backing store)."""
+        self._drop_from_cache(torch.unique(keys.to(self.device)))
+
+    def size(self, table_id: int) -> int:
+        """Distinct keys over both tiers (writes the cached rows back first)."""
+        t = self._id(table_id)
+        self.group.flush()
+        return self._cache.backing.size(t)
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        t = self._id(table_id)
+        self.group.flush()
+        return self._cache.backing.export(t, batch_size)
+
+    def flush(self) -> None:
+        """Write the cached rows back to the backing stores, then flush them."""
+        self.group.flush()
+
+    def dump(self, path: str) -> None:
+        """Write the cached rows back, then let the backing store dump itself."""
+        self.group.flush()
+        backing = self._cache.backing
+        backing.call(self.table_id, "dump", backing.multi(self.table_id).dump, path)
+
+    def load(self, path: str) -> None:
+        """Load the backing store; the cache starts empty (only once the store has loaded: a
+        failed load keeps the possibly fresher cached rows)."""
+        backing = self._cache.backing
+        backing.call(self.table_id, "load", backing.multi(self.table_id).load, path)
+        self.release_pins()
+        self.group.table.clear(self.table_id)
+
+    def close(self) -> None:
+        self._cache.backing.multi(self.table_id).close()
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        mine = self.group.memory_usage(mem_type, self.table_id)
+        return mine + self._cache.backing.multi(self.table_id).memory_usage(mem_type)
+
+    # ---- cache state ----------------------------------------------------------------------------
+    def capacity(self, table_id: int) -> int:
+        """Rows of the device cache (0: no cache, every key in the backing store)."""
+        t = self._id(table_id)
+        return 0 if self._cache.direct[t] else self.group.capacity(t)
+
+    def spills(self, table_id: int) -> int:
+        """Keys the cache has written to the backing store to make room."""
+        return self._cache.spills[self._id(table_id)]
+
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        """Hits and misses of the cache; placed / evicted / unplaced of the backing store when it
+        keeps counters (a host table), else of the cache."""
+        from dynamicemb_core.table.metrics import EVICTED, PLACED, UNPLACED
+
+        t = self._id(table_id)
+        own = None if self._cache.direct[t] else self.group.metrics(t)
+        reader = getattr(self.backing, "metrics", None)
+        last = reader(self.backing_ids[0]) if callable(reader) else None
+        if own is None:
+            return last
+        if last is not None:
+            cols = [PLACED, EVICTED, UNPLACED]
+            own = own.clone()
+            own[cols] = last[cols].to(own.device)
+        return own
+
+    def reset_metrics(self, table_id: int) -> None:
+        t = self._id(table_id)
+        self.group.reset_metrics(t)
+        reset = getattr(self.backing, "reset_metrics", None)
+        if callable(reset):
+            reset(self.backing_ids[0])
+
+    def pop_evicted_keys(self, table_id: int) -> torch.Tensor:
+        self._id(table_id)
+        pop = getattr(self.backing, "pop_evicted_keys", None)
+        if callable(pop):
+            return pop(self.backing_ids[0]).to(self.device)
+        return torch.empty(0, dtype=torch.int64, device=self.device)
+
+    # ---- prefetch pins --------------------------------------------------------------------------
+    def pin_counts(self, table_id: int, keys: torch.Tensor) -> torch.Tensor:
+        """(n,) int64: outstanding prefetches holding each key (0: not pinned)."""
+        return self._cache.pin_counts(self._id(table_id), keys.to(self.device))
+
+    def pinned(self, table_id: int) -> int:
+        """Keys of the table pinned by outstanding prefetches now."""
+        return self._cache.pinned(self._id(table_id))
+
+    def release_pins(self, table_id: Optional[int] = None) -> None:
+        """Drop the outstanding prefetches' pins on this table: its keys stay cached but may be
+        evicted."""
+        if table_id is not None:
+            self._id(table_id)
+        self._cache.release_pins(self.table_id)
+
+    def prefetch_skipped(self, table_id: int) -> int:
+        """Prefetched keys left unpinned so far because their cache bucket was full of pins."""
+        return self._cache.prefetch_skipped[self._id(table_id)]

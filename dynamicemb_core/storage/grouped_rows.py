@@ -298,9 +298,8 @@ class GroupedRows:
                 key_counts=key_counts,
             )
             return
-        grads = lookup_ops.grouped_reduce_grads(
+        grads = self.reduce_grads(
             grad_out,
-            self.meta,
             inverse,
             offsets,
             weights,
@@ -310,20 +309,63 @@ class GroupedRows:
             batch_size,
             slots.numel(),
             max_dim,
+        )
+        self.update(table_ids, slots, grads, hyper, frozen)
+
+    def reduce_grads(
+        self,
+        grad_out: torch.Tensor,
+        inverse: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: Optional[torch.Tensor],
+        feature_tables: torch.Tensor,
+        d_offsets: torch.Tensor,
+        mode: int,
+        batch_size: int,
+        num_unique: int,
+        max_dim: int,
+    ) -> torch.Tensor:
+        """(u, max_dim) gradient per unique key (:func:`lookup_ops.grouped_reduce_grads`)."""
+        return lookup_ops.grouped_reduce_grads(
+            grad_out,
+            self.meta,
+            inverse,
+            offsets,
+            weights,
+            feature_tables,
+            d_offsets,
+            mode,
+            batch_size,
+            num_unique,
+            max_dim,
             check=False,
         )
-        (dev_values, dev_meta, dev_slots), (host_values, host_meta, host_slots) = self._parts(
-            table_ids, slots
-        )
+
+    def update(
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        grads: torch.Tensor,
+        optimizer: Tuple[Any, ...],
+        frozen: Sequence[int] = (),
+    ) -> None:
+        """The fused optimizer on the rows at ``(table_ids, slots)`` (-1 skipped) with ``grads``
+        (u, >= max dim), each part with only its own keys' gradients. ``optimizer``: as in
+        :meth:`reduce_update`."""
+        parts = self._parts(table_ids, slots)
+        dev_values, dev_meta, dev_slots = parts[0]
         lookup_ops.grouped_update(
             dev_values,
             _frozen(dev_meta, frozen, self.dtype),
             table_ids,
             dev_slots,
             grads,
-            *hyper,
+            *optimizer,
             check=False,
         )
+        if len(parts) == 1:
+            return
+        host_values, host_meta, host_slots = parts[1]
         mine = (host_slots >= 0).nonzero().squeeze(1)
         if mine.numel():
             here = mine.to(self.device)
@@ -333,7 +375,7 @@ class GroupedRows:
                 table_ids[here].to(_CPU),
                 host_slots[mine],
                 grads[here].to(_CPU),
-                *hyper,
+                *optimizer,
                 check=False,
             )
 

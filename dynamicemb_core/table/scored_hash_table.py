@@ -707,6 +707,23 @@ class ScoredHashTable:
         changed) when a slot would go below zero pins; without it, counts stop at zero."""
         self._add_pins(slots, table_ids, -1, check, "unpin_slots")
 
+    def adjust_pins(self, table_ids: Tensor, slots: Tensor, delta: int) -> None:
+        """Trusted :meth:`pin_slots` / :meth:`unpin_slots` for the lookup's own slots: ``delta``
+        (+1 or -1) on each ``(table id, slot)`` pair (slot -1 skipped), no checks and no device
+        synchronisation; counts stop at zero. ``table_ids`` / ``slots`` (n,) int64 on the device."""
+        total = self._offsets[-1]
+        if self._pins is None:
+            if delta < 0:
+                return
+            self._pins = torch.zeros(total + 1, dtype=torch.int32, device=self.device)
+        pins = self._pins
+        offsets = self._state.slot_offsets
+        g = torch.where(slots >= 0, offsets[table_ids] + slots, torch.full_like(slots, total))
+        pins.index_add_(0, g, torch.full(g.shape, delta, dtype=torch.int32, device=self.device))
+        if delta < 0:
+            pins.index_put_((g,), pins[g].clamp_min(0))
+        pins[total] = 0
+
     def pin_counts(self, table_id: int = 0) -> Tensor:
         """(capacity,) int32 copy of table ``table_id``'s pin count per local slot."""
         t = self._table_id(table_id)

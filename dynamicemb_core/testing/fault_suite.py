@@ -319,7 +319,7 @@ class FaultInjectionSuite:
         keys_all = torch.arange(NUM_KEYS, device=self.device)
         tier = tiered.tables[0]
         # with a cache, flush first writes the cached rows back (insert), then flushes the store
-        fails = [{"flush": 1}] + ([{"insert": 1}] if tier.cache is not None else [])
+        fails = [{"flush": 1}] + ([{"insert": 1}] if tier.capacity(0) else [])
         for fail in fails:
             store.arm(fail)
             with pytest.raises(StorageTierError, match="failed to"):

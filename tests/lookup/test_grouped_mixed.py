@@ -20,8 +20,7 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage import CachedStorage
-from dynamicemb_core.storage.grouped import TableView
+from dynamicemb_core.storage.grouped import CachedTableView, TableView
 from tests.lookup import oracle
 
 CONST = DynamicEmbInitializerMode.CONSTANT
@@ -255,7 +254,7 @@ def test_module_with_grouped_and_cached_tables_trains_like_an_all_device_module(
     mixed = _kinds_module(device, pooling, optimizer, kinds, dims)
     plain = _kinds_module(device, pooling, optimizer, ["device"] * 3, dims)
     assert isinstance(mixed.tables[0], TableView) and isinstance(mixed.tables[2], TableView)
-    assert isinstance(mixed.tables[1], CachedStorage)
+    assert isinstance(mixed.tables[1], CachedTableView)
     assert mixed.tables[2].device_rows(0) < mixed.tables[2].capacity(0)
     g = torch.Generator().manual_seed(11)
     B = 6
@@ -293,5 +292,5 @@ def test_module_with_grouped_and_cached_tables_trains_like_an_all_device_module(
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(device)
     mixed.prefetch(keys, offsets)
     assert bool(mixed.tables[0].find(0, keys[[0, 3]])[0].all())
-    assert bool(mixed.tables[1].cache.table.find(keys[1:2], 0).found.all())
+    assert bool(mixed.tables[1].cached(keys[1:2]).all())
     assert bool(mixed.tables[2].find(0, keys[2:3])[0].all())

@@ -25,7 +25,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.lookup.initializers import DEBUG_MODULUS
-from dynamicemb_core.storage import CachedStorage
+from dynamicemb_core.storage.grouped import CachedTableView
 from dynamicemb_core.types import DynamicEmbWarning
 from tests.lookup import oracle
 
@@ -76,7 +76,7 @@ def _stored(m: BatchedDynamicEmbeddingTables, t: int) -> Set[int]:
 
 
 def _stored_rows(m, t: int, keys: torch.Tensor) -> torch.Tensor:
-    return m.tables[t].lookup(0, keys, touch=False).full_rows()[:, :DIM]
+    return m.tables[t].find(0, keys)[1][:, :DIM]
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -149,15 +149,15 @@ def test_cache_hits_and_zeros_for_keys_no_tier_holds(device):
     m = BatchedDynamicEmbeddingTables(
         [opts], ["t"], [0], DynamicEmbPoolingMode.NONE, EmbOptimType.EXACT_SGD, device
     )
-    assert isinstance(m.tables[0], CachedStorage)
+    assert isinstance(m.tables[0], CachedTableView)
     keys = torch.arange(1, 41, device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DynamicEmbWarning)
         out = m(keys, torch.tensor([0, 40], device=device))
     # 40 new keys: 16 fit the cache, 16 of the other 24 the host table, 8 fit nowhere
     tier = m.tables[0]
-    assert tier.cache is not None
-    stored = set(_cache_keys(tier.cache)) | set(_cache_keys(tier.backing))
+    assert tier.capacity(0) == 16
+    stored = set(_cached_keys(tier)) | set(_cache_keys(tier.backing))
     assert len(stored) == 32
     lost = [i for i, k in enumerate(keys.tolist()) if k not in stored]
     assert len(lost) == 8 and bool((out[lost] == 0).all())
@@ -167,9 +167,14 @@ def test_cache_hits_and_zeros_for_keys_no_tier_holds(device):
     )
     got = m.metrics()["t"]
     assert got["hits"] == 0 and got["misses"] == 40 and got["unplaced"] == 8
-    hits = set(_cache_keys(tier.cache))
+    hits = set(_cached_keys(tier))
     m(keys, torch.tensor([0, 40], device=device))
     assert m.metrics()["t"]["hits"] == len(hits)
+
+
+def _cached_keys(view: CachedTableView) -> List[int]:
+    """Keys in the device cache of a cached table (the group's hash table; no flush)."""
+    return view.group.table.export(view.table_id).keys.tolist()
 
 
 def _cache_keys(tier) -> List[int]:

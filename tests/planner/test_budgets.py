@@ -21,7 +21,7 @@ from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.lookup.tiers import device_budget_bytes, tier_kind
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
 from dynamicemb_core.planner.table_options import prepare_table_options
-from dynamicemb_core.storage.grouped import TableView
+from dynamicemb_core.storage.grouped import CachedTableView, TableView
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 from tests.shard.dist_harness import dynamic_kernels, run_workers, train_against_twin
 
@@ -91,7 +91,8 @@ SPLITS: List[Dict] = [
     {"bucket_capacity": 16, "caching": True, "global_hbm_for_values": 2 * 16 * ROW},
 ]
 # the storage each split builds on a CPU rank: device-resident and hybrid tables train in the
-# module's group (a TableView); "hybrid" when some of its rows are in host memory
+# module's group (a TableView); "hybrid" when some of its rows are in host memory, "cached" a
+# cache over a host table (a CachedTableView)
 KINDS = [
     "device",  # a CPU rank's device memory is its host memory
     "hybrid",  # rounded up to one bucket of the shard's two
@@ -99,11 +100,13 @@ KINDS = [
     "device",
     "device",  # rounded up to one bucket, which is the whole shard
     "device",
-    "CachedStorage",
+    "cached",
 ]
 
 
 def _kind(tier) -> str:
+    if isinstance(tier, CachedTableView):
+        return "cached"
     if isinstance(tier, TableView):
         return "hybrid" if tier.device_rows(0) < tier.capacity(0) else "device"
     return type(tier).__name__

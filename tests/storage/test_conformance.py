@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import pytest
 import torch
 
-from dynamicemb_core.storage import CachedStorage, DeviceStorage, HybridStorage
+from dynamicemb_core.storage import DeviceStorage, HybridStorage
+from dynamicemb_core.storage.grouped import CachedTableView, GroupedDeviceStorage
 from dynamicemb_core.testing.dict_storage import PyDictStorage
-from dynamicemb_core.testing.storage_suite import StorageDumpSuite, StorageSuite
-from dynamicemb_core.types import StorageTableSpec
+from dynamicemb_core.testing.storage_suite import StorageDumpSuite, StorageSuite, default_tables
+from dynamicemb_core.types import PerTableStorage, StorageTableSpec
 
 CAPACITY = 8192
 
@@ -34,7 +36,47 @@ class TestHybridStorage(StorageSuite):
         return HybridStorage(tables, device, hbm_bytes=hbm)
 
 
-class TestCachedStorageOverDict(StorageSuite):
+class _CachedTables(PerTableStorage):
+    """The cached tables of one group (a 64-row cache each over one dict storage), table t's
+    calls going to its :class:`CachedTableView`: the union of cache and backing store must behave
+    as one storage."""
+
+    def __init__(self, tables: Sequence[StorageTableSpec], device: torch.device) -> None:
+        super().__init__(tables, device)
+        n = len(tables)
+        backing = PyDictStorage(list(tables), "cpu")
+        group = GroupedDeviceStorage(
+            list(tables),
+            device,
+            dims=[t.dim for t in tables],
+            cache_rows=[64] * n,
+            backing=[(backing, t) for t in range(n)],
+        )
+        self.views = [CachedTableView(group, t) for t in range(n)]
+
+    def find(self, table_id, keys):
+        return self.views[table_id].find(0, keys)
+
+    def insert(self, table_id, keys, rows, scores):
+        self.views[table_id].insert(0, keys, rows, scores)
+
+    def erase(self, table_id, keys):
+        self.views[table_id].erase(0, keys)
+
+    def size(self, table_id):
+        return self.views[table_id].size(0)
+
+    def export(self, table_id, batch_size=65536):
+        return self.views[table_id].export(0, batch_size)
+
+
+class TestCachedTablesOverDict(StorageSuite):
     def make_storage(self, tables, device):
-        tables = _sized(tables)
-        return CachedStorage(tables, device, PyDictStorage(tables, "cpu"), [64] * len(tables))
+        return _CachedTables(_sized(tables), device)
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+    def test_each_row_dtype_round_trips_bitwise(self, make, dtype):
+        """Cached tables keep float32 rows: other row dtypes are refused when the group is built,
+        instead of being stored converted."""
+        with pytest.raises(ValueError, match="cached tables keep float32 rows|share one row dtype"):
+            make(default_tables(dtype))

@@ -17,14 +17,12 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 from dynamicemb_core.config import (
     DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage import CachedStorage, DeviceStorage
-from dynamicemb_core.storage.grouped import TableView
+from dynamicemb_core.storage.grouped import CachedTableView, TableView
 from dynamicemb_core.table.hashing import buckets_of_tensor
 from dynamicemb_core.testing.compare import assert_same_stored_rows
-from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning, StorageTableSpec
+from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
 from tests.lookup import oracle
 
 DIM = 4
@@ -49,10 +47,10 @@ def _module(device, cached: bool, bucket: int = CACHE_ROWS) -> BatchedDynamicEmb
 
 
 def _pair(device):
-    """(cached module, its CachedStorage, uncached reference module)."""
+    """(cached module, its CachedTableView, uncached reference module)."""
     tiered, plain = _module(device, cached=True), _module(device, cached=False)
     storage = tiered.tables[0]
-    assert isinstance(storage, CachedStorage) and storage.capacity(0) == CACHE_ROWS
+    assert isinstance(storage, CachedTableView) and storage.capacity(0) == CACHE_ROWS
     assert isinstance(plain.tables[0], TableView)  # the device-only module is grouped
     return tiered, storage, plain
 
@@ -74,8 +72,13 @@ def _step(module, keys, seed: int) -> torch.Tensor:
     return out.detach()
 
 
-def _in_cache(storage: CachedStorage, keys: torch.Tensor) -> torch.Tensor:
-    return storage.cache.table.find(keys, 0).found
+def _in_cache(storage: CachedTableView, keys: torch.Tensor) -> torch.Tensor:
+    return storage.cached(keys)
+
+
+def _scores(storage: CachedTableView, keys: torch.Tensor) -> torch.Tensor:
+    """The cache's score words of ``keys`` (the group's hash table holds the cache)."""
+    return storage.group.table.find(keys, storage.table_id).scores
 
 
 def _assert_same_rows(tiered, plain, device) -> None:
@@ -109,7 +112,7 @@ def _pipeline(device, tiered, storage, plain, batches, check_pins: bool) -> int:
     return missing
 
 
-def _assert_pin_counts(storage: CachedStorage, outstanding, device) -> None:
+def _assert_pin_counts(storage: CachedTableView, outstanding, device) -> None:
     model = Counter(k for keys in outstanding for k in keys.tolist())
     probe = torch.arange(UNIVERSE, device=device)
     want = torch.tensor([model[k] for k in range(UNIVERSE)], device=device)
@@ -132,7 +135,8 @@ def test_without_pins_the_same_pipeline_evicts_prefetched_keys(device):
     """Control: prefetch as a plain acquire (no pins) loses prefetched keys before their forward,
     so the test above would notice if pinning did nothing."""
     tiered, storage, plain = _pair(device)
-    storage.prefetch = lambda t, keys, init: storage._place(t, keys, init)  # type: ignore
+    cache = storage.group.cache
+    cache.add_prefetch = storage.group.unpin  # type: ignore[method-assign]  # pins given back at once
     batches = _batches(device, 10)
     assert _pipeline(device, tiered, storage, plain, batches, check_pins=False) > 0
     _assert_same_rows(tiered, plain, device)  # values stay right (evictions spill), only misses
@@ -149,7 +153,7 @@ def test_key_prefetched_twice_stays_pinned_until_both_forwards(device):
         tiered.prefetch(keys, _offsets(keys))
     assert storage.pin_counts(0, shared).tolist() == [2]
     only_b = b[:-1]
-    b_scores = storage.cache.table.find(only_b, 0).scores  # LFU counts
+    b_scores = _scores(storage, only_b)  # LFU counts
     _step(plain, a, 0)
     _step(tiered, a, 0)
     assert storage.pin_counts(0, shared).tolist() == [1]
@@ -158,7 +162,7 @@ def test_key_prefetched_twice_stays_pinned_until_both_forwards(device):
     assert not bool(_in_cache(storage, a[:-1]).any())
     assert bool(_in_cache(storage, b).all()) and bool(_in_cache(storage, c).all())
     # riding along in forward(a) and prefetch(c) left b's pinned keys' scores as they were
-    assert torch.equal(storage.cache.table.find(only_b, 0).scores, b_scores)
+    assert torch.equal(_scores(storage, only_b), b_scores)
     for i, keys in enumerate((b, c), start=1):
         torch.testing.assert_close(_step(tiered, keys, i), _step(plain, keys, i))
     assert storage.pin_counts(0, shared).tolist() == [0] and storage.pinned(0) == 0
@@ -182,34 +186,55 @@ def test_a_forward_that_was_not_prefetched_releases_no_pins(device):
     _assert_same_rows(tiered, plain, device)
 
 
-def test_backward_after_a_prefetch_that_evicted_the_batch_updates_the_right_rows(device):
-    """forward(a), prefetch(b) spills some of a's keys, then backward(a): the update must follow
-    the keys (to the host table), not the slots the forward saw (now b's)."""
+def test_a_prefetch_between_a_forward_and_its_backward_cannot_evict_the_forwards_keys(device):
+    """forward(a) pins a's slots until its backward; prefetch(b) in between finds only the other
+    slots (a 64-row cache, 40 of them a's): a's keys stay cached, the 16 keys of b without room
+    are left to b's forward (a warning says so), and the backward updates a's rows where the
+    forward read them. Training equals the uncached table's."""
     tiered, storage, plain = _pair(device)
     a = torch.arange(0, 40, device=device)
     b = torch.arange(100, 140, device=device)
     out = tiered(a, _offsets(a))
     want = _step(plain, a, 0)
     torch.testing.assert_close(out.detach(), want)
-    tiered.prefetch(b, _offsets(b))
-    assert storage.spills(0) > 0 and not bool(_in_cache(storage, a).all())
+    with pytest.warns(DynamicEmbWarning, match="16 keys cannot be pinned"):
+        tiered.prefetch(b, _offsets(b))
+    assert bool(_in_cache(storage, a).all()) and storage.prefetch_skipped(0) == 16
+    assert storage.pinned(0) == 24
     coeff = torch.randn(out.shape, generator=torch.Generator().manual_seed(0))
     (out * coeff.to(device)).sum().backward()
+    # the backward gave a's pins back: only b's prefetch holds slots now
+    assert _pinned_slots(storage) == 24
     torch.testing.assert_close(_step(tiered, b, 1), _step(plain, b, 1))
+    assert storage.pinned(0) == 0
     _assert_same_rows(tiered, plain, device)
 
 
-def _cache_over_host(device, strict: bool, bucket: int) -> CachedStorage:
-    spec = StorageTableSpec(name="t", dim=DIM, row_width=DIM + 1, capacity=1024)
-    opts = DynamicEmbTableOptions(dim=DIM, max_capacity=1024, bucket_capacity=bucket)
-    host = DeviceStorage([spec], "cpu", table_options=[opts])
-    return CachedStorage(
-        [spec], device, host, [CACHE_ROWS], table_options=[opts], strict_prefetch=strict
-    )
+def _pinned_slots(storage: CachedTableView) -> int:
+    return int((storage.group.table.pin_counts(storage.table_id) > 0).sum())
 
 
-def _init(keys: torch.Tensor) -> torch.Tensor:
-    return keys.to(torch.float32).unsqueeze(1).expand(-1, DIM + 1).clone()
+def test_a_forward_without_a_backward_gives_its_pins_back_when_dropped(device):
+    """A training forward's pins live as long as its autograd graph: dropping the output without
+    a backward releases them (an abandoned batch cannot block the cache)."""
+    tiered, storage, _ = _pair(device)
+    a = torch.arange(0, 40, device=device)
+    out = tiered(a, _offsets(a))
+    assert _pinned_slots(storage) == 40
+    del out
+    assert _pinned_slots(storage) == 0
+
+
+def _cached_module(device, strict: bool, bucket: int):
+    """A cached module (its 64-row cache in buckets of ``bucket``) and its table's view."""
+    tiered = _module(device, cached=True, bucket=bucket)
+    storage = tiered.tables[0]
+    storage.strict_prefetch = strict
+    return tiered, storage
+
+
+def _prefetch(module, keys: torch.Tensor) -> None:
+    module.prefetch(keys, torch.tensor([0, keys.numel()], device=keys.device))
 
 
 def _keys_in_bucket(device, bucket: int, num_buckets: int, count: int) -> torch.Tensor:
@@ -217,50 +242,54 @@ def _keys_in_bucket(device, bucket: int, num_buckets: int, count: int) -> torch.
     return candidates[buckets_of_tensor(candidates, num_buckets) == bucket][:count]
 
 
-def _snapshot(storage: CachedStorage):
-    res = storage.cache.table.export(0)
+def _snapshot(storage: CachedTableView):
+    table, t = storage.group.table, storage.table_id
+    res = table.export(t)
     order = torch.argsort(res.keys)
-    rows = storage.cache.read_rows(0, res.slots)
+    rows = storage.group.read_rows(t, res.slots)
     return res.keys[order], rows[order], res.scores[order], storage.pinned(0)
 
 
 def test_strict_prefetch_over_a_bucket_raises_before_writing(device):
-    storage = _cache_over_host(device, strict=True, bucket=16)  # 4 cache buckets of 16
+    tiered, storage = _cached_module(device, strict=True, bucket=16)  # 4 cache buckets of 16
     keys = _keys_in_bucket(device, 2, 4, 17)
-    storage.prefetch(0, keys[:10], _init)
+    _prefetch(tiered, keys[:10])
     other = _keys_in_bucket(device, 1, 4, 5)
-    storage.prefetch(0, other, _init)  # another bucket: fits
+    _prefetch(tiered, other)  # another bucket: fits
     before = _snapshot(storage)
     with pytest.raises(DynamicEmbError, match=r"table 't'.*bucket 2, which has 16 slots"):
-        storage.prefetch(0, keys[7:], _init)  # 10 pinned + 7 new in bucket 2
+        _prefetch(tiered, keys[7:])  # 10 pinned + 7 new in bucket 2
     after = _snapshot(storage)
     for x, y in zip(before[:3], after[:3]):
         assert torch.equal(x, y)
     assert before[3] == after[3] == 15
     assert storage.backing.size(0) == 0  # nothing spilled or written through
-    storage.prefetch(0, keys[7:16], _init)  # exactly full: 16 pinned in bucket 2
+    _prefetch(tiered, keys[7:16])  # exactly full: 16 pinned in bucket 2
     assert bool(_in_cache(storage, keys[:16]).all())
     assert storage.pin_counts(0, keys[7:10]).tolist() == [2, 2, 2]
 
 
 def test_prefetch_over_the_cache_pins_what_fits_and_warns(device):
-    storage = _cache_over_host(device, strict=False, bucket=CACHE_ROWS)  # one bucket
+    tiered, storage = _cached_module(device, strict=False, bucket=CACHE_ROWS)  # one bucket
     first = torch.arange(0, 50, device=device)
-    storage.prefetch(0, first, _init)
+    _prefetch(tiered, first)
     with pytest.warns(DynamicEmbWarning, match=r"3 keys cannot be pinned"):
-        storage.prefetch(0, torch.arange(40, 67, device=device), _init)  # 14 new fit, 3 do not
+        _prefetch(tiered, torch.arange(40, 67, device=device))  # 14 new fit, 3 do not
     assert storage.pinned(0) == CACHE_ROWS and storage.prefetch_skipped(0) == 3
     assert storage.pin_counts(0, torch.arange(40, 50, device=device)).tolist() == [2] * 10
     assert storage.pin_counts(0, torch.arange(64, 67, device=device)).tolist() == [0] * 3
     # a forward of keys that found no room is still served (from the host table), never by
     # evicting a pinned key
     late = torch.arange(300, 310, device=device)
-    got = storage.acquire(0, late, _init)
-    assert torch.equal(got.rows, _init(late))
+    got = tiered(late, torch.tensor([0, late.numel()], device=device))
+    want = tiered._new_rows(0, late)[:, :DIM].sum(0, keepdim=True)
+    torch.testing.assert_close(got.detach(), want)
     assert bool(_in_cache(storage, first).all())
-    storage.flush()  # writes every cached row back, pinned ones included
+    assert not bool(_in_cache(storage, late).any())
+    tiered.flush()  # writes every cached row back, pinned ones included
     found, rows, _ = storage.backing.find(0, torch.arange(0, 64))
-    assert bool(found.all()) and torch.equal(rows, _init(torch.arange(0, 64)))
+    assert bool(found.all())
+    torch.testing.assert_close(rows, tiered._new_rows(0, torch.arange(0, 64, device=device)).cpu())
     storage.release_pins()
     assert storage.pinned(0) == 0
 

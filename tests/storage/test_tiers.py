@@ -17,8 +17,7 @@ from dynamicemb_core.config import (
     EvictedItemMode,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage import CachedStorage
-from dynamicemb_core.storage.grouped import TableView
+from dynamicemb_core.storage.grouped import CachedTableView, TableView
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.types import MemoryType, StorageTableSpec
@@ -99,7 +98,7 @@ def test_cache_over_host_table_trains_like_a_device_table(device, prefetch):
         device, _opts(caching=True, local_hbm_for_values=64 * ROW_BYTES, bucket_capacity=16)
     )
     storage = tiered.tables[0]
-    assert isinstance(storage, CachedStorage) and storage.capacity(0) == 64
+    assert isinstance(storage, CachedTableView) and storage.capacity(0) == 64
     _train_and_compare(device, tiered, prefetch=prefetch)
     assert storage.spills(0) > 0  # the cache was too small: rows went to the host table and back
 
@@ -110,7 +109,7 @@ def test_prefetch_makes_the_batch_resident_in_the_cache(device):
     )
     keys = torch.arange(0, 40, device=device)
     tiered.prefetch(keys, torch.tensor([0, 40], device=device))
-    assert bool(tiered.tables[0].cache.table.find(keys, 0).found.all())
+    assert bool(tiered.tables[0].cached(keys).all())
 
 
 def _dict_storage():
@@ -151,7 +150,7 @@ def test_caching_without_hbm_budget_gets_one_bucket_with_a_warning():
     # the seed rounds a cache budget below one bucket up to one bucket instead of refusing it
     with pytest.warns(UserWarning, match="less than one bucket"):
         m = _module("cpu", _opts(caching=True, bucket_capacity=16))
-    assert m.tables[0].cache_capacities == [16]
+    assert m.tables[0].capacity(0) == 16
 
 
 def _lfu_warmup(m, device):

@@ -1,10 +1,10 @@
-"""A backward after a placing call: the forward's slots may be stale, the update must not be.
+"""A backward after a placing call: the forward's slots stay its keys' slots.
 
-In a pipelined loop a prefetch (or the next forward) runs between a forward and its backward. That
-call can grow the table (every key moves to a new slot) or evict some of the forward's keys (their
-slots go to other keys). The backward must update each key where it lives now and drop the updates
-of keys that are gone, never write into another key's row. Oracle: the same steps on a twin table
-large enough that nothing grows or is evicted.
+In a pipelined loop a prefetch (or the next forward) runs between a forward and its backward. The
+forward pins its slots in the hash table until its backward: that call cannot evict them (its new
+keys take other slots, or find no room), and when it grows the table the pinned slots move with
+their keys. The backward updates each key where it lives, never another key's row. Oracle: the
+same steps on a twin table large enough that nothing grows or is evicted.
 """
 
 from __future__ import annotations
@@ -56,20 +56,19 @@ def test_backward_after_a_prefetch_that_grew_the_table(device):
     torch.testing.assert_close(rows[found], twin_rows[found])
 
 
-def test_backward_after_a_prefetch_that_evicted_some_keys(device):
-    a = torch.arange(1000, 1060)  # 60 keys
-    b = torch.arange(5000, 5100)  # 100 new keys in a 128-slot table: 32 of a's keys are evicted
+def test_a_prefetch_cannot_evict_the_keys_of_a_forward_in_flight(device):
+    a = torch.arange(1000, 1060)  # 60 keys, pinned until their backward
+    b = torch.arange(5000, 5100)  # 100 new keys in a 128-slot table: 68 find room
     full = _module(device, init_capacity=128, max_capacity=128)
     twin = _module(device, init_capacity=4096, max_capacity=4096)
     for m in (full, twin):
         _forward_prefetch_backward(m, a, b, device)
     found_a, rows_a = _rows(full, a, device)
-    assert 0 < int(found_a.sum()) < a.numel(), "the prefetch was meant to evict some of a's keys"
     _, twin_a = _rows(twin, a, device)
-    # a's surviving keys got exactly their update
-    torch.testing.assert_close(rows_a[found_a], twin_a[found_a])
-    # b's rows (some in slots a's keys had) hold their initial values: no gradient of a leaked in
+    assert bool(found_a.all()), "a pinned key was evicted"
+    torch.testing.assert_close(rows_a, twin_a)  # every key of a got exactly its update
     found_b, rows_b = _rows(full, b, device)
     _, twin_b = _rows(twin, b, device)
-    assert bool(found_b.all())
-    torch.testing.assert_close(rows_b, twin_b)
+    assert int(found_b.sum()) == 128 - a.numel()  # the rest of b found no unpinned slot
+    torch.testing.assert_close(rows_b[found_b], twin_b[found_b])  # initial rows, nothing of a's
+    assert int((full.tables[0].table.pin_counts(0) > 0).sum()) == 0  # the backward unpinned a
