@@ -155,8 +155,10 @@ class GroupedDeviceStorage(DeviceStorage):
         self._live: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
         self.cache: Optional[CacheTier] = None
         if any(self._cached):
-            stores = BackingStores(self.tables, self.device, stores)
-            self.cache = CacheTier(self, stores, self._cached, self._direct, strict_prefetch)
+            backing_stores = BackingStores(self.tables, self.device, stores)
+            self.cache = CacheTier(
+                self, backing_stores, self._cached, self._direct, strict_prefetch
+            )
 
     def _table_spec(
         self,
