@@ -232,6 +232,7 @@ class ReferenceOptimizer:
     beta2: float
     state: Optional[Dict[str, Any]] = None
     step_count: int = 0
+    round_to: Optional[torch.dtype] = None  # a half-precision table: rows rounded after each step
 
     def step(self, weight: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor) -> None:
         """Update ``weight[rows]`` in place from ``grad[rows]``; called once per training step."""
@@ -261,7 +262,7 @@ class ReferenceOptimizer:
             w = w - self.lr * m_hat / (v_hat.sqrt() + self.eps)
         else:
             raise ValueError(self.kind)
-        weight[rows] = w
+        weight[rows] = w if self.round_to is None else w.to(self.round_to).to(w.dtype)
 
     def state_row(self, row: torch.Tensor) -> torch.Tensor:
         """The stored optimizer state of rows, in the layout our value rows use after the embedding."""
