@@ -383,10 +383,11 @@ class DynamicEmbTableOptions:
 
         Tables whose keys are equal can live in one grouped storage and one lookup pass: sizes,
         dims, initializers and budgets may differ per table; the kind of storage, the training
-        mode, the score layout and eviction function, the key routing, admission and eviction
-        retention may not.
+        mode, the embedding dtype (one row buffer per group), the score layout and eviction
+        function, the key routing, admission and eviction retention may not.
         """
         return {
+            "embedding_dtype": self.embedding_dtype or torch.float32,
             "training": self.training,
             "caching": self.caching,
             "external_storage": self.external_storage,

@@ -94,6 +94,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.optimizer = optimizer
         self._kind = optimizer_kind(optimizer)
         self.optimizer_args: OptimizerArgs = optimizer_args_from_kwargs(optimizer, optimizer_kwargs)
+        # FBGEMM's flag; half-precision rows round to nearest even whatever it says (a warning).
+        self._stochastic_rounding = bool(optimizer_kwargs.get("stochastic_rounding", False))
         self.output_dtype = output_dtype_from(output_dtype)
         self.table_names = list(table_names)
         self.table_options = list(table_options)
@@ -166,7 +168,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """The module's one group: every table, device-resident, hybrid or cached."""
         opts = self.table_options
         kinds = [tier_kind(o, spec, self.device) for o, spec in zip(opts, specs)]
-        check_row_dtypes(self.table_names, specs, kinds)
+        check_row_dtypes(self.table_names, specs, kinds, self._stochastic_rounding)
         places = [
             table_place(o, spec, kind, self.device) for o, spec, kind in zip(opts, specs, kinds)
         ]

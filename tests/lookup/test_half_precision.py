@@ -313,3 +313,20 @@ def test_cuda_kernels_match_cpu_kernels(dtype, optimizer, hp):
         torch.testing.assert_close(e_gpu, e_cpu, rtol=ulp, atol=1e-6)
         assert (e_gpu == e_cpu).float().mean() > 0.95
         torch.testing.assert_close(s_gpu, s_cpu, rtol=1e-4, atol=1e-6)
+
+
+def test_stochastic_rounding_with_half_precision_rows_warns(device):
+    opts = [oracle.options(4, embedding_dtype=torch.float16)]
+    sgd = EmbOptimType.EXACT_SGD
+    with pytest.warns(UserWarning, match="stochastic rounding is not implemented"):
+        BatchedDynamicEmbeddingTables(
+            opts, ["a"], [0], DynamicEmbPoolingMode.SUM, sgd, device, stochastic_rounding=True
+        )
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BatchedDynamicEmbeddingTables(
+            [oracle.options(4)], ["a"], [0], DynamicEmbPoolingMode.SUM, sgd, device,
+            stochastic_rounding=True,
+        )  # fmt: skip

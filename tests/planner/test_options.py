@@ -117,8 +117,10 @@ def test_equality_and_hash_follow_the_grouping_key() -> None:
         DynamicEmbTableOptions(score_strategy=S.LFU),
         DynamicEmbTableOptions(external_storage="dict"),
         DynamicEmbTableOptions(evicted_item_mode=EvictedItemMode.RETAIN_KEY),
+        DynamicEmbTableOptions(embedding_dtype=torch.float16),
     ):
         assert other != a, other.get_grouped_key()
+    assert DynamicEmbTableOptions(embedding_dtype=torch.float32) == DynamicEmbTableOptions()
     storage = PyDictStorage([StorageTableSpec(name="t", dim=4, row_width=4)], "cpu")
     assert DynamicEmbTableOptions(external_storage=storage) == DynamicEmbTableOptions(
         external_storage=storage
