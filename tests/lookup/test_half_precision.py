@@ -10,6 +10,7 @@ rounded to the row dtype after every step (tests/optim/row_reference.py's formul
 
 from __future__ import annotations
 
+import warnings
 from typing import List
 
 import pytest
@@ -330,3 +331,54 @@ def test_stochastic_rounding_with_half_precision_rows_warns(device):
             [oracle.options(4)], ["a"], [0], DynamicEmbPoolingMode.SUM, sgd, device,
             stochastic_rounding=True,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_hybrid_and_growing_half_precision_tables_match_a_device_resident_one(device, dtype):
+    """The same training in three layouts gives the same rows bit for bit: the whole table in
+    device memory; a hybrid table (rows past one bucket in host memory); a table that starts at one
+    bucket and doubles while training (its rows move between buffers)."""
+    optimizer, hp = ROUNDED[3]  # ADAM: embedding and two moments per element
+    dims = [3, 6]
+    row = oracle.options(1).__class__  # DynamicEmbTableOptions
+    layouts = {
+        "whole": dict(),
+        "hybrid": dict(
+            local_hbm_for_values=16 * (4 * 2 + 4 * 2 * 6)
+        ),  # below one bucket: rounded up
+        "growing": dict(init_capacity=16, bucket_capacity=16, max_capacity=1024),
+    }
+    modules = {}
+    for name, extra in layouts.items():
+        opts = []
+        for d in dims:
+            kw = dict(dim=d, embedding_dtype=dtype, max_capacity=1024, bucket_capacity=16)
+            kw.update(extra)
+            opts.append(row(**oracle.device_resident(kw)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the hybrid budget's round-up to one bucket
+            modules[name] = BatchedDynamicEmbeddingTables(
+                opts, ["a", "b"], [0, 1], DynamicEmbPoolingMode.SUM, optimizer, device, **hp
+            )
+    g = torch.Generator().manual_seed(11)
+    for step in range(4):
+        lengths = torch.randint(0, 6, (2 * 8,), generator=g)
+        indices = torch.randint(0, 400, (int(lengths.sum()),), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        coeff = torch.randn(8, sum(dims), generator=g)
+        outs = {}
+        for name, m in modules.items():
+            torch.manual_seed(step)  # the same initial embeddings for new keys
+            outs[name] = m(indices.to(device), offsets.to(device))
+            (outs[name] * coeff.to(device)).sum().backward()
+        for name in ("hybrid", "growing"):
+            assert torch.equal(outs[name], outs["whole"]), (name, step)
+    assert modules["growing"].tables[0].capacity(0) > 16  # it grew
+    hybrid = modules["hybrid"].tables[0]
+    assert hybrid.device_rows(0) < hybrid.capacity(0)  # some rows in host memory
+    keys = torch.arange(400, device=device)
+    for t in range(len(dims)):
+        want = modules["whole"].tables[t].find(0, keys)
+        for name in ("hybrid", "growing"):
+            got = modules[name].tables[t].find(0, keys)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (name, t)
