@@ -107,7 +107,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   // unplaced (slot < 0)] of one placing call; ids outside [0, T) are not counted.
   m.def("placement_counts(Tensor table_ids, Tensor slots, Tensor is_new, int num_tables) -> Tensor");
   // (n, width) rows at (table_ids, slots): each row's first min(width, row_width) elements, zeros after.
-  m.def("grouped_gather(Tensor values, Tensor meta, Tensor table_ids, Tensor slots, int width, bool check=True) -> Tensor");
+  // With inverse (m,): (m, width), row i the pair inverse[i]'s (a sequence output read from the
+  // unique pairs without expanding their ids first).
+  m.def("grouped_gather(Tensor values, Tensor meta, Tensor table_ids, Tensor slots, int width, bool check=True, Tensor? inverse=None) -> Tensor");
   // Write rows[i, :row_width(t)] at (table_ids[i], slots[i]); slot < 0 skipped; the last duplicate wins.
   m.def("grouped_scatter(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor rows, bool check=True) -> ()");
   // Pool bags of feature-major offsets (F*B+1,) over the unique keys' slots (u,): feature f reads

@@ -102,18 +102,27 @@ inline void write_row(E* row, int64_t D, int64_t width, const float* src) {
 
 at::Tensor grouped_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
                               const at::Tensor& table_ids, const at::Tensor& slots, int64_t width,
-                              bool /*check: the CPU kernels always check*/) {
+                              bool /*check: the CPU kernels always check*/,
+                              const std::optional<at::Tensor>& inverse) {
   const char* op = "grouped_gather";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
+  check_gather_inverse(inverse, values.device(), op);
   DEMB_CHECK_VALUE(width >= 0, op, ": width must be >= 0, got ", width);
   const MetaView mv(meta, values.numel(), op, values.element_size());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
-  const int64_t n = sl.numel();
+  const int64_t u = sl.numel();
   const int64_t* t_p = tid.data_ptr<int64_t>();
   const int64_t* s_p = sl.data_ptr<int64_t>();
-  check_rows(mv, t_p, s_p, n, op);
+  check_rows(mv, t_p, s_p, u, op);
+  const at::Tensor inv = inverse.has_value() ? inverse->contiguous() : at::Tensor();
+  const int64_t* inv_p = inv.defined() ? inv.data_ptr<int64_t>() : nullptr;
+  const int64_t n = inv.defined() ? inv.numel() : u;
+  for (int64_t i = 0; inv_p != nullptr && i < n; ++i) {
+    DEMB_CHECK_INDEX(inv_p[i] >= 0 && inv_p[i] < u, op, ": inverse[", i, "]=", inv_p[i],
+                     " out of range [0, ", u, ")");
+  }
   auto out = at::empty({n, width}, values.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   dispatch_rows(values.scalar_type(), [&](auto tag) {
@@ -122,7 +131,8 @@ at::Tensor grouped_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
     at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         float* dst = o + i * width;
-        const int64_t t = t_p[i], s = s_p[i];
+        const int64_t j = inv_p != nullptr ? inv_p[i] : i;
+        const int64_t t = t_p[j], s = s_p[j];
         const int64_t take = s < 0 ? 0 : std::min(width, mv.lwidth(t));
         if (take > 0) read_row(v + mv.offset(t) + s * mv.width(t), mv.dim(t), take, dst);
         std::fill(dst + take, dst + width, 0.0f);

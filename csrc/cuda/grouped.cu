@@ -129,10 +129,12 @@ at::Tensor logical_widths(const at::Tensor& values, const at::Tensor& meta) {
 template <typename E>
 __global__ void gather_kernel(const E* __restrict__ values, DeviceMeta meta,
                               const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
-                              int64_t n, int64_t width, float* __restrict__ out) {
+                              const int64_t* __restrict__ inverse, int64_t n, int64_t width,
+                              float* __restrict__ out) {
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
   if (i >= n) return;
-  const int64_t t = tids[i], s = slots[i];
+  const int64_t j = inverse != nullptr ? inverse[i] : i;
+  const int64_t t = tids[j], s = slots[j];
   const bool ok = meta.valid(t, s);
   const int64_t W = ok ? meta.width(t) : 0;
   float* dst = out + i * width;
@@ -186,19 +188,26 @@ __global__ void scatter_kernel(E* __restrict__ values, DeviceMeta meta,
 
 at::Tensor grouped_gather_cuda(const at::Tensor& values, const at::Tensor& meta,
                                const at::Tensor& table_ids, const at::Tensor& slots, int64_t width,
-                               bool check) {
+                               bool check, const std::optional<at::Tensor>& inverse) {
   const char* op = "grouped_gather";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
+  check_gather_inverse(inverse, values.device(), op);
   DEMB_CHECK_VALUE(width >= 0, op, ": width must be >= 0, got ", width);
   const at::cuda::CUDAGuard guard(values.device());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
+  const at::Tensor inv = inverse.has_value() ? inverse->contiguous() : at::Tensor();
+  const int64_t u = sl.numel();
   if (check) {
     check_layout_cuda(values, meta, op);
     check_rows_cuda(meta, tid, sl, op);
+    if (inv.defined() && inv.numel() > 0) {
+      const bool bad = ((inv < 0) | (inv >= u)).any().item<bool>();
+      DEMB_CHECK_INDEX(!bad, op, ": inverse out of range [0, ", u, ")");
+    }
   }
-  const int64_t n = sl.numel();
+  const int64_t n = inv.defined() ? inv.numel() : u;
   auto out = at::empty({n, width}, values.options().dtype(at::kFloat));
   if (n == 0 || width == 0) return out;
   dispatch_rows(values.scalar_type(), [&](auto tag) {
@@ -206,7 +215,8 @@ at::Tensor grouped_gather_cuda(const at::Tensor& values, const at::Tensor& meta,
     gather_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
                        at::cuda::getCurrentCUDAStream()>>>(
         values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), n, width, out.data_ptr<float>());
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(),
+        inv.defined() ? inv.data_ptr<int64_t>() : nullptr, n, width, out.data_ptr<float>());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -367,8 +377,9 @@ struct FusedUpdate {
 };
 
 /// One warp per chunk of up to kChunk positions of one key: the chunk's sum, in position order.
-/// With ``vec`` (width a multiple of 4, grad_out's columns adjacent) each lane sums 4 adjacent
-/// columns with 16-byte loads, so a row of dim <= 128 takes one pass over the chunk's positions.
+/// With ``vec`` (width a multiple of 4, grad_out's columns adjacent or all one value) each lane
+/// sums 4 adjacent columns with 16-byte loads (or one load, broadcast), so a row of dim <= 128
+/// takes one pass over the chunk's positions.
 /// grad_out is read through its strides (gs0, gs1): an expanded gradient needs no copy.
 /// With ``fused.values`` a key's only chunk updates the key's row directly; the arithmetic is
 /// key_update_kernel's (``0 + sum``, then the same element update), so the rows are the same.
@@ -407,10 +418,15 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
           const int64_t bag = bag_of[i];
           float scale = weights ? weights[i] : 1.0f;
           if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
-          const float* src =
-              (mode == kPoolNone ? grad + i * gs0 : grad + (bag % B) * gs0 + dofs[bag / B]) + d;
+          const float* src = (mode == kPoolNone ? grad + i * gs0
+                                                : grad + (bag % B) * gs0 + dofs[bag / B] * gs1) +
+                             d * gs1;
           float4 g;
-          if (d + 3 < D && aligned16(src)) {
+          if (gs1 == 0) {
+            // an expanded gradient: one value for the whole row
+            const float v = src[0];
+            g = make_float4(v, d + 1 < D ? v : 0.0f, d + 2 < D ? v : 0.0f, d + 3 < D ? v : 0.0f);
+          } else if (d + 3 < D && aligned16(src)) {
             g = *reinterpret_cast<const float4*>(src);
           } else {
             g.x = src[0];
@@ -561,7 +577,8 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
       chunk_start.data_ptr<int64_t>(), num_unique, chunk_key.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // The real number of chunks stays on the device (chunk_start[u]); warps past it return.
-  const bool vec = width % 4 == 0 && g.stride(1) == 1;
+  // 4 columns a lane when a row's columns are adjacent, or all one value (an expanded gradient)
+  const bool vec = width % 4 == 0 && (g.stride(1) == 1 || g.stride(1) == 0);
   chunk_sums_kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
       g.data_ptr<float>(), g.stride(0), g.stride(1),
       DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)}, perm.data_ptr<int64_t>(),
@@ -806,20 +823,30 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
 using UniqueResult =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// The sort word of a pair: the key with its table id mixed in (a bijection of the key for each
+// table; table 0's word is the key itself). Two different pairs share a word only when their
+// tables differ and their keys differ by exactly the two tables' mixes.
+constexpr uint64_t kTableMix = 0x9E3779B97F4A7C15ULL;
+constexpr int kSharedTables = 256;
+
 /// One thread per sorted position: the inverse of its input position, and at each run head the
-/// run's pair and where the run starts (no atomics: a run's count is the distance to the next start).
+/// run's pair and where the run starts (no atomics: a run's count is the distance to the next
+/// start). ``rank``: inclusive count of run heads (pair id + 1); ``sk``: the sorted keys, or with
+/// ``unmix`` the sorted words (the key is the word with its table's mix taken out again).
 __global__ void runs_kernel(const int64_t* __restrict__ order, const int64_t* __restrict__ sk,
-                            const int64_t* __restrict__ st, const int64_t* __restrict__ group,
-                            const int64_t* __restrict__ head, int64_t n,
+                            const int64_t* __restrict__ st, const int64_t* __restrict__ rank,
+                            const int64_t* __restrict__ head, int64_t n, bool unmix,
                             int64_t* __restrict__ inverse, int64_t* __restrict__ uk,
                             int64_t* __restrict__ ut, int64_t* __restrict__ run_start) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const int64_t g = group[i];
+  const int64_t g = rank[i] - 1;
   inverse[order[i]] = g;
   if (head[i]) {
-    uk[g] = sk[i];
-    ut[g] = st[i];
+    const int64_t t = st[i];
+    const uint64_t mix = unmix ? static_cast<uint64_t>(t) * kTableMix : 0;
+    uk[g] = static_cast<int64_t>(static_cast<uint64_t>(sk[i]) ^ mix);
+    ut[g] = t;
     run_start[g] = i;
   }
 }
@@ -832,14 +859,15 @@ __global__ void run_counts_kernel(const int64_t* __restrict__ run_start, int64_t
 }
 
 /// The unique pairs once the positions are sorted so that equal pairs are adjacent (``order``:
-/// sorted position -> input position; ``head``: (n,) int64, 1 where a sorted run of one pair
-/// starts; ``host``: [u, ..., per-table counts (num_tables)] read back, counts at ``tables_at``).
+/// sorted position -> input position; ``sk``/``st``: sorted keys (or words, ``unmix``) and table
+/// ids; ``rank``: inclusive count of the run heads ``head`` (n,) int64; ``host``: [u, ...,
+/// per-table counts (num_tables)] read back, counts at ``tables_at``).
 UniqueResult unique_from_runs(const at::Tensor& order, const at::Tensor& sk, const at::Tensor& st,
-                              const at::Tensor& group, const at::Tensor& head,
+                              bool unmix, const at::Tensor& rank, const at::Tensor& head,
                               const at::Tensor& host, int64_t tables_at, int64_t num_tables,
                               bool with_order) {
   const int64_t n = order.numel();
-  const auto opts = sk.options();
+  const auto opts = st.options();
   const int64_t u = host.data_ptr<int64_t>()[0];
   auto inverse = at::empty({n}, opts);
   auto uk = at::empty({u}, opts);
@@ -850,7 +878,7 @@ UniqueResult unique_from_runs(const at::Tensor& order, const at::Tensor& sk, con
   const int threads = 256;
   runs_kernel<<<(n + threads - 1) / threads, threads, 0, stream>>>(
       order.data_ptr<int64_t>(), sk.data_ptr<int64_t>(), st.data_ptr<int64_t>(),
-      group.data_ptr<int64_t>(), head.data_ptr<int64_t>(), n, inverse.data_ptr<int64_t>(),
+      rank.data_ptr<int64_t>(), head.data_ptr<int64_t>(), n, unmix, inverse.data_ptr<int64_t>(),
       uk.data_ptr<int64_t>(), ut.data_ptr<int64_t>(), run_start.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (u > 0) {
@@ -886,19 +914,13 @@ UniqueResult segmented_unique_two_sorts(const at::Tensor& k, const at::Tensor& t
         .copy_((sk.narrow(0, 1, n - 1) != sk.narrow(0, 0, n - 1)) |
                (st.narrow(0, 1, n - 1) != st.narrow(0, 0, n - 1)));
   }
-  const auto group = at::cumsum(head, 0, at::kLong) - 1;
+  const auto rank = at::cumsum(head, 0, at::kLong);
   const auto heads = head.to(at::kLong);
   auto per_table = at::zeros({num_tables}, opts);
   per_table.index_add_(0, st, heads);
-  const auto host = at::cat({group.narrow(0, n - 1, 1) + 1, per_table}).cpu();
-  return unique_from_runs(order, sk, st, group, heads, host, 1, num_tables, with_order);
+  const auto host = at::cat({rank.narrow(0, n - 1, 1), per_table}).cpu();
+  return unique_from_runs(order, sk, st, false, rank, heads, host, 1, num_tables, with_order);
 }
-
-// The sort word of a pair: the key with its table id mixed in (a bijection of the key for each
-// table; table 0's word is the key itself). Two different pairs share a word only when their
-// tables differ and their keys differ by exactly the two tables' mixes.
-constexpr uint64_t kTableMix = 0x9E3779B97F4A7C15ULL;
-constexpr int kSharedTables = 256;
 
 __global__ void pair_word_kernel(const int64_t* __restrict__ keys,
                                  const int64_t* __restrict__ tids, int64_t n,
@@ -911,8 +933,9 @@ __global__ void pair_word_kernel(const int64_t* __restrict__ keys,
 
 /// Over the sorted words: run heads (1 where a word differs from the previous one), the number of
 /// pairs per table (shared-memory counts per block when the tables are few), and a flag set when
-/// one word holds two different pairs.
-__global__ void run_heads_kernel(const int64_t* __restrict__ words, const int64_t* __restrict__ sk,
+/// one word holds two different pairs (equal words of one table are one pair: the word is a
+/// bijection of the key per table, so a run holds two pairs only where its table id changes).
+__global__ void run_heads_kernel(const int64_t* __restrict__ words,
                                  const int64_t* __restrict__ st, int64_t n, int64_t num_tables,
                                  int64_t* __restrict__ head, unsigned long long* __restrict__ per_table,
                                  int64_t* __restrict__ clash) {
@@ -926,7 +949,7 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words, const int64_
   if (i < n) {
     const bool h = i == 0 || words[i] != words[i - 1];
     head[i] = h ? 1 : 0;
-    if (!h && (sk[i] != sk[i - 1] || st[i] != st[i - 1])) *clash = 1;
+    if (!h && st[i] != st[i - 1]) *clash = 1;
     const int64_t t = st[i];
     if (h && t >= 0 && t < num_tables) {
       if (shared) {
@@ -971,24 +994,24 @@ UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& tab
   const auto by_word = at::sort(words, /*stable=*/true, 0, false);
   const auto& sw = std::get<0>(by_word);
   const auto order = std::get<1>(by_word);
-  const auto sk = num_tables > 1 ? k.index_select(0, order) : sw;
   const auto st = t.index_select(0, order);
   auto head = at::empty({n}, opts);
   // [u, clash, per-table counts]: the one readback.
   auto small = at::zeros({2 + num_tables}, opts);
   run_heads_kernel<<<blocks, threads, 0, stream>>>(
-      sw.data_ptr<int64_t>(), sk.data_ptr<int64_t>(), st.data_ptr<int64_t>(), n, num_tables,
-      head.data_ptr<int64_t>(),
+      sw.data_ptr<int64_t>(), st.data_ptr<int64_t>(), n, num_tables, head.data_ptr<int64_t>(),
       reinterpret_cast<unsigned long long*>(small.data_ptr<int64_t>() + 2),
       small.data_ptr<int64_t>() + 1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const auto group = at::cumsum(head, 0) - 1;
-  small.narrow(0, 0, 1).copy_(group.narrow(0, n - 1, 1) + 1);
+  const auto rank = at::cumsum(head, 0);  // pair id + 1 at each sorted position
+  small.narrow(0, 0, 1).copy_(rank.narrow(0, n - 1, 1));
   const auto host = small.cpu();
   if (host.data_ptr<int64_t>()[1] != 0) {
     return segmented_unique_two_sorts(k, t, num_tables, with_order);
   }
-  return unique_from_runs(order, sk, st, group, head, host, 2, num_tables, with_order);
+  // The keys come back from the sorted words (table 0 and a single table: the words are the keys).
+  return unique_from_runs(order, sw, st, num_tables > 1, rank, head, host, 2, num_tables,
+                          with_order);
 }
 
 // ---- table ids from the batch's offsets: one thread per index, a binary search over features ----

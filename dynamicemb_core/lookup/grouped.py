@@ -454,7 +454,7 @@ class TableGroup:
     ) -> torch.Tensor:
         """The pooled (B, total_dim) or sequence (n, D) output."""
         if mode is None:
-            return rows.gather(step.table_ids[step.inverse], slots[step.inverse], self.dims[0])
+            return rows.gather(step.table_ids, slots, self.dims[0], inverse=step.inverse)
         return rows.pooled_gather(
             step.table_ids,
             slots,

@@ -122,10 +122,17 @@ def _placement_counts_fake(
 
 
 def _grouped_gather_fake(
-    values: Tensor, meta: Tensor, table_ids: Tensor, slots: Tensor, width: int, check: bool = True
+    values: Tensor,
+    meta: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    width: int,
+    check: bool = True,
+    inverse: Optional[Tensor] = None,
 ) -> Tensor:
     torch._check(values.dim() == 1, lambda: "grouped_gather: values must be 1-D")
-    return values.new_empty(slots.shape[0], width)
+    rows = slots.shape[0] if inverse is None else inverse.shape[0]
+    return values.new_empty(rows, width)
 
 
 def _grouped_scatter_fake(

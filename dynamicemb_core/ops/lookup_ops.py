@@ -257,10 +257,14 @@ def grouped_gather(
     width: int,
     *,
     check: bool = True,
+    inverse: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """(n, width) float32: row ``(table_ids[i], slots[i])``'s first ``min(width, row_width)``
-    elements, zeros after them and for slots < 0."""
-    return _ops().grouped_gather.default(values, meta, table_ids, slots, width, check)
+    elements, zeros after them and for slots < 0. With ``inverse`` (m,): (m, width), row ``i``
+    the one of pair ``inverse[i]`` (``table_ids``/``slots`` are per unique pair): what
+    ``grouped_gather(values, meta, table_ids[inverse], slots[inverse], width)`` gives, without
+    expanding the ids first."""
+    return _ops().grouped_gather.default(values, meta, table_ids, slots, width, check, inverse)
 
 
 def grouped_scatter(

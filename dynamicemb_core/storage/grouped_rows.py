@@ -175,9 +175,22 @@ class GroupedRows:
         return lambda t: t.to(_CPU)
 
     def gather(
-        self, table_ids: torch.Tensor, slots: torch.Tensor, width: int, *, check: bool = False
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        width: int,
+        *,
+        check: bool = False,
+        inverse: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1)."""
+        """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1); with ``inverse``
+        (m,), the (m, width) rows of pairs ``inverse[i]``."""
+        if inverse is not None:
+            if not self.has_host:
+                return lookup_ops.grouped_gather(
+                    self.values, self.meta, table_ids, slots, width, check=check, inverse=inverse
+                )
+            table_ids, slots = table_ids[inverse], slots[inverse]
         out: Optional[torch.Tensor] = None
         for values, meta, part in self._parts(table_ids, slots):
             move = self._mover(values)

@@ -296,6 +296,23 @@ def test_grouped_gather_and_scatter_match_per_table(device):
     assert torch.equal(values, expected)
 
 
+def test_grouped_gather_through_inverse_matches_expanded_ids(device):
+    """A sequence output read from the unique pairs: the rows of ``inverse``'s pairs, the same as
+    gathering with the ids expanded first; an inverse outside the pairs raises (check=True)."""
+    values, meta = _group(device, optimizer=1)
+    tids = torch.tensor([0, 1, 2, 1, 0], device=device)
+    slots = torch.tensor([3, 7, -1, 0, 15], device=device)
+    inverse = torch.tensor([4, 0, 0, 2, 3, 1, 4, 4], device=device)
+    out = lookup_ops.grouped_gather(values, meta, tids, slots, 6, inverse=inverse)
+    assert torch.equal(
+        out, lookup_ops.grouped_gather(values, meta, tids[inverse], slots[inverse], 6)
+    )
+    empty = lookup_ops.grouped_gather(values, meta, tids, slots, 6, inverse=inverse[:0])
+    assert empty.shape == (0, 6)
+    with pytest.raises(IndexError, match="inverse"):
+        lookup_ops.grouped_gather(values, meta, tids, slots, 6, inverse=inverse + 1)
+
+
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_grouped_pooled_gather_matches_per_table(device, mode, weighted):
@@ -423,6 +440,7 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
         (ops.bag_table_ids.default, (offsets, ft, B, inverse.numel())),
         (ops.placement_counts.default, (utids, slots, slots >= 1, 3)),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6)),
+        (ops.grouped_gather.default, (values, meta, utids, slots, 6, True, inverse)),
         (
             ops.grouped_scatter.default,
             (values, meta, utids, slots, torch.randn(slots.numel(), 24, device=device)),

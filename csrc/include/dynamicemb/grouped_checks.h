@@ -160,4 +160,14 @@ inline void check_key_order(const std::optional<at::Tensor>& order,
   check_on_device(*key_counts, device, "key_counts", op);
 }
 
+/// grouped_gather's optional ``inverse``: (m,) int64 on ``device`` (its values index the pairs).
+inline void check_gather_inverse(const std::optional<at::Tensor>& inverse,
+                                 const at::Device& device, const char* op) {
+  if (!inverse.has_value()) return;
+  DEMB_CHECK_TYPE(inverse->scalar_type() == at::kLong && inverse->dim() == 1, op,
+                  ": inverse must be (m,) int64, got ", inverse->sizes(), " ",
+                  inverse->scalar_type());
+  check_on_device(*inverse, device, "inverse", op);
+}
+
 }  // namespace dynamicemb
