@@ -561,8 +561,8 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
     counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
   }
   auto chunk_start = at::zeros({num_unique + 1}, inv.options());
-  chunk_start.narrow(0, 1, num_unique)
-      .copy_(at::cumsum(at::floor_divide(counts + (kChunk - 1), kChunk), 0));
+  auto chunk_tail = chunk_start.narrow(0, 1, num_unique);
+  at::cumsum_out(chunk_tail, at::floor_divide(counts + (kChunk - 1), kChunk), 0);
   // Every key has at least one position, so chunks <= n / kChunk + u; the grid covers that
   // bound and chunk ids past the real count find no key (chunk_key is -1 there).
   const int64_t max_chunks = n / kChunk + num_unique;

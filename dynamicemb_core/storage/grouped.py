@@ -368,9 +368,10 @@ class GroupedDeviceStorage(DeviceStorage):
             idx = torch.nonzero_static(fill, size=num_fill).squeeze(1)
         else:
             idx = fill.nonzero().squeeze(1)
-        fresh = init(keys[idx], table_ids[idx])
+        fresh_tids = table_ids[idx]
+        fresh = init(keys[idx], fresh_tids)
         if cache is None:
-            self.rows.scatter(table_ids[idx], slots[idx], fresh)
+            self.rows.scatter(fresh_tids, slots[idx], fresh)
             return GroupAcquire(slots, unplaced, idx, fresh, by_table)
         place = Placement(keys, table_ids, slots, is_new, res.evicted)
         try:
@@ -381,7 +382,7 @@ class GroupedDeviceStorage(DeviceStorage):
             self.rows.scatter(table_ids[idx[mine]], slots[idx[mine]], fresh[mine])
             self._sizes_epoch = -1  # the undo changed the sizes: read them again
             raise
-        self.rows.scatter(table_ids[idx], slots[idx], fresh)
+        self.rows.scatter(fresh_tids, slots[idx], fresh)
         return self._cached_result(table_ids, slots, backed, homeless, idx, fresh)
 
     def _cached_result(
