@@ -382,3 +382,24 @@ def test_hybrid_and_growing_half_precision_tables_match_a_device_resident_one(de
         for name in ("hybrid", "growing"):
             got = modules[name].tables[t].find(0, keys)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (name, t)
+
+
+def test_a_frozen_half_precision_table_beside_a_training_one(device):
+    """``training=False`` in a half-precision module: its rows read as stored and never move (the
+    fused update sees it through a frozen layout of the 2-byte buffer), the other table trains."""
+    opts = [
+        oracle.options(5, embedding_dtype=torch.float16),
+        oracle.options(5, embedding_dtype=torch.float16, training=False),
+    ]
+    m = BatchedDynamicEmbeddingTables(
+        opts, ["a", "b"], [0, 1], DynamicEmbPoolingMode.SUM, EmbOptimType.ADAM, device,
+        learning_rate=0.1,
+    )  # fmt: skip
+    start = RoundedPeer([5, 5], DynamicEmbPoolingMode.SUM, EmbOptimType.ADAM, torch.float16, {})
+    oracle.mirror_weights(m, start.weights)
+    before = [oracle.read_weights(m, t)[0] for t in range(2)]
+    indices, offsets, _ = oracle.make_batch(2, 4, seed=7)
+    m(indices.to(device), offsets.to(device)).sum().backward()
+    after = [oracle.read_weights(m, t)[0] for t in range(2)]
+    assert not torch.equal(after[0], before[0])
+    assert torch.equal(after[1], before[1])
