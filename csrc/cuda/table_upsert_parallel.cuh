@@ -19,7 +19,8 @@
  *     atomicOr returns tells it which slots of that word are taken) and writes its key and score
  *     words there, but not its digest: a probe of this pass never matches a key placed in it, so
  *     every occurrence of a key sees the same table. A leader that finds no free empty slot is
- *     appended to the call's pending list (one atomicAdd per group of converged threads).
+ *     appended to the call's pending list (listed per block in shared memory, then one atomicAdd
+ *     per block reserves its place).
  *  2. evict pass (a warp per pending leader, grid-stride over the list, as many warps as fit on the
  *     GPU at once): a leader of an evicting table takes the victim, the occupied slot of lowest
  *     rank (then lowest slot) that is neither protected nor pinned. Each lane reads 4 adjacent
@@ -150,23 +151,27 @@ __device__ __forceinline__ int64_t claim_empty(const Tile& tile, const UpsertPar
   return -1;
 }
 
-/** @brief Appends key i to the call's pending list: one atomicAdd per group of converged callers. */
-__device__ __forceinline__ void append_pending(const UpsertParams& p, int64_t i) {
-  const auto group = cg::coalesced_threads();
-  int at = 0;
-  if (group.thread_rank() == 0) at = atomicAdd(p.pending_count, static_cast<int>(group.size()));
-  at = group.shfl(at, 0) + static_cast<int>(group.thread_rank());
-  p.pending[at] = static_cast<int32_t>(i);
-}
+/**
+ * @brief What one block of the present pass gathers before it writes to global memory once: its
+ * new keys per table (added to `sizes`) and its pending leaders (appended to the call's list with
+ * one atomicAdd on the count per block, not one per key: a single counter that every new key of an
+ * evicting call hit would serialise them at L2).
+ */
+struct PresentBlock {
+  unsigned long long delta[kSharedSizeTables];
+  int pending;                                  // leaders listed in `list`
+  int base;                                     // where they go in the call's list
+  int32_t list[kBlockThreads / kPresentTile];   // one key per tile at most
+};
 
 /**
  * @brief Pass 1 for key i, by its tile. Present keys: slot, touch, protect. Missing keys: register
  * (leader / follower); a leader takes a free empty slot (key and words written, digest in pass 3;
- * the table's size counted in `block_delta`) or joins the pending list for pass 2.
+ * the table's size counted in the block's tally) or joins the pending list for pass 2.
  */
 template <typename Tile>
 __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams& p, int64_t i,
-                                            unsigned long long* block_delta) {
+                                            PresentBlock& block) {
   const int64_t key = p.keys[i];
   const int64_t t = p.table_ids[i];
   const bool lead = tile.thread_rank() == 0;
@@ -204,7 +209,7 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   if (!lead) return;
   if (e < 0) {
     p.out_slots[i] = kPending;
-    append_pending(p, i);
+    block.list[atomicAdd(&block.pending, 1)] = static_cast<int32_t>(i);
     return;
   }
   int64_t w[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
@@ -214,7 +219,7 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   p.out_slots[i] = e - home.layout.offset;
   p.out_flag[i] = true;
   if (t < kSharedSizeTables) {
-    atomicAdd(&block_delta[t], 1ull);
+    atomicAdd(&block.delta[t], 1ull);
   } else {
     atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + t), 1ull);
   }
@@ -223,22 +228,28 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
 /**
  * @brief Pass 1: one tile of kPresentTile threads per key (no grid-stride loop: blocks that finish
  * early are replaced at once, so the slow keys of one block hold up nobody). New keys per table
- * are summed per block in shared memory and added to `sizes` once per block.
+ * and pending leaders are gathered per block in shared memory and written out once per block.
  */
 __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) {
-  __shared__ unsigned long long block_delta[kSharedSizeTables];
-  if (threadIdx.x < kSharedSizeTables) block_delta[threadIdx.x] = 0;
+  __shared__ PresentBlock block;
+  if (threadIdx.x < kSharedSizeTables) block.delta[threadIdx.x] = 0;
+  if (threadIdx.x == 0) block.pending = 0;
   __syncthreads();
   const auto tile = cg::tiled_partition<kPresentTile>(cg::this_thread_block());
   const int64_t i =
       (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kPresentTile;
-  if (i < p.n) present_key(tile, p, i, block_delta);  // i is the same for the whole tile
+  if (i < p.n) present_key(tile, p, i, block);  // i is the same for the whole tile
   __syncthreads();
-  if (threadIdx.x < kSharedSizeTables && threadIdx.x < p.num_tables &&
-      block_delta[threadIdx.x] != 0) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + threadIdx.x),
-              block_delta[threadIdx.x]);
+  if (threadIdx.x == 0 && block.pending > 0) {
+    block.base = atomicAdd(p.pending_count, block.pending);
   }
+  if (threadIdx.x < kSharedSizeTables && threadIdx.x < p.num_tables &&
+      block.delta[threadIdx.x] != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + threadIdx.x),
+              block.delta[threadIdx.x]);
+  }
+  __syncthreads();
+  if (threadIdx.x < block.pending) p.pending[block.base + threadIdx.x] = block.list[threadIdx.x];
 }
 
 /**
