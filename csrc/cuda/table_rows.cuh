@@ -137,7 +137,10 @@ inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, con
   const int64_t n = slots.numel();
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (n == 0 || row_bytes == 0) return;
-  DEMB_CHECK_VALUE(n <= INT32_MAX, "dynamicemb scatter_rows (CUDA): at most 2^31-1 rows per call");
+  // map entries (a power of two >= 2n) are named by int32 in `where`: n <= 2^30 keeps them below 2^31
+  DEMB_CHECK_VALUE(n <= (int64_t{1} << 30),
+                   "dynamicemb scatter_rows (CUDA): at most 2^30 rows per call, got ", n,
+                   "; split the call");
   int64_t entries = 2;
   while (entries < 2 * n) entries <<= 1;
   // one buffer: map slot words (8 B), map last words (4 B), then where (4 B per position); the
