@@ -150,7 +150,7 @@ class GroupedDeviceStorage(DeviceStorage):
             for o, cached in zip(self.table_options, self._cached)
         )
         self._sizes: List[int] = [0] * len(self.tables)
-        self._sizes_epoch = self.table.placement_epoch
+        self._sizes_at = self.table.write_count
         # pinned (table id, slot) pairs alive now: forwards in flight, outstanding prefetches
         self._live: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
         self.cache: Optional[CacheTier] = None
@@ -289,9 +289,9 @@ class GroupedDeviceStorage(DeviceStorage):
     # ---- the grouped step -------------------------------------------------------------------
     def _known_sizes(self) -> List[int]:
         """Exact sizes: kept from the last acquire_all, read again after any other call."""
-        if self.table.placement_epoch != self._sizes_epoch:
+        if self.table.write_count != self._sizes_at:
             self._sizes = [int(s) for s in self.table.state.sizes.tolist()]
-            self._sizes_epoch = self.table.placement_epoch
+            self._sizes_at = self.table.write_count
         return self._sizes
 
     def acquire_all(
@@ -353,7 +353,7 @@ class GroupedDeviceStorage(DeviceStorage):
                 if not self._cached[t]:  # a cache's evictions are spills, not drops
                     self._evicted_counts[t] += evicted[t]
         self._sizes = [int(s) for s in after]
-        self._sizes_epoch = self.table.placement_epoch
+        self._sizes_at = self.table.write_count
         by_table = unplaced_by_table if unplaced else None
         # Keys that got a slot get initial rows (an unplaced key, slot -1, reads as zeros); so do
         # keys of cached tables without a slot (they live in the backing store for this step).
@@ -380,7 +380,6 @@ class GroupedDeviceStorage(DeviceStorage):
             # the device tables keep their placement: their new keys get their rows
             mine = (~cache.cached_dev[table_ids[idx]]).nonzero().squeeze(1)
             self.rows.scatter(table_ids[idx[mine]], slots[idx[mine]], fresh[mine])
-            self._sizes_epoch = -1  # the undo changed the sizes: read them again
             raise
         self.rows.scatter(fresh_tids, slots[idx], fresh)
         return self._cached_result(table_ids, slots, backed, homeless, idx, fresh)

@@ -105,7 +105,7 @@ class ScoredHashTable:
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
         self._growth_listeners: List[GrowthListener] = []
         self._growth = expansion.GrowthGuard()  # may a table double (cap, memory); warns once
-        self._placement_epoch = 0
+        self._write_count = 0
         self._cur_scores_host: List[int] = []  # the values of _cur_scores_dev
         self._cur_scores_dev = torch.empty(0, dtype=torch.int64, device=self.device)
         # DEMB_DETERMINISM_MODE, read once: which CUDA insert engine this table's calls run
@@ -225,12 +225,12 @@ class ScoredHashTable:
         return done.old_slots, done.new_slots
 
     @property
-    def placement_epoch(self) -> int:
-        """Counts the calls that may have moved or removed a key (inserting calls, which can evict
-        and grow, erase, insert_at, clear): a slot read at epoch e is still its key's slot while
-        the epoch is e. A reader that keeps slots across calls (a forward's slots kept for its
-        backward) compares epochs instead of looking the keys up again."""
-        return self._placement_epoch
+    def write_count(self) -> int:
+        """Counts the calls that may have changed which keys the table holds (inserting calls,
+        erase, insert_at, clear). A reader that keeps a host copy of the per-table sizes (the
+        grouped storage, which decides growth from them without a readback) reads them again
+        when this moved since its copy."""
+        return self._write_count
 
     def add_growth_listener(self, listener: GrowthListener) -> None:
         """Call ``listener(t, old_slots, new_slots)`` each time table ``t`` doubles.
@@ -332,7 +332,7 @@ class ScoredHashTable:
         if report_evicted or retain:
             slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True)
         else:
-            self._placement_epoch += 1
+            self._write_count += 1
             slots, is_new = table_ops.find_or_insert(
                 keys,
                 table_ids,
@@ -415,7 +415,7 @@ class ScoredHashTable:
         evicting: bool,
         table_ids: TableIds = None,
     ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
-        self._placement_epoch += 1
+        self._write_count += 1
         pins, det = self._pin_counts_arg(), self._deterministic
         if not evicting:
             slots = table_ops.insert(
@@ -590,7 +590,7 @@ class ScoredHashTable:
     def erase(self, keys: Tensor, table_ids: TableIds = None) -> Tensor:
         """Remove keys. -> erased (n,) bool"""
         _, keys, tids = self._keys_and_ids(keys, table_ids)
-        self._placement_epoch += 1
+        self._write_count += 1
         return table_ops.erase(keys, tids, self._state, check=False)
 
     def export(self, table_id: int, threshold: Optional[int] = None) -> ExportResult:
@@ -648,7 +648,7 @@ class ScoredHashTable:
                     where, int(keys[bad]), int(slots[bad]), self.capacity(t), self._caps[t]
                 )
             )
-        self._placement_epoch += 1
+        self._write_count += 1
         table_ops.insert_at(keys, tids, slots, self._state, words, False)
         if spec.no_eviction:  # replayed numbers: the next new key numbers past them
             self._number_new_keys(tids, slots, torch.ones_like(keys, dtype=torch.bool), words)
@@ -778,7 +778,7 @@ class ScoredHashTable:
 
     def clear(self, table_id: Optional[int] = None) -> None:
         """Empty one table (or all); value rows and RETAIN_KEY buffers are kept."""
-        self._placement_epoch += 1
+        self._write_count += 1
         for t in range(self.num_tables) if table_id is None else [self._table_id(table_id)]:
             self._state.digests[self._offsets[t] : self._offsets[t + 1]].zero_()
             self._state.sizes[t] = 0
