@@ -72,3 +72,26 @@ def test_a_prefetch_cannot_evict_the_keys_of_a_forward_in_flight(device):
     assert int(found_b.sum()) == 128 - a.numel()  # the rest of b found no unpinned slot
     torch.testing.assert_close(rows_b[found_b], twin_b[found_b])  # initial rows, nothing of a's
     assert int((full.tables[0].table.pin_counts(0) > 0).sum()) == 0  # the backward unpinned a
+
+
+def test_two_forwards_in_flight_across_a_growth_then_one_backward(device):
+    """Gradient accumulation: forward(a), forward(b) (which grows the table: a's pinned slots
+    move), then one backward of both losses. Each step updates its own keys where they live now;
+    the rows equal the twin's, and no pin is left."""
+    a = torch.arange(1000, 1060)
+    b = torch.arange(5000, 5200)  # 200 new keys beside a's pinned 60: the 128 slots double twice
+    grown = _module(device, init_capacity=128, max_capacity=4096)
+    twin = _module(device, init_capacity=4096, max_capacity=4096)
+    for m in (grown, twin):
+        out_a = m(*_bags(a, 10, device))
+        out_b = m(*_bags(b, 10, device))
+        ca = torch.arange(out_a.numel(), dtype=torch.float32).reshape(out_a.shape) / 7
+        cb = torch.arange(out_b.numel(), dtype=torch.float32).reshape(out_b.shape) / 11
+        ((out_a * ca.to(device)).sum() + (out_b * cb.to(device)).sum()).backward()
+    assert grown.tables[0].capacity(0) > 128, "the second forward was meant to grow the table"
+    keys = torch.cat([a, b])
+    found, rows = _rows(grown, keys, device)
+    twin_found, twin_rows = _rows(twin, keys, device)
+    assert bool(twin_found.all()) and bool(found[: a.numel()].all())  # a was pinned: kept
+    torch.testing.assert_close(rows[found], twin_rows[found])
+    assert int((grown.tables[0].table.pin_counts(0) > 0).sum()) == 0
