@@ -31,11 +31,12 @@ import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
 from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.optim.layout import ROW_DTYPES
 from dynamicemb_core.plugins.storage_checks import check_erase, check_find, check_insert
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
 from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
 from dynamicemb_core.storage.grouped_cache import CacheTier, PinnedPairs, Placement
-from dynamicemb_core.storage.grouped_rows import ROW_DTYPES, GroupedRows
+from dynamicemb_core.storage.grouped_rows import GroupedRows
 from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
 __all__ = ["CachedTableView", "GroupAcquire", "GroupedDeviceStorage", "GroupInit", "TableView"]

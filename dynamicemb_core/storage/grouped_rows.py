@@ -29,11 +29,11 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.ops import lookup_ops
-from dynamicemb_core.optim.layout import ROW_DTYPES, stored_width
+from dynamicemb_core.optim.layout import stored_width
 from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.types import MemoryType
 
-__all__ = ["GroupedRows", "ROW_DTYPES", "stored_width"]
+__all__ = ["GroupedRows"]
 
 _CPU = torch.device("cpu")
 
@@ -56,7 +56,7 @@ class GroupedRows:
         capacities: per table, slots.
         device_rows: per table, how many of its first slots keep their rows in device memory
             (None: all of them).
-        dtype: the row dtype (one of :data:`ROW_DTYPES`): what the embeddings are stored in.
+        dtype: the row dtype (one of ``optim.layout.ROW_DTYPES``): what the embeddings are stored in.
     """
 
     def __init__(
@@ -293,7 +293,7 @@ class GroupedRows:
         if not self.has_host:
             lookup_ops.grouped_reduce_update(
                 self.values,
-                _frozen(self.meta, frozen, self.dtype),
+                _frozen(self.meta, frozen, self.dims, self.dtype),
                 table_ids,
                 slots,
                 grad_out,
@@ -369,7 +369,7 @@ class GroupedRows:
         dev_values, dev_meta, dev_slots = parts[0]
         lookup_ops.grouped_update(
             dev_values,
-            _frozen(dev_meta, frozen, self.dtype),
+            _frozen(dev_meta, frozen, self.dims, self.dtype),
             table_ids,
             dev_slots,
             grads,
@@ -384,7 +384,7 @@ class GroupedRows:
             here = mine.to(self.device)
             lookup_ops.grouped_update(
                 host_values,
-                _frozen(host_meta, frozen, self.dtype),
+                _frozen(host_meta, frozen, self.dims, self.dtype),
                 table_ids[here].to(_CPU),
                 host_slots[mine],
                 grads[here].to(_CPU),
@@ -398,17 +398,17 @@ def _shared_meta(u: int, width: int, dims: Sequence[int], device: torch.device) 
     return torch.tensor([[0, width, u, d] for d in dims], dtype=torch.int64).to(device)
 
 
-def _frozen(meta: torch.Tensor, frozen: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+def _frozen(
+    meta: torch.Tensor, frozen: Sequence[int], dims: Sequence[int], dtype: torch.dtype
+) -> torch.Tensor:
     """``meta`` where the ``frozen`` tables show no rows and a row width any optimizer's state
     fits in (the fused update checks every table's width; their slots are -1, nothing is touched)."""
     if not frozen:
         return meta
     out = meta.clone()
     idx = list(frozen)
-    dims = out[idx, 3]
-    if dtype == torch.float32:
-        out[idx, 1] = 3 * dims + 1  # dim + ADAM's 2 dim, or + rowwise's 1
-    else:  # the same logical width, stored (stored_width)
-        out[idx, 1] = (dims + 1) // 2 * 2 + 2 * (2 * dims + 1)
+    # dim + ADAM's 2 dim (or + row-wise Adagrad's 1), as the buffer's dtype stores it.
+    widths = [stored_width(3 * dims[t] + 1, dims[t], dtype) for t in idx]
+    out[idx, 1] = torch.tensor(widths, dtype=torch.int64).to(out.device)
     out[idx, 2] = 0
     return out
