@@ -48,9 +48,10 @@ class GroupStep:
         offsets: (F*B+1,) the batch's bags; weights: (n,) float32 per-sample weights or None.
         batch_size: B.
         weight_rows: (u, max_dim) rows as read, kept only when the weights learn.
-        pins: the forward's pinned slots (its trained pairs with a slot), given back by the
-            backward or when the step is dropped; while pinned, no slot is a victim and growth
-            moves ``slots`` with their keys, so the backward's slots are current.
+        pins: the forward's held slots (its trained pairs with a slot), pinned by the next call
+            that places keys and given back by the backward or when the step is dropped; while
+            pinned, no slot is a victim and growth moves ``slots`` with their keys, so the
+            backward's slots are current.
         backed: (b,) positions of pairs of cached tables whose home this step is the backing
             store (their backward reads, updates and writes rows there), or None.
         order, key_counts: (n,) the positions grouped by unique pair and (u,) each pair's count,
@@ -237,11 +238,12 @@ class TableGroup:
         return out + (acquire.unplaced_per_table,)
 
     def _hold(self, step: GroupStep, backed: Optional[torch.Tensor]) -> None:
-        """Pin the forward's slots until its backward (or until the step is dropped), release the
-        prefetch this forward consumes, and note the pairs the backing store holds."""
+        """Hold the forward's slots until its backward (or until the step is dropped: pinned by
+        the next placing call, see ``GroupedDeviceStorage.hold``), release the prefetch this
+        forward consumes, and note the pairs the backing store holds."""
         storage = self.storage
         assert step.slots is not None
-        step.pins = storage.pin(step.table_ids, step.slots)
+        step.pins = storage.hold(step.table_ids, step.slots)
         weakref.finalize(step, storage.unpin, step.pins)
         step.backed = backed
         if storage.cache is not None:
@@ -423,6 +425,7 @@ class TableGroup:
         if not self.any_trains:
             return
         storage, cache = self.storage, self.storage.cache
+        storage.pin_pending()  # the forwards in flight first: the bucket check below counts them
         tids = self.table_ids(offsets, indices.numel(), batch_size)
         keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, self.num_tables)
         keep: Optional[torch.Tensor] = None

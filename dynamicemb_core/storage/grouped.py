@@ -154,6 +154,8 @@ class GroupedDeviceStorage(DeviceStorage):
         self._sizes_at = self.table.write_count
         # pinned (table id, slot) pairs alive now: forwards in flight, outstanding prefetches
         self._live: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
+        # forwards in flight whose slots the next placing call pins (see hold)
+        self._pending: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
         self.cache: Optional[CacheTier] = None
         if any(self._cached):
             backing_stores = BackingStores(self.tables, self.device, stores)
@@ -230,17 +232,36 @@ class GroupedDeviceStorage(DeviceStorage):
         self.track(pairs)
         return pairs
 
+    def hold(self, table_ids: torch.Tensor, slots: torch.Tensor) -> PinnedPairs:
+        """The slots of a forward in flight: pinned (as :meth:`pin`) by the next call that places
+        keys, before it places any, so that nothing can evict or move them unseen; a loop with
+        no placing call between a forward and its backward pins nothing."""
+        pairs = PinnedPairs(table_ids, slots, pinned=False)
+        self._pending.add(pairs)
+        return pairs
+
+    def pin_pending(self) -> None:
+        """Pin the held slots of every forward in flight (called first by each placing call)."""
+        for pairs in list(self._pending):
+            if not pairs.released and not pairs.pinned:
+                self.table.adjust_pins(pairs.table_ids, pairs.slots, 1)
+                pairs.pinned = True
+                self.track(pairs)
+        self._pending.clear()
+
     def track(self, pairs: PinnedPairs) -> None:
         """Keep ``pairs``' slots current through growth (while the caller holds ``pairs``)."""
         self._live.add(pairs)
 
     def unpin(self, pairs: PinnedPairs) -> None:
-        """Give back the pins of :meth:`pin` (once; later calls do nothing)."""
+        """Give back the pins of :meth:`pin` or :meth:`hold` (once; later calls do nothing)."""
         if pairs.released:
             return
         pairs.released = True
+        self._pending.discard(pairs)
         self._live.discard(pairs)
-        self.table.adjust_pins(pairs.table_ids, pairs.slots, -1)
+        if pairs.pinned:
+            self.table.adjust_pins(pairs.table_ids, pairs.slots, -1)
 
     def _move_pinned(self, table_id: int, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
         """Growth of table ``table_id``: the pinned pairs' slots follow their keys (the table moved
@@ -313,6 +334,7 @@ class GroupedDeviceStorage(DeviceStorage):
         Raises:
             StorageTierError: a backing store failed; the cache placement was undone.
         """
+        self.pin_pending()
         if self.cache is not None and self.cache.any_direct:
             return self._acquire_with_direct(keys, table_ids, table_counts, init)
         return self._acquire_placed(keys, table_ids, table_counts, init)
@@ -473,6 +495,17 @@ class GroupedDeviceStorage(DeviceStorage):
             per = torch.bincount(ev.table_ids, minlength=len(self.tables)).tolist()
             for t, c in enumerate(per):
                 self._evicted_counts[t] += int(c)
+
+    def insert_evicting(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: Optional[torch.Tensor],
+    ) -> Any:
+        """:meth:`DeviceStorage.insert_evicting`, after pinning the forwards in flight."""
+        self.pin_pending()
+        return super().insert_evicting(table_id, keys, rows, scores)
 
     def find_all(
         self, keys: torch.Tensor, table_ids: torch.Tensor, *, touch: bool = False

@@ -51,12 +51,14 @@ class PinnedPairs:
 
     Attributes:
         table_ids, slots: (p,) int64 on the device (slot -1: nothing pinned there).
-        released: the pins were given back.
+        pinned: the pins are in the table (a forward's pairs wait for the next placing call).
+        released: the pins were given back (or will never be taken).
     """
 
-    def __init__(self, table_ids: torch.Tensor, slots: torch.Tensor) -> None:
+    def __init__(self, table_ids: torch.Tensor, slots: torch.Tensor, pinned: bool = True) -> None:
         self.table_ids = table_ids
         self.slots = slots
+        self.pinned = pinned
         self.released = False
 
     def ids(self, slot_ids: torch.Tensor) -> torch.Tensor:

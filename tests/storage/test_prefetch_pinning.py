@@ -215,11 +215,15 @@ def _pinned_slots(storage: CachedTableView) -> int:
 
 
 def test_a_forward_without_a_backward_gives_its_pins_back_when_dropped(device):
-    """A training forward's pins live as long as its autograd graph: dropping the output without
-    a backward releases them (an abandoned batch cannot block the cache)."""
+    """A training forward's slots are pinned by the next placing call (here another forward) and
+    stay pinned as long as its autograd graph lives: dropping the output without a backward
+    releases them (an abandoned batch cannot block the cache)."""
     tiered, storage, _ = _pair(device)
     a = torch.arange(0, 40, device=device)
     out = tiered(a, _offsets(a))
+    assert _pinned_slots(storage) == 0  # held, not pinned: nothing has placed keys since
+    x = torch.arange(200, 208, device=device)
+    tiered(x, _offsets(x))  # a placing call (its own output dropped at once)
     assert _pinned_slots(storage) == 40
     del out
     assert _pinned_slots(storage) == 0
