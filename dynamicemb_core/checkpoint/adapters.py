@@ -27,7 +27,7 @@ _Tier = Tuple[Any, int, Optional[Callable[[], None]], Optional[Callable[[torch.T
 
 def _last_tier(name: str, tier: Any) -> _Tier:
     """``(storage, table_id, flush, drop)`` for one table's tier."""
-    from dynamicemb_core.storage.grouped import CachedTableView, TableView
+    from dynamicemb_core.storage.table_views import CachedTableView, TableView
 
     if isinstance(tier, CachedTableView):
         backing = tier.backing

@@ -39,7 +39,8 @@ from dynamicemb_core.optim import (
     row_width,
 )
 from dynamicemb_core.optim.args import output_dtype_from
-from dynamicemb_core.storage.grouped import CachedTableView, GroupedDeviceStorage, TableView
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from dynamicemb_core.table.metrics import METRIC_NAMES
 from dynamicemb_core.table.safe_check import UnplacedKeyReport
 from dynamicemb_core.types import StorageTableSpec
@@ -71,8 +72,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     Attributes:
         tables: per table, a view of the group holding that table as table id 0 (a
-            :class:`~dynamicemb_core.storage.grouped.TableView`; for a cached table a
-            :class:`~dynamicemb_core.storage.grouped.CachedTableView`, the union of its cache and
+            :class:`~dynamicemb_core.storage.table_views.TableView`; for a cached table a
+            :class:`~dynamicemb_core.storage.table_views.CachedTableView`, the union of its cache and
             its backing store).
         optimizer_args: the hyper-parameters; ``set_learning_rate`` changes the rate between steps.
     """

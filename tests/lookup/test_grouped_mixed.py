@@ -20,7 +20,7 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage.grouped import CachedTableView, TableView
+from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from tests.lookup import oracle
 
 CONST = DynamicEmbInitializerMode.CONSTANT

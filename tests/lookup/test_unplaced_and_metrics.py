@@ -25,7 +25,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.lookup.initializers import DEBUG_MODULUS
-from dynamicemb_core.storage.grouped import CachedTableView
+from dynamicemb_core.storage.table_views import CachedTableView
 from dynamicemb_core.types import DynamicEmbWarning
 from tests.lookup import oracle
 

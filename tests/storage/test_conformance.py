@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dynamicemb_core.storage import DeviceStorage, HybridStorage
-from dynamicemb_core.storage.grouped import CachedTableView, GroupedDeviceStorage
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+from dynamicemb_core.storage.table_views import CachedTableView
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.testing.storage_suite import StorageDumpSuite, StorageSuite, default_tables
 from dynamicemb_core.types import PerTableStorage, StorageTableSpec

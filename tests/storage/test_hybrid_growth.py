@@ -16,7 +16,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 from dynamicemb_core.storage import DeviceStorage, HybridStorage
-from dynamicemb_core.storage.grouped import TableView
+from dynamicemb_core.storage.table_views import TableView
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 from tests.lookup import oracle

@@ -19,7 +19,7 @@ from dynamicemb_core.config import (
     DynamicEmbScoreStrategy,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage.grouped import CachedTableView, TableView
+from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from dynamicemb_core.table.hashing import buckets_of_tensor
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning

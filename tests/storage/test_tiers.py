@@ -17,7 +17,7 @@ from dynamicemb_core.config import (
     EvictedItemMode,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage.grouped import CachedTableView, TableView
+from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.types import MemoryType, StorageTableSpec
