@@ -111,40 +111,77 @@ DEMB_HOST_DEVICE int64_t state_width(int64_t optimizer, int64_t dim) {
   return 0;
 }
 
+// Each operation of the formulas below is rounded on its own, on both backends. Left to itself,
+// nvcc leaves a product followed by a sum for ptxas to fuse into one FMA or not, and ptxas decides
+// per kernel: the same update applied by two kernels (the fused backward's chunk pass and the plain
+// update, or the device and host parts of a hybrid table) then differs in the last bit. Rounded
+// operations give the same bits in every kernel, and the CPU kernels' (x86-64 without FMA) too.
+DEMB_HOST_DEVICE float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+DEMB_HOST_DEVICE float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+DEMB_HOST_DEVICE float sub_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+DEMB_HOST_DEVICE float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
 /// EXACT_SGD on one element.
-DEMB_HOST_DEVICE void sgd_element(float& w, float g, const UpdateParams& p) { w -= p.lr * g; }
+DEMB_HOST_DEVICE void sgd_element(float& w, float g, const UpdateParams& p) {
+  w = sub_rn(w, mul_rn(p.lr, g));
+}
 
 /// EXACT_ADAGRAD on one element with its accumulator ``m``.
 DEMB_HOST_DEVICE void adagrad_element(float& w, float& m, float g, const UpdateParams& p) {
-  m += g * g;
-  w -= p.lr * g / (sqrtf(m) + p.eps);
+  m = add_rn(m, mul_rn(g, g));
+  w = sub_rn(w, div_rn(mul_rn(p.lr, g), add_rn(sqrtf(m), p.eps)));
 }
 
 /// ADAM on one element with its moments ``m``, ``v`` (decoupled weight decay as FBGEMM's).
 DEMB_HOST_DEVICE void adam_element(float& w, float& m, float& v, float g, const UpdateParams& p) {
-  m = p.beta1 * m + (1.0f - p.beta1) * g;
-  v = p.beta2 * v + (1.0f - p.beta2) * g * g;
-  w -= p.lr * (m / p.bc1 / (sqrtf(v / p.bc2) + p.eps) + p.weight_decay * w);
+  m = add_rn(mul_rn(p.beta1, m), mul_rn(sub_rn(1.0f, p.beta1), g));
+  v = add_rn(mul_rn(p.beta2, v), mul_rn(mul_rn(sub_rn(1.0f, p.beta2), g), g));
+  const float step = div_rn(div_rn(m, p.bc1), add_rn(sqrtf(div_rn(v, p.bc2)), p.eps));
+  w = sub_rn(w, mul_rn(p.lr, add_rn(step, mul_rn(p.weight_decay, w))));
 }
 
 /// Row-wise Adagrad, first pass: one element's contribution to the row's sum of squares.
 DEMB_HOST_DEVICE float rowwise_square(float w, float g, const UpdateParams& p) {
-  const float gd = p.weight_decay_mode == 1 ? g + p.weight_decay * w : g;
-  return gd * gd;
+  const float gd = p.weight_decay_mode == 1 ? add_rn(g, mul_rn(p.weight_decay, w)) : g;
+  return mul_rn(gd, gd);
 }
 
 /// Row-wise Adagrad, the row's new accumulator from the old one and the row's sum of squares.
 DEMB_HOST_DEVICE float rowwise_accumulator(float m, float sum_sq, int64_t dim) {
-  return m + (dim > 0 ? sum_sq / float(dim) : 0.0f);
+  return add_rn(m, dim > 0 ? div_rn(sum_sq, float(dim)) : 0.0f);
 }
 
 /// Row-wise Adagrad, second pass: one element from the new accumulator.
 DEMB_HOST_DEVICE void rowwise_element(float& w, float g, float new_m, const UpdateParams& p) {
-  const float mult = p.lr / (sqrtf(new_m) + p.eps);
+  const float mult = div_rn(p.lr, add_rn(sqrtf(new_m), p.eps));
   float correction = 1.0f;
-  if (p.weight_decay_mode == 1) correction = 1.0f - mult * p.weight_decay;
-  if (p.weight_decay_mode == 2) correction = 1.0f - p.lr * p.weight_decay;
-  w = correction * w - mult * g;
+  if (p.weight_decay_mode == 1) correction = sub_rn(1.0f, mul_rn(mult, p.weight_decay));
+  if (p.weight_decay_mode == 2) correction = sub_rn(1.0f, mul_rn(p.lr, p.weight_decay));
+  w = sub_rn(mul_rn(correction, w), mul_rn(mult, g));
 }
 
 }  // namespace grouped
