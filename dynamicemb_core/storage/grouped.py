@@ -368,12 +368,9 @@ class GroupedDeviceStorage(DeviceStorage):
                 for t in range(T)
             ]
         )
-        if self._retain:
-            self._count_evicted_by_table(res)
-        else:
-            for t in range(T):
-                if not self._cached[t]:  # a cache's evictions are spills, not drops
-                    self._evicted_counts[t] += evicted[t]
+        for t in range(T):
+            if not self._cached[t]:  # a cache's evictions are spills, not drops
+                self._evicted_counts[t] += evicted[t]
         self._sizes = [int(s) for s in after]
         self._sizes_at = self.table.write_count
         by_table = unplaced_by_table if unplaced else None
@@ -487,13 +484,6 @@ class GroupedDeviceStorage(DeviceStorage):
             torch.cat(backed_parts) if backed_parts else None,
             torch.cat(rows_parts) if rows_parts else None,
         )
-
-    def _count_evicted_by_table(self, result: Any) -> None:
-        ev = result.evicted
-        if ev is not None and ev.keys is not None and ev.keys.numel():
-            per = torch.bincount(ev.table_ids, minlength=len(self.tables)).tolist()
-            for t, c in enumerate(per):
-                self._evicted_counts[t] += int(c)
 
     def insert_evicting(
         self,
