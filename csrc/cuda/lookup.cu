@@ -51,10 +51,10 @@ __global__ void pooled_gather_kernel(const scalar_t* __restrict__ emb, const int
 
 // ---- data checks of a bag batch, on the device, one sync: offsets start at 0, end at n and never
 // decrease; inverse lies in [0, u). Run before any output is written (the CPU kernels check the
-// same while reading). With ``slots`` (the fused update's), also slots < capacity, in the same pass.
-// report: [flags, first bad inverse position, first decreasing b, off[0], off[b], first bad slot]
-// (the three "first" words encoded, see record_first).
-constexpr int64_t kBadEnds = 1, kBadOrder = 2, kBadInverse = 4, kBadSlot = 8;
+// same while reading).
+// report: [flags, first bad inverse position, first decreasing b, off[0], off[b]] (the two "first"
+// words encoded, see record_first).
+constexpr int64_t kBadEnds = 1, kBadOrder = 2, kBadInverse = 4;
 // A "first bad index" word holds the maximum of kMinKey - i, so a zeroed report (one memset) starts
 // every word empty; first_index() decodes it.
 constexpr unsigned long long kMinKey = 0x7fffffffffffffffULL;
@@ -69,16 +69,10 @@ inline int64_t first_index(int64_t word) {
 
 __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_t n,
                                      const int64_t* __restrict__ offsets, int64_t num_bags, int64_t u,
-                                     const int64_t* __restrict__ slots, int64_t capacity,
                                      unsigned long long* __restrict__ report) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t num_slots = slots ? u : 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n || i < num_bags || i < num_slots; i += stride) {
-    if (i < num_slots && slots[i] >= capacity) {
-      atomicOr(&report[0], (unsigned long long)kBadSlot);
-      record_first(&report[5], i);
-    }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n || i < num_bags;
+       i += stride) {
     if (i < n && (inverse[i] < 0 || inverse[i] >= u)) {
       atomicOr(&report[0], (unsigned long long)kBadInverse);
       record_first(&report[1], i);
@@ -95,17 +89,14 @@ __global__ void validate_bags_kernel(const int64_t* __restrict__ inverse, int64_
   }
 }
 
-// ``slots``: the (u,) slots of a fused update into ``capacity`` rows, checked in the same pass.
-void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u, const char* op,
-                        const at::Tensor* slots = nullptr, int64_t capacity = 0) {
+void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u, const char* op) {
   const int64_t n = inv.numel(), num_bags = off.numel() - 1;
-  auto report = at::zeros({6}, off.options());
+  auto report = at::zeros({5}, off.options());
   const int threads = 256;
-  const int64_t work = std::max<int64_t>(std::max<int64_t>(n, num_bags), std::max<int64_t>(u, 1));
+  const int64_t work = std::max<int64_t>(std::max<int64_t>(n, num_bags), 1);
   const int blocks = int(std::min<int64_t>((work + threads - 1) / threads, 1024));
   validate_bags_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
       inv.data_ptr<int64_t>(), n, off.data_ptr<int64_t>(), num_bags, u,
-      slots ? slots->data_ptr<int64_t>() : nullptr, capacity,
       reinterpret_cast<unsigned long long*>(report.data_ptr<int64_t>()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto r = report.cpu();
@@ -123,10 +114,6 @@ void validate_bags_cuda(const at::Tensor& inv, const at::Tensor& off, int64_t u,
     const int64_t i = first_index(p[1]);
     DEMB_CHECK_INDEX(false, op, ": inverse[", i, "]=", inv.select(0, i).item<int64_t>(),
                       " out of range [0, ", u, ")");
-  }
-  if (p[0] & kBadSlot) {
-    DEMB_CHECK_INDEX(false, op, ": slot ", slots->select(0, first_index(p[5])).item<int64_t>(),
-                      " out of range [0, ", capacity, ")");
   }
 }
 
@@ -219,12 +206,10 @@ __global__ void key_sums_kernel(const float* __restrict__ partial, const int64_t
   }
 }
 
-// ``slots`` / ``capacity``: a fused update's, range-checked with the bags (see validate_bags_cuda).
 at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& inverse,
                                const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                                int64_t mode, int64_t num_unique, const char* op,
-                               bool check, const at::Tensor* slots = nullptr,
-                               int64_t capacity = 0) {
+                               bool check) {
   check_bags(inverse, offsets, weights, mode, op);
   DEMB_CHECK_VALUE(grad_bags.dim() == 2 && grad_bags.size(0) == offsets.numel() - 1, op,
                     ": grad_bags must be (b, D) with b = offsets.numel()-1 = ", offsets.numel() - 1,
@@ -236,7 +221,7 @@ at::Tensor reduce_per_key_cuda(const at::Tensor& grad_bags, const at::Tensor& in
   const auto inv = inverse.contiguous();
   const auto off = offsets.contiguous();
   const at::Tensor w = weights.has_value() ? weights->contiguous() : at::Tensor();
-  if (check) validate_bags_cuda(inv, off, num_unique, op, slots, capacity);
+  if (check) validate_bags_cuda(inv, off, num_unique, op);
   const int64_t n = inv.numel(), num_bags = off.numel() - 1, D = g.size(1);
   auto out = at::empty({num_unique, D}, g.options());  // every row is written
   if (n == 0 || num_unique == 0 || D == 0) return out.zero_();
@@ -330,10 +315,10 @@ __global__ void update_kernel(float* __restrict__ values, const int64_t* __restr
 }
 
 // ``slot_range``: also check slots < capacity (one device-to-host read; false when the caller passed
-// check=False, or for the fused SGD op, which checks its slots in its bag validation pass instead).
+// check=False).
 int64_t check_update_cuda(const at::Tensor& values, const at::Tensor& slots, const at::Tensor& grads,
                           int64_t state_per_dim, int64_t state_fixed, const char* op,
-                          bool slot_range = true) {
+                          bool slot_range) {
   DEMB_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat, op,
                    ": values and grads must be float32, got ", values.scalar_type(), " and ",
                    grads.scalar_type());
