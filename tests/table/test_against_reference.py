@@ -73,29 +73,36 @@ class TableMachine(RuleBasedStateMachine):
         self.keys = key_strategy(specs)
         self.clock = 0
         self.serial = 0
+        self.last_call: Tuple[List[int], List[int]] = ([], [])
 
     # -- drawing calls ----------------------------------------------------------------------------
     def _draw_call(
         self, data: Any, *, single: bool = False, unique: bool = False, max_keys: int = 24
     ):
-        """Keys and a ``table_ids`` argument (None, an int, or a list) and the per-key table ids."""
+        """Keys and a ``table_ids`` argument (None, an int, or a list) and the per-key table ids.
+        The keys and per-key table ids are also kept in ``last_call`` (machines that compare by
+        key read them)."""
         keys = data.draw(key_lists(self.keys, max_keys, unique), label="keys")
         n_tables = len(self.specs)
         form = (
             "int" if single else data.draw(st.sampled_from(["none", "int", "list"]), label="form")
         )
+        arg: Any
         if form == "none":
-            return keys, None, [0] * len(keys)
-        if form == "int":
-            t = data.draw(st.integers(0, n_tables - 1), label="table")
-            return keys, t, [t] * len(keys)
-        tids = data.draw(
-            st.lists(st.integers(0, n_tables - 1), min_size=len(keys), max_size=len(keys)),
-            label="table_ids",
-        )
-        if unique:  # unique (table, key) pairs, not only unique keys
-            keys, tids = map(list, zip(*dict.fromkeys(zip(keys, tids)))) if keys else ([], [])
-        return keys, tids, tids
+            arg, tids = None, [0] * len(keys)
+        elif form == "int":
+            arg = data.draw(st.integers(0, n_tables - 1), label="table")
+            tids = [arg] * len(keys)
+        else:
+            tids = data.draw(
+                st.lists(st.integers(0, n_tables - 1), min_size=len(keys), max_size=len(keys)),
+                label="table_ids",
+            )
+            if unique:  # unique (table, key) pairs, not only unique keys
+                keys, tids = map(list, zip(*dict.fromkeys(zip(keys, tids)))) if keys else ([], [])
+            arg = tids
+        self.last_call = (list(keys), list(tids))
+        return keys, arg, tids
 
     def _draw_score(self, data: Any, tids: Sequence[int]) -> Optional[int]:
         """The call's score: the test clock, or None (policy default) when no table needs a clock."""
@@ -240,6 +247,7 @@ class TableMachine(RuleBasedStateMachine):
         n = min(self.model.capacity(t), 32) + 4
         top = max(max(s.max_capacity for s in self.specs), n) * 2
         keys = data.draw(st.lists(st.integers(-3, top), min_size=n, max_size=n, unique=True))
+        self.last_call = (list(keys), [t] * n)
         score = self._draw_score(data, [t])
         self._apply(
             "flood", lambda tbl: tbl.insert_and_evict(keys, t, score=score), self._same_insert

@@ -25,6 +25,8 @@ Two kinds of checks:
 
 from __future__ import annotations
 
+import random
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -32,13 +34,19 @@ import reference_model as ref
 import torch
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
-from reference_harness import assert_same
+from reference_harness import (
+    assert_same,
+    nan_on_multiples_of_three,
+    real_table_spec,
+    recency_weighted_count,
+)
 from test_against_reference import TableMachine
 
-from dynamicemb_core.config import DynamicEmbScoreStrategy
+from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbScoreStrategy
 from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import ScoredHashTable, TableSpec
+from dynamicemb_core.types import DynamicEmbWarning
 
 _CUDA = torch.cuda.is_available()
 
@@ -288,6 +296,139 @@ def test_pins_follow_keys_when_a_table_grows(device: torch.device, parallel_engi
 
 
 # ----------------------------------------------------------------------------------------------
+# Both CUDA engines from one state
+# ----------------------------------------------------------------------------------------------
+def _random_spec(rng: random.Random, i: int) -> ref.RefSpec:
+    """A full-size table (no growth during the compared call) of any policy and bucket width."""
+    policy = rng.choice(
+        [ref.COMPOUND, ref.TIMESTAMP, ref.LFU, ref.NO_EVICTION, ref.STEP, ref.CUSTOMIZED]
+    )
+    order: Tuple[str, ...] = (ref.POLICY_NAMES[policy],)
+    fn = None
+    if policy == ref.COMPOUND:
+        order = rng.choice([("TIMESTAMP", "LFU"), ("LFU", "TIMESTAMP")])
+        fn = rng.choice([nan_on_multiples_of_three, recency_weighted_count, None])
+    bucket = rng.choice([16, 16, 32, MAX_BUCKET_CAPACITY])
+    init = (
+        rng.choice([16, 32, 64])
+        if bucket == MAX_BUCKET_CAPACITY
+        else bucket * rng.choice([1, 2, 4])
+    )
+    return ref.RefSpec(f"t{i}", policy, order, init, init, bucket, 1.0, score_function=fn)
+
+
+def _draw_keys(
+    rng: random.Random, n: int, top: int, n_tables: int, device: torch.device
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    keys = [rng.randint(-3, top) for _ in range(n)]
+    tids = [rng.randrange(n_tables) for _ in keys]
+    return torch.tensor(keys, device=device), torch.tensor(tids, device=device)
+
+
+def _engine_outcome(
+    table: ScoredHashTable, keys: torch.Tensor, tids: torch.Tensor, deterministic: bool
+) -> Dict[str, Any]:
+    """One insert_and_evict of the table's ops on a copy of its state, summed up schedule-free:
+    distinct keys placed per (table, bucket), evicted (table, slot, key, words), present keys'
+    slots, the keys resident after, and whether the sizes count them."""
+    state = TableState(*[x.clone() for x in table.state])
+    pins = table._pin_counts_arg()
+    slots, _, ev_keys, ev_slots, ev_words, ev_tids = table_ops.insert_and_evict(
+        keys,
+        tids,
+        state,
+        table._score_fns,
+        table._cur_scores(10),
+        None,
+        check=False,
+        pins=pins,
+        deterministic=deterministic,
+    )
+    offsets, caps = state.slot_offsets.tolist(), state.bucket_caps.tolist()
+    answer: Dict[Tuple[int, int], int] = {}
+    for k, t, s in zip(keys.tolist(), tids.tolist(), slots.tolist()):
+        assert answer.setdefault((t, k), s) == s, f"({t}, {k}) got two answers"
+    per_bucket: Dict[Tuple[int, int], int] = {}
+    for (t, _), s in answer.items():
+        if s >= 0:
+            per_bucket[(t, s // caps[t])] = per_bucket.get((t, s // caps[t]), 0) + 1
+    occupied = state.digests != 0
+    resident = [
+        sorted(
+            state.table_keys[offsets[t] : offsets[t + 1]][
+                occupied[offsets[t] : offsets[t + 1]]
+            ].tolist()
+        )
+        for t in range(len(caps))
+    ]
+    before = table.state
+    present = {
+        (t, k): s
+        for (t, k), s in answer.items()
+        if s >= 0
+        and int(before.digests[offsets[t] + s]) != 0
+        and int(before.table_keys[offsets[t] + s]) == k
+    }
+    return dict(
+        placed=per_bucket,
+        evicted=sorted(
+            zip(ev_tids.tolist(), ev_slots.tolist(), ev_keys.tolist(), ev_words.tolist())
+        ),
+        present=present,
+        resident=[len(r) for r in resident],
+        sizes_right=state.sizes.tolist() == [len(r) for r in resident],
+        oversubscribed=bool((slots < 0).any()),
+        keys=resident,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="the key-parallel engine runs on CUDA only")
+@pytest.mark.parametrize("seed", range(4))
+def test_both_engines_agree_from_one_state(seed: int) -> None:
+    """From one table state (filled by earlier calls of either engine, some keys erased, some slots
+    pinned), one insert_and_evict with many repeated keys runs on both CUDA engines: each bucket
+    takes as many distinct keys, the same slots are evicted with the same keys and words, present
+    keys keep their slots, sizes count the residents; and when no bucket is oversubscribed, the
+    same keys are resident. (Which new keys win an oversubscribed bucket is the schedule's choice,
+    so a key occurring three times may get in where the deterministic engine let in a key
+    occurring once: counts of placed occurrences differ, counts of distinct keys do not.) On CPU
+    both flags run the same kernel; the CPU twin of this freedom is the permuted-placement test."""
+    _compare_engines(torch.device("cuda", torch.cuda.current_device()), seed)
+
+
+def _compare_engines(cuda: torch.device, seed: int) -> None:
+    for trial in range(40):
+        rng = random.Random(1000 * seed + trial)
+        specs = [_random_spec(rng, i) for i in range(rng.randint(1, 3))]
+        table = ScoredHashTable([real_table_spec(s) for s in specs], device=cuda)
+        table._deterministic = rng.random() < 0.5  # which engine fills it
+        top, n_tables = max(s.max_capacity for s in specs) * 2, len(specs)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DynamicEmbWarning)  # NO_EVICTION at its max_capacity
+            for step in range(rng.randint(1, 4)):
+                table.insert_and_evict(
+                    *_draw_keys(rng, rng.randint(1, top), top, n_tables, cuda), score=step + 1
+                )
+                if rng.random() < 0.3:
+                    table.erase(*_draw_keys(rng, 6, top, n_tables, cuda))
+        for t in range(n_tables):
+            slots = table.export(t).slots
+            if slots.numel() and rng.random() < 0.4:
+                table.pin_slots(slots[: rng.randint(1, 4)], t)
+        keys, tids = _draw_keys(rng, rng.randint(1, top), top, n_tables, cuda)
+        det = _engine_outcome(table, keys, tids, deterministic=True)
+        par = _engine_outcome(table, keys, tids, deterministic=False)
+        where = f"trial {1000 * seed + trial}"
+        assert par["sizes_right"], where
+        for what in ("placed", "evicted", "present", "resident"):
+            assert par[what] == det[what], f"{where}: {what}\n  {par[what]}\n  {det[what]}"
+        if not det["oversubscribed"]:
+            assert par["keys"] == det["keys"], where
+
+
+# ----------------------------------------------------------------------------------------------
 # The state machine, contents instead of slots
 # ----------------------------------------------------------------------------------------------
 def _adopt_slots(
@@ -352,9 +493,8 @@ class ContentsMachine(TableMachine):
 
     def _same_insert(self, got: ref.RefInsertResult, expected: ref.RefInsertResult) -> None:
         """Evicted items exactly; the placed keys exactly unless some key found no slot (then
-        which ones did depends on the schedule: only how many)."""
+        which ones did depends on the schedule: see _same_placement)."""
         if -1 in expected.slots:
-            assert_same(sum(s >= 0 for s in got.slots), sum(s >= 0 for s in expected.slots))
             assert_same(got.is_new, [n and s >= 0 for n, s in zip(got.is_new, got.slots)])
         else:
             assert_same([s >= 0 for s in got.slots], [s >= 0 for s in expected.slots])
@@ -368,6 +508,33 @@ class ContentsMachine(TableMachine):
         for g, e in zip(got_ev, exp_ev):
             if e.row is not None and self.specs[e.table_id].row_width > 0:
                 assert_same(g.row, e.row)
+
+    def _placed_per_bucket(self, slots: List[int]) -> Dict[Tuple[int, int], int]:
+        """Distinct keys of the last call placed, per (table, bucket); checks on the way that all
+        occurrences of a key got one answer and that no slot went to two keys."""
+        keys, tids = self.last_call
+        answer: Dict[Tuple[int, int], int] = {}
+        for k, t, s in zip(keys, tids, slots):
+            assert answer.setdefault((t, k), s) == s, f"key {k} of table {t}: slots differ"
+        placed = [(t, s) for (t, _), s in answer.items() if s >= 0]
+        assert len(set(placed)) == len(placed), "a slot went to two keys"
+        per_bucket: Dict[Tuple[int, int], int] = {}
+        for t, s in placed:
+            b = (t, s // self.model.tables[t].bucket_cap)
+            per_bucket[b] = per_bucket.get(b, 0) + 1
+        return per_bucket
+
+    def _same_placement(self, got: List[int], want: List[int], pre_keys: List[set]) -> None:
+        """A call that oversubscribed a bucket: which of its new keys got in is the schedule's
+        choice, so keys that occur several times in the call may or may not be among them, and the
+        number of placed OCCURRENCES differs with the choice (a key placed three times instead of
+        one placed once). What does not depend on it: how many distinct keys each bucket took (the
+        new keys fill its empty slots, then take the same victims), and that keys present before
+        the call keep their slots."""
+        assert_same(self._placed_per_bucket(got), self._placed_per_bucket(want))
+        keys, tids = self.last_call
+        kept = [(g, w) for k, t, g, w in zip(keys, tids, got, want) if k in pre_keys[t]]
+        assert_same([g for g, _ in kept], [w for _, w in kept])
 
     def insert_at(self, data: Any) -> None:  # type: ignore[override]
         """Not a rule here: which keys an oversubscribed call placed depends on the schedule, and
@@ -391,11 +558,12 @@ class ContentsMachine(TableMachine):
                 return expected
             slots = got if what == "insert" else got.slots
             want = expected if what == "insert" else expected.slots
-            if what == "insert":
-                assert_same(sum(s >= 0 for s in slots), sum(s >= 0 for s in want))
-            else:
+            if what != "insert":
                 self._same_insert(got, expected)
+            elif -1 not in want:
+                assert_same([s >= 0 for s in slots], [s >= 0 for s in want])
             if -1 in want:  # oversubscribed buckets: the schedule chose which keys got in
+                self._same_placement(slots, want, pre_keys)
                 _adopt_state(self.model, subject.table)
             else:
                 _adopt_slots(self.model, subject.table, pre_rows)
@@ -474,19 +642,40 @@ def _permute_new_placements(
     return moved
 
 
+def _call_in_order(
+    op: Any, order: torch.Tensor, slots_at: Optional[int], keys, table_ids, state, *args, **kwargs
+) -> Any:
+    """``op`` on the call's keys taken in ``order`` (table ids and input scores with them), its
+    per-key outputs put back in the caller's order. The deterministic engine places new keys in
+    input order, so when a bucket gets more new keys than it can take, another order lets other
+    keys in: the choice the key-parallel engine's schedule makes."""
+    args, kwargs = list(args), dict(kwargs)
+    if len(args) > 2 and args[2] is not None:  # insert / insert_and_evict: input_scores
+        args[2] = args[2][order]
+    out = op(keys[order], table_ids[order], state, *args, **kwargs)
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel())
+    if slots_at is None:
+        return out[back]
+    per_key = 2 if isinstance(out, tuple) else 0  # (slots, is_new, evicted lists...)
+    return (*(x[back] for x in out[:per_key]), *out[per_key:])
+
+
 @pytest.fixture
 def permuted_placement(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CPU inserting ops whose new keys take their bucket's filled slots in a random order, as the
-    key-parallel CUDA engine's schedule may give them. The shuffle is a function of the call's
-    keys, so hypothesis replays a failing case exactly."""
+    """CPU inserting ops that run the call's keys in a random order (so an oversubscribed bucket
+    takes other keys) and whose new keys then take their bucket's filled slots in a random order:
+    the two freedoms the key-parallel CUDA engine's schedule has. Both shuffles are functions of
+    the call's keys, so hypothesis replays a failing case exactly."""
 
     def wrap(name: str, slots_at: Optional[int]):
         op = getattr(table_ops, name)
 
         def permuted(keys, table_ids, state, *args, **kwargs):
             before = (state.table_keys.clone(), state.digests.clone())
-            out = op(keys, table_ids, state, *args, **kwargs)
             gen = torch.Generator().manual_seed(hash(tuple(keys.tolist())) % (1 << 31))
+            order = torch.randperm(keys.numel(), generator=gen)
+            out = _call_in_order(op, order, slots_at, keys, table_ids, state, *args, **kwargs)
             moved = _permute_new_placements(state, before, gen)
             slots = out if slots_at is None else out[slots_at]
             glob = state.slot_offsets[table_ids.clamp(0, state.bucket_caps.numel() - 1)] + slots
