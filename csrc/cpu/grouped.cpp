@@ -442,22 +442,22 @@ at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor
 }
 
 /// Applies optimizer ``opt`` to one row ``w`` (its float32 state after the embedding) with ``g``:
-/// each element computed in float32 and rounded back to ``E``.
+/// each element computed in float32 and rounded back to ``E`` as ``r`` says.
 template <typename E>
 inline void update_row(int64_t opt, E* __restrict__ w, const float* __restrict__ g, int64_t D,
-                       const UpdateParams& p) {
+                       const UpdateParams& p, const RowRounding& r) {
   float* __restrict__ m = state_of(w, D);
   if (opt == kSgd) {
     for (int64_t d = 0; d < D; ++d) {
       float x = static_cast<float>(w[d]);
       sgd_element(x, g[d], p);
-      w[d] = to_row<E>(x);
+      w[d] = round_update<E>(x, r, d);
     }
   } else if (opt == kAdagrad) {
     for (int64_t d = 0; d < D; ++d) {
       float x = static_cast<float>(w[d]);
       adagrad_element(x, m[d], g[d], p);
-      w[d] = to_row<E>(x);
+      w[d] = round_update<E>(x, r, d);
     }
   } else if (opt == kRowwiseAdagrad) {
     float sum_sq = 0.0f;
@@ -466,14 +466,14 @@ inline void update_row(int64_t opt, E* __restrict__ w, const float* __restrict__
     for (int64_t d = 0; d < D; ++d) {
       float x = static_cast<float>(w[d]);
       rowwise_element(x, g[d], m[0], p);
-      w[d] = to_row<E>(x);
+      w[d] = round_update<E>(x, r, d);
     }
   } else {
     float* __restrict__ v = m + D;
     for (int64_t d = 0; d < D; ++d) {
       float x = static_cast<float>(w[d]);
       adam_element(x, m[d], v[d], g[d], p);
-      w[d] = to_row<E>(x);
+      w[d] = round_update<E>(x, r, d);
     }
   }
 }
@@ -500,7 +500,7 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
                         const at::Tensor& slots, const at::Tensor& grads, int64_t optimizer,
                         double lr, double eps, double beta1, double beta2, double weight_decay,
                         int64_t weight_decay_mode, int64_t step,
-                        bool /*check: the CPU kernels always check*/) {
+                        bool /*check: the CPU kernels always check*/, int64_t rounding_seed) {
   const char* op = "grouped_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
@@ -518,7 +518,8 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
     DEMB_CHECK_VALUE(s_p[i] < 0 || mv.dim(t_p[i]) <= G, op, ": grads have ", G,
                      " columns, table ", t_p[i], " has dim ", mv.dim(t_p[i]));
   }
-  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
+  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step,
+                                       rounding_seed);
   const float* g_p = g.data_ptr<float>();
   dispatch_rows(values.scalar_type(), [&](auto tag) {
   using E = decltype(tag);
@@ -531,7 +532,8 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
       }
       if (s_p[i] < 0) continue;
       const int64_t t = t_p[i];
-      update_row(optimizer, v + mv.offset(t) + s_p[i] * mv.width(t), g_p + i * G, mv.dim(t), p);
+      update_row(optimizer, v + mv.offset(t) + s_p[i] * mv.width(t), g_p + i * G, mv.dim(t), p,
+                 row_rounding(p, t, s_p[i]));
     }
   });
   });
@@ -550,7 +552,8 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                                double beta2, double weight_decay, int64_t weight_decay_mode,
                                int64_t step, bool /*check: the CPU kernels always check*/,
                                const std::optional<at::Tensor>& order,
-                               const std::optional<at::Tensor>& key_counts) {
+                               const std::optional<at::Tensor>& key_counts,
+                               int64_t rounding_seed) {
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
@@ -568,7 +571,8 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   const int64_t* t_p = tid.data_ptr<int64_t>();
   const int64_t* s_p = sl.data_ptr<int64_t>();
   check_rows(mv, t_p, s_p, u, op);
-  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
+  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step,
+                                       rounding_seed);
   dispatch_rows(values.scalar_type(), [&](auto tag) {
   using E = decltype(tag);
   E* v = values.data_ptr<E>();
@@ -580,7 +584,8 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                  },
                  [&](int64_t k, const float* g, int64_t D) {
                    const int64_t t = t_p[k];
-                   update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p);
+                   update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p,
+                              row_rounding(p, t, s_p[k]));
                  });
   });
 }

@@ -349,10 +349,11 @@ __device__ inline bool aligned16(const void* p) {
 }
 
 /// The element-wise optimizers on element ``d`` of a row ``w`` of dim ``D`` (its float32 state
-/// after the embedding, grouped.h), computed in float32 and rounded back to the row type E.
+/// after the embedding, grouped.h), computed in float32 and rounded back to the row type E as
+/// ``r`` says.
 template <typename E>
 __device__ inline void update_element(E* w, int64_t D, int64_t d, float g, int64_t optimizer,
-                                      const UpdateParams& p) {
+                                      const UpdateParams& p, const RowRounding& r = {}) {
   float* m = state_of(w, D);
   float x = static_cast<float>(w[d]);
   if (optimizer == kSgd) {
@@ -362,7 +363,7 @@ __device__ inline void update_element(E* w, int64_t D, int64_t d, float g, int64
   } else {
     adam_element(x, m[d], m[D + d], g, p);
   }
-  w[d] = to_row<E>(x);
+  w[d] = round_update<E>(x, r, d);
 }
 
 /// The fused update of grouped_reduce_update for the chunk kernel: a key whose positions fit in one
@@ -620,12 +621,12 @@ at::Tensor grouped_reduce_grads_cuda(const at::Tensor& grad_out, const at::Tenso
 
 // ---- optimizer updates: one warp per row ----
 
-/// One element of an E row updated in float32 by ``step(x)`` and rounded back to E.
+/// Element ``d`` of an E row updated in float32 by ``step(x)`` and rounded back to E as ``r`` says.
 template <typename E, typename Step>
-__device__ inline void update_in_float(E& e, Step step) {
-  float x = static_cast<float>(e);
+__device__ inline void update_in_float(E* w, int64_t d, const RowRounding& r, Step step) {
+  float x = static_cast<float>(w[d]);
   step(x);
-  e = to_row<E>(x);
+  w[d] = round_update<E>(x, r, d);
 }
 
 template <typename E>
@@ -641,12 +642,13 @@ __global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
   E* w = values + meta.offset(t) + s * meta.width(t);
   float* m = state_of(w, D);
   const float* g = grads + i * G;
+  const RowRounding r = row_rounding(p, t, s);
   if (optimizer == kSgd) {
     for (int64_t d = threadIdx.x; d < D; d += kWarp)
-      update_in_float(w[d], [&](float& x) { sgd_element(x, g[d], p); });
+      update_in_float(w, d, r, [&](float& x) { sgd_element(x, g[d], p); });
   } else if (optimizer == kAdagrad) {
     for (int64_t d = threadIdx.x; d < D; d += kWarp)
-      update_in_float(w[d], [&](float& x) { adagrad_element(x, m[d], g[d], p); });
+      update_in_float(w, d, r, [&](float& x) { adagrad_element(x, m[d], g[d], p); });
   } else if (optimizer == kRowwiseAdagrad) {
     float local = 0.0f;
     for (int64_t d = threadIdx.x; d < D; d += kWarp)
@@ -654,13 +656,13 @@ __global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
     const float sum_sq = warp_sum(local);
     const float new_m = rowwise_accumulator(m[0], sum_sq, D);
     for (int64_t d = threadIdx.x; d < D; d += kWarp)
-      update_in_float(w[d], [&](float& x) { rowwise_element(x, g[d], new_m, p); });
+      update_in_float(w, d, r, [&](float& x) { rowwise_element(x, g[d], new_m, p); });
     __syncwarp();
     if (threadIdx.x == 0) m[0] = new_m;
   } else {
     float* v = m + D;
     for (int64_t d = threadIdx.x; d < D; d += kWarp)
-      update_in_float(w[d], [&](float& x) { adam_element(x, m[d], v[d], g[d], p); });
+      update_in_float(w, d, r, [&](float& x) { adam_element(x, m[d], v[d], g[d], p); });
   }
 }
 
@@ -682,10 +684,11 @@ __global__ void key_update_kernel(E* __restrict__ values, DeviceMeta meta,
   if (!meta.valid(t, s)) return;
   const int64_t D = meta.dim(t);
   E* w = values + meta.offset(t) + s * meta.width(t);
+  const RowRounding r = row_rounding(p, t, s);
   for (int64_t d = threadIdx.x; d < D; d += kWarp) {
     float g = 0.0f;
     for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
-    update_element(w, D, d, g, optimizer, p);
+    update_element(w, D, d, g, optimizer, p, r);
   }
 }
 
@@ -736,7 +739,8 @@ void launch_update(at::Tensor& values, const at::Tensor& meta, const at::Tensor&
 void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
                          const at::Tensor& slots, const at::Tensor& grads, int64_t optimizer,
                          double lr, double eps, double beta1, double beta2, double weight_decay,
-                         int64_t weight_decay_mode, int64_t step, bool check) {
+                         int64_t weight_decay_mode, int64_t step, bool check,
+                         int64_t rounding_seed) {
   const char* op = "grouped_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
@@ -756,7 +760,8 @@ void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::T
     }
   }
   launch_update(values, meta, tid, sl, g, optimizer,
-                make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step));
+                make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step,
+                            rounding_seed));
 }
 
 // The GPU form of the fused op: the chunk partials, then one warp per key sums them and updates
@@ -770,7 +775,8 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
                                 int64_t optimizer, double lr, double eps, double beta1,
                                 double beta2, double weight_decay, int64_t weight_decay_mode,
                                 int64_t step, bool check, const std::optional<at::Tensor>& order,
-                                const std::optional<at::Tensor>& key_counts) {
+                                const std::optional<at::Tensor>& key_counts,
+                                int64_t rounding_seed) {
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
@@ -783,7 +789,8 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
     check_rows_cuda(meta, tid, sl, op);
   }
   DEMB_CHECK_VALUE(max_dim >= 0, op, ": max_dim must be >= 0, got ", max_dim);
-  const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step);
+  const UpdateParams p =
+      make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step, rounding_seed);
   const int64_t u = sl.numel();
   // Row-wise Adagrad needs each row's whole gradient before its update: no fusion for it. The
   // chunk kernel's fused update writes float32 rows only: half-precision rows update in

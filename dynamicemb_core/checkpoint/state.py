@@ -48,6 +48,7 @@ __all__ = [
 
 TRAINING_STATE = "training_state"  # header extra key
 SCORE_CLOCK = "score_clock"  # header extra key
+ROUNDING_SEED = "stochastic_rounding_seed"  # training state key
 COUNTER_KIND = "admission_counter"
 COUNT_COLUMNS = ("COUNT",)
 _CLOCKED = ((DynamicEmbScoreStrategy.STEP,), (DynamicEmbScoreStrategy.CUSTOMIZED,))
@@ -55,22 +56,31 @@ _CLOCKED = ((DynamicEmbScoreStrategy.STEP,), (DynamicEmbScoreStrategy.CUSTOMIZED
 
 # ---- training state ---------------------------------------------------------------------------
 def training_state(handle: TableHandle) -> Dict[str, Any]:
-    """The optimizer, step and hyper-parameters of the module holding ``handle``'s table."""
+    """The optimizer, step and hyper-parameters of the module holding ``handle``'s table, and the
+    seed of its stochastic rounding when it has one (the random bits of an update hash the seed
+    and the step, so a resumed run rounds as the uninterrupted one)."""
     from dynamicemb_core.optim import optimizer_args_state
 
     module = handle.owner
-    return {
+    state = {
         "optimizer": module.optimizer_kind.value,
         "step": int(module.step),
         "hyper_parameters": optimizer_args_state(module.optimizer_args),
     }
+    seed = getattr(module, "stochastic_rounding_seed", None)
+    if seed is not None:
+        state[ROUNDING_SEED] = int(seed)
+    return state
 
 
 class TrainingRestore:
     """One module's training state read from a checkpoint, validated, ready to set."""
 
-    def __init__(self, handle: TableHandle, step: int, args: Any) -> None:
+    def __init__(
+        self, handle: TableHandle, step: int, args: Any, rounding_seed: Optional[int] = None
+    ) -> None:
         self.handle, self.step, self.args = handle, step, args
+        self.rounding_seed = rounding_seed
 
 
 def check_training_states(
@@ -114,21 +124,32 @@ def check_training_states(
         try:
             args = optimizer_args_from_kwargs(handle.owner.optimizer, state["hyper_parameters"])
             step = int(state["step"])
+            seed = state.get(ROUNDING_SEED)
+            seed = None if seed is None else int(seed)
         except (KeyError, TypeError, ValueError) as err:
             raise CheckpointMismatchError(
                 f"checkpoint {path}: {where}: unusable optimizer state {state}: {err}"
             ) from None
         if step < 0:
             raise CheckpointMismatchError(f"checkpoint {path}: {where}: negative step {step}")
-        out.append(TrainingRestore(handle, step, args))
+        if seed is not None and not 0 <= seed < 2**63:
+            raise CheckpointMismatchError(
+                f"checkpoint {path}: {where}: stochastic_rounding_seed {seed} outside [0, 2**63)"
+            )
+        out.append(TrainingRestore(handle, step, args, seed))
     return out
 
 
 def restore_training(restore: TrainingRestore) -> None:
-    """Set a module's step and hyper-parameters (and its TorchRec fused optimizer's rate)."""
+    """Set a module's step and hyper-parameters (and its TorchRec fused optimizer's rate), and the
+    checkpoint's stochastic rounding seed where the module rounds stochastically (a module that
+    rounds to nearest keeps doing so: its own ``stochastic_rounding`` setting stands)."""
     from dynamicemb_core.checkpoint.adapters import set_training_state
 
-    set_training_state(restore.handle.owner, restore.handle.kernel, restore.step, restore.args)
+    module = restore.handle.owner
+    set_training_state(module, restore.handle.kernel, restore.step, restore.args)
+    if restore.rounding_seed is not None and getattr(module, ROUNDING_SEED, None) is not None:
+        module.stochastic_rounding_seed = restore.rounding_seed
 
 
 # ---- score clocks -----------------------------------------------------------------------------

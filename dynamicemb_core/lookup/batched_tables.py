@@ -61,7 +61,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         device: where the tables and the outputs live.
         output_dtype: dtype of the output (computation is float32).
         **optimizer_kwargs: FBGEMM-named hyper-parameters (learning_rate, eps, beta1, beta2,
-            weight_decay, weight_decay_mode, initial_accumulator_value).
+            weight_decay, weight_decay_mode, initial_accumulator_value) and FBGEMM's fused
+            parameters; ``stochastic_rounding=True`` rounds the updates of half-precision rows
+            stochastically (see :attr:`stochastic_rounding_seed`; default: to nearest even).
 
     Every table of the module lives in one group (:mod:`dynamicemb_core.lookup.grouped`): one
     hash table and one value descriptor for all of them, whether a table is device-resident,
@@ -95,8 +97,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.optimizer = optimizer
         self._kind = optimizer_kind(optimizer)
         self.optimizer_args: OptimizerArgs = optimizer_args_from_kwargs(optimizer, optimizer_kwargs)
-        # FBGEMM's flag; half-precision rows round to nearest even whatever it says (a warning).
-        self._stochastic_rounding = bool(optimizer_kwargs.get("stochastic_rounding", False))
+        # FBGEMM's flag: half-precision rows round their updates stochastically when it is set.
+        stochastic = bool(optimizer_kwargs.get("stochastic_rounding", False))
         self.output_dtype = output_dtype_from(output_dtype)
         self.table_names = list(table_names)
         self.table_options = list(table_options)
@@ -117,6 +119,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         ]
         self._admission = [self._build_admission(opts) for opts in self.table_options]
         self._group = self._build_group(specs)
+        self._rounding_seed: Optional[int] = None
+        if stochastic and any(spec.dtype != torch.float32 for spec in specs):
+            # From torch's default generator: torch.manual_seed before construction fixes the run.
+            self.stochastic_rounding_seed = int(torch.randint(0, 2**62, ()).item())
         for tier in self.tables:
             start_steps(tier)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
@@ -169,7 +175,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """The module's one group: every table, device-resident, hybrid or cached."""
         opts = self.table_options
         kinds = [tier_kind(o, spec, self.device) for o, spec in zip(opts, specs)]
-        check_row_dtypes(self.table_names, specs, kinds, self._stochastic_rounding)
+        check_row_dtypes(self.table_names, specs, kinds)
         places = [
             table_place(o, spec, kind, self.device) for o, spec, kind in zip(opts, specs, kinds)
         ]
@@ -243,6 +249,24 @@ class BatchedDynamicEmbeddingTables(nn.Module):
     def optimizer_kind(self) -> OptimizerKind:
         """The fused optimizer the tables train with (resolved from the FBGEMM EmbOptimType)."""
         return self._kind
+
+    @property
+    def stochastic_rounding_seed(self) -> Optional[int]:
+        """The seed of the stochastic rounding of half-precision rows (``stochastic_rounding=True``),
+        or None when updates round to nearest even (the default, and float32 tables, which are never
+        rounded). Each update's random bits are a hash of (seed, step, table, slot, element): the
+        same seed, weights and batches give the same rows on the CPU and on CUDA. Drawn from torch's
+        default generator at construction; a checkpoint keeps it; it may be set to an int >= 0."""
+        return self._rounding_seed
+
+    @stochastic_rounding_seed.setter
+    def stochastic_rounding_seed(self, seed: Optional[int]) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"stochastic_rounding_seed must be an int or None, got {seed!r}")
+        if seed is not None and not 0 <= seed < 2**63:
+            raise ValueError(f"stochastic_rounding_seed must be in [0, 2**63), got {seed}")
+        self._rounding_seed = seed
+        self._group.rounding_seed = -1 if seed is None else seed
 
     @property
     def step(self) -> int:

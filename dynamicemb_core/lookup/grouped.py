@@ -126,6 +126,9 @@ class TableGroup:
         self.pooled = pooled
         self.kind = kind
         self.optimizer_args = optimizer_args
+        # >= 0: half-precision rows round their updates stochastically from this seed (the lookup
+        # module's stochastic_rounding_seed); -1: to nearest even.
+        self.rounding_seed = -1
         self.feature_tables = torch.tensor(
             list(feature_table_map), dtype=torch.int64, device=device
         )
@@ -501,6 +504,7 @@ class TableGroup:
             float(a.weight_decay),
             int(a.weight_decay_mode),
             max(1, int(it)),
+            self.rounding_seed,
         )
         pool = lookup_ops.POOL_NONE if mode is None else mode
         bags = (

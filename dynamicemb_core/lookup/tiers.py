@@ -56,14 +56,12 @@ def check_row_dtypes(
     names: Sequence[str],
     specs: Sequence[StorageTableSpec],
     kinds: Sequence[str],
-    stochastic_rounding: bool = False,
 ) -> None:
     """Raise unless every table's row dtype is one its storage kind stores.
 
     Half-precision tables (``embedding_dtype`` float16 / bfloat16) are device or hybrid tables;
     cached tables and external storages keep float32 rows, and the tables of one module (one group,
-    one value buffer) share one dtype (TorchRec groups tables by ``data_type`` too). Updates
-    round to nearest even: ``stochastic_rounding=True`` (FBGEMM's default) warns.
+    one value buffer) share one dtype (TorchRec groups tables by ``data_type`` too).
     """
     for name, spec, kind in zip(names, specs, kinds):
         if spec.dtype not in ROW_DTYPES:
@@ -76,14 +74,6 @@ def check_row_dtypes(
                 "tables only; a cached table (caching=True) or an external_storage keeps float32 "
                 "rows: leave embedding_dtype unset (or float32) for it"
             )
-    if stochastic_rounding and any(spec.dtype != torch.float32 for spec in specs):
-        warnings.warn(
-            "stochastic_rounding=True: half-precision dynamic tables round their updated "
-            "embeddings to nearest even (as FBGEMM's CPU TBE does); stochastic rounding is not "
-            "implemented",
-            UserWarning,
-            stacklevel=5,
-        )
     dtypes = {spec.dtype for spec in specs}
     if len(dtypes) > 1:
         found = {n: s.dtype for n, s in zip(names, specs)}

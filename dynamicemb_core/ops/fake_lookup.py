@@ -197,6 +197,7 @@ def _grouped_update_fake(
     weight_decay_mode: int,
     step: int,
     check: bool = True,
+    rounding_seed: int = -1,
 ) -> None:
     torch._check(grads.dim() == 2, lambda: "grouped_update: grads must be (n, k)")
 
@@ -226,6 +227,7 @@ def _grouped_reduce_update_fake(
     check: bool = True,
     order: Optional[Tensor] = None,
     key_counts: Optional[Tensor] = None,
+    rounding_seed: int = -1,
 ) -> None:
     torch._check(grad_out.dim() == 2, lambda: "grouped_reduce_update: grad_out must be 2-D")
 

@@ -374,11 +374,14 @@ def grouped_update(
     weight_decay: float = 0.0,
     weight_decay_mode: int = 0,
     step: int = 1,
+    rounding_seed: int = -1,
     *,
     check: bool = True,
 ) -> None:
     """In place: the optimizer (OPTIMIZER_CODES) on the rows at ``(table_ids, slots)`` with
-    ``grads`` (n, >= dim); slots < 0 skipped. The formulas of :func:`sgd_update` and siblings."""
+    ``grads`` (n, >= dim); slots < 0 skipped. The formulas of :func:`sgd_update` and siblings.
+    ``rounding_seed`` >= 0: half-precision rows round their new embeddings stochastically, from a
+    hash of (seed, step, table, slot, element); < 0: to nearest even (float32 rows: never rounded)."""
     _ops().grouped_update.default(
         values,
         meta,
@@ -394,6 +397,7 @@ def grouped_update(
         weight_decay_mode,
         step,
         check,
+        rounding_seed,
     )
 
 
@@ -419,6 +423,7 @@ def grouped_reduce_update(
     weight_decay: float = 0.0,
     weight_decay_mode: int = 0,
     step: int = 1,
+    rounding_seed: int = -1,
     *,
     check: bool = True,
     order: Optional[torch.Tensor] = None,
@@ -428,7 +433,8 @@ def grouped_reduce_update(
     training backward): the CPU kernel applies each key's sum as soon as it is formed. ``max_dim``:
     the group's widest embedding dim (the width of the reduction on CUDA). ``order`` and
     ``key_counts`` (together, from :func:`segmented_unique_ordered`): the positions grouped by key,
-    so the CUDA kernels skip their sort of ``inverse``; the rows come out the same without them."""
+    so the CUDA kernels skip their sort of ``inverse``; the rows come out the same without them.
+    ``rounding_seed``: as :func:`grouped_update`'s."""
     _ops().grouped_reduce_update.default(
         values,
         meta,
@@ -454,4 +460,5 @@ def grouped_reduce_update(
         check,
         order,
         key_counts,
+        rounding_seed,
     )

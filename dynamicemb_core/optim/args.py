@@ -105,8 +105,9 @@ class OptimizerArgs:
 # - gradient_clipping: FBGEMM clips every gradient element to +-max_gradient; not implemented, so
 #   True is refused. False (FBGEMM's default) is the update the tables do.
 # - max_gradient: read by FBGEMM only with gradient_clipping=True; validated, then unused as there.
-# - stochastic_rounding: FBGEMM rounds only fp16/bf16 weights; float32 rows are not rounded, and
-#   half-precision rows round to nearest even (True warns: lookup/tiers.check_row_dtypes).
+# - stochastic_rounding: FBGEMM rounds only fp16/bf16 weights; float32 rows are not rounded.
+#   Half-precision rows round their updates stochastically when it is True (the lookup module's
+#   stochastic_rounding_seed), to nearest even when it is False or absent.
 # - momentum, eta: read only by FBGEMM's LARS/LAMB optimizers, which the tables do not offer.
 # - output_dtype: the lookup output's dtype (see :func:`output_dtype_from`), handled by the caller.
 _FBGEMM_ONLY_KWARGS = frozenset(

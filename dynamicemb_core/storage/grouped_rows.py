@@ -275,11 +275,12 @@ class GroupedRows:
         Without host rows: one :func:`lookup_ops.grouped_reduce_update`. With host rows: one
         :func:`lookup_ops.grouped_reduce_grads` on the device, then :func:`lookup_ops.grouped_update`
         on each part, the host part with only its own keys' gradients copied over. ``optimizer``:
-        ``(code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step)``. ``frozen``: tables
+        ``(code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step, rounding_seed)``
+        (grouped_update's arguments; seed < 0: round to nearest). ``frozen``: tables
         that hold no optimizer state (their slots must be -1). ``order`` / ``key_counts``: the
         dedup's grouping of the positions by key (see :func:`lookup_ops.grouped_reduce_update`).
         """
-        code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step = optimizer
+        code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step, seed = optimizer
         hyper = (
             int(code),
             float(lr),
@@ -289,6 +290,7 @@ class GroupedRows:
             float(weight_decay),
             int(weight_decay_mode),
             int(step),
+            int(seed),
         )
         if not self.has_host:
             lookup_ops.grouped_reduce_update(

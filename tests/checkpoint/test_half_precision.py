@@ -110,3 +110,43 @@ def test_a_half_precision_dump_loads_into_a_float32_table_exactly(tmp_path, dtyp
         assert a[name].keys() == b[name].keys() and a[name].keys()
         for k in a[name].keys():
             assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+
+
+def test_resumed_stochastic_rounding_equals_an_uninterrupted_run(tmp_path):
+    """With stochastic rounding, a resumed run rounds as the uninterrupted one: the dump keeps the
+    rounding seed beside the step (both key the random bits), and the load restores it into a
+    module that rounds stochastically with another seed; a module that rounds to nearest stays so."""
+    kw = dict(optimizer="EXACT_SGD", embedding_dtype=torch.float16)
+
+    def stochastic(seed: int):
+        model = make_model(**kw)
+        model.ebc.stochastic_rounding_seed = seed
+        return model
+
+    whole = stochastic(123)
+    torch.manual_seed(5)  # the new rows' initializer
+    train(whole, 3, seed=1)
+    train(whole, 3, seed=2)
+    part = stochastic(123)
+    torch.manual_seed(5)
+    train(part, 3, seed=1)
+    DynamicEmbDump(str(tmp_path), part, optim=True)
+    resumed = stochastic(456)
+    DynamicEmbLoad(str(tmp_path), resumed, optim=True)
+    assert resumed.ebc.stochastic_rounding_seed == 123
+    train(resumed, 3, seed=2)
+    a, b = snapshot(whole), snapshot(resumed)
+    for name in a:
+        assert a[name].keys() == b[name].keys()
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+    nearest = make_model(**kw)
+    DynamicEmbLoad(str(tmp_path), nearest, optim=True)
+    assert nearest.ebc.stochastic_rounding_seed is None
+    # and the seed matters: another one gives other rows
+    other = stochastic(456)
+    torch.manual_seed(5)
+    train(other, 3, seed=1)
+    train(other, 3, seed=2)
+    c = snapshot(other)
+    assert any(not torch.equal(a[n].rows[k], c[n].rows[k]) for n in a for k in a[n].keys())

@@ -16,7 +16,8 @@
  * widths and capacities in meta count ``E`` elements, and every row starts at an even element, so
  * the state is 4-byte aligned. The ops read and write *logical* rows, always float32:
  * ``[embedding as float | state]`` of ``logical_width`` columns; an update computes in float32 and
- * rounds the new embedding to ``E`` to nearest even (FBGEMM's CPU TBE for fp16 weights).
+ * rounds the new embedding to ``E``: to nearest even (FBGEMM's CPU TBE for fp16 weights), or, given
+ * a rounding seed, stochastically (FBGEMM's ``stochastic_rounding``; see round_update below).
  *
  * The update formulas are FBGEMM's exact optimizers (fbgemm_gpu/codegen/genscript/optimizers.py),
  * restated per element here so that both backends compute them from one definition.
@@ -86,12 +87,18 @@ DEMB_HOST_DEVICE E to_row(float x) {
 struct UpdateParams {
   float lr, eps, beta1, beta2, weight_decay, bc1, bc2;
   int64_t weight_decay_mode;  // 0 NONE, 1 L2, 2 DECOUPLE (row-wise Adagrad)
+  int64_t step;               // the training step (keys the stochastic rounding)
+  int64_t rounding_seed;      // < 0: half-precision rows round to nearest; else stochastically
 };
 
-/// Parameters with Adam's bias corrections computed once per call.
+/// Parameters with Adam's bias corrections computed once per call. ``rounding_seed`` >= 0 asks for
+/// stochastic rounding of half-precision rows (float32 rows are never rounded).
 inline UpdateParams make_params(double lr, double eps, double beta1, double beta2,
-                                double weight_decay, int64_t weight_decay_mode, int64_t step) {
+                                double weight_decay, int64_t weight_decay_mode, int64_t step,
+                                int64_t rounding_seed = -1) {
   UpdateParams p{};
+  p.step = step;
+  p.rounding_seed = rounding_seed;
   p.lr = float(lr);
   p.eps = float(eps);
   p.beta1 = float(beta1);
@@ -182,6 +189,70 @@ DEMB_HOST_DEVICE void rowwise_element(float& w, float g, float new_m, const Upda
   if (p.weight_decay_mode == 1) correction = sub_rn(1.0f, mul_rn(mult, p.weight_decay));
   if (p.weight_decay_mode == 2) correction = sub_rn(1.0f, mul_rn(p.lr, p.weight_decay));
   w = sub_rn(mul_rn(correction, w), mul_rn(mult, g));
+}
+
+// ---- rounding an updated embedding to the row type ----
+//
+// Stochastic rounding picks, for a float32 result x between two neighbouring values lo < x < hi of
+// the row type, hi with probability (x - lo) / (hi - lo) and lo otherwise, so the rounded value is
+// x on average: updates smaller than half a unit of the row type still move the weight in
+// expectation (rounding to nearest drops them every time). The random numbers come from a
+// counter-based hash of (seed, step, table, slot, element): no state, the same bits on the CPU and
+// the GPU, in any thread order, and the same run again for the same seed.
+
+/// splitmix64's finalizer: a bijective mix of 64 bits.
+DEMB_HOST_DEVICE uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+/// How the updated embeddings of one row are rounded: ``key`` is the row's random stream for this
+/// update (seed, step, table, slot hashed together), used only when ``stochastic``.
+struct RowRounding {
+  uint64_t key = 0;
+  bool stochastic = false;
+};
+
+DEMB_HOST_DEVICE RowRounding row_rounding(const UpdateParams& p, int64_t table, int64_t slot) {
+  RowRounding r;
+  if (p.rounding_seed < 0) return r;
+  uint64_t h = mix64(uint64_t(p.rounding_seed) + 0x9E3779B97F4A7C15ULL);
+  h = mix64(h ^ uint64_t(p.step));
+  h = mix64(h ^ uint64_t(table));
+  r.key = mix64(h ^ uint64_t(slot));
+  r.stochastic = true;
+  return r;
+}
+
+/// ``x`` rounded stochastically to the 2-byte type ``E`` (at::Half or at::BFloat16, bits in
+/// ``.x``) with 24 uniform bits ``u``. Exact values, NaN and overflow round as to_row does.
+template <typename E>
+DEMB_HOST_DEVICE E round_stochastic(float x, uint32_t u) {
+  const E near = to_row<E>(x);
+  const float n = static_cast<float>(near);
+  // n - n is 0 only for a finite n (inf and NaN give NaN)
+  if (n == x || !(sub_rn(n, n) == 0.0f)) return near;
+  // The other neighbour of x: one step of the sign-magnitude pattern away from or toward zero
+  // (x and n have one sign). Past the largest finite value it is inf, and p below is 0.
+  E other = near;
+  other.x = static_cast<uint16_t>(fabsf(x) > fabsf(n) ? near.x + 1 : near.x - 1);
+  const float o = static_cast<float>(other);
+  // Both differences are exact (nearby floats); p <= 1/2 as n is the nearest.
+  const float p = div_rn(fabsf(sub_rn(x, n)), fabsf(sub_rn(o, n)));
+  return mul_rn(float(u), 5.9604644775390625e-8f) < p ? other : near;  // u / 2^24 < p
+}
+
+/// Element ``d`` of an updated row, rounded to the row type as ``r`` says (float rows: as is).
+template <typename E>
+DEMB_HOST_DEVICE E round_update(float x, const RowRounding& r, int64_t d) {
+  if constexpr (sizeof(E) == 4) {
+    return x;
+  } else {
+    if (!r.stochastic) return to_row<E>(x);
+    const uint64_t bits = mix64(r.key + uint64_t(d) * 0x9E3779B97F4A7C15ULL);
+    return round_stochastic<E>(x, static_cast<uint32_t>(bits >> 40));
+  }
 }
 
 }  // namespace grouped
