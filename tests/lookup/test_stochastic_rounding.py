@@ -128,6 +128,21 @@ def test_float32_tables_and_the_default_round_to_nearest(device):
     assert torch.equal(plain, _train_constant(asked, 3, 1e-4))
 
 
+def test_torchrec_fused_params_ask_for_it(device):
+    """The sharder's fused_params go through split_fused_params: stochastic_rounding=True there
+    reaches the tables (TorchRec's placement keys beside it are dropped, as for the other flags)."""
+    from dynamicemb_core.optim.args import split_fused_params
+
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1, "cache_load_factor": 0.2}
+    for asked in (True, False):
+        optimizer, kwargs, out = split_fused_params({**fused, "stochastic_rounding": asked})
+        module = BatchedDynamicEmbeddingTables(
+            [oracle.options(4, embedding_dtype=torch.bfloat16)], ["t"], [0],
+            DynamicEmbPoolingMode.SUM, optimizer, device, output_dtype=out, **kwargs,
+        )  # fmt: skip
+        assert (module.stochastic_rounding_seed is not None) is asked
+
+
 def test_bad_seeds_are_refused(device):
     module = _module(device, torch.float16, stochastic_rounding=True)
     for bad in (-1, 2**63, 1.5, True):
