@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dynamicemb/check.h"
+#include "dynamicemb/cpu_isa.h"
 #include "dynamicemb/grouped.h"
 #include "dynamicemb/grouped_checks.h"
 #include "dynamicemb/hashing.h"
@@ -29,7 +30,7 @@ constexpr int64_t kPrefetchAhead = 8;
 constexpr int64_t kKeyBlock = 1024;
 
 template <typename E>
-inline void prefetch_row(const E* row, int64_t n) {
+DEMB_ALWAYS_INLINE void prefetch_row(const E* row, int64_t n) {
   const char* p = reinterpret_cast<const char*>(row);
   for (int64_t b = 0; b < n * int64_t(sizeof(E)); b += 64) __builtin_prefetch(p + b, 1, 3);
 }
@@ -230,6 +231,130 @@ inline void check_inverse(const int64_t* inv, int64_t i, int64_t num_unique, con
                    " out of range [0, ", num_unique, ")");
 }
 
+/// One grouped_pooled_gather call's inputs, for its bag loop (pool_bags).
+template <typename E>
+struct PoolJob {
+  const MetaView* mv;
+  const Bags* b;
+  const int64_t* slots;
+  int64_t u, mode, total_dim;
+  const E* values;
+  float* out;
+};
+
+/// Prefetches, a fixed number of indices ahead of the pooling walk, the row that index reads;
+/// its cursor follows the bags (and so the tables) across bag boundaries.
+template <typename E>
+struct RowPrefetcher {
+  const PoolJob<E>& j;
+  int64_t last, bag;
+  DEMB_ALWAYS_INLINE void at(int64_t ahead) {
+    if (ahead >= last) return;
+    const Bags& b = *j.b;
+    while (b.off_p[bag + 1] <= ahead) ++bag;
+    const int64_t k = b.inv_p[ahead];
+    if (k < 0 || k >= j.u) return;
+    const int64_t t = b.ft_p[bag / b.B], s = j.slots[k];
+    if (s >= 0 && s < j.mv->capacity(t)) {
+      prefetch_row(j.values + j.mv->offset(t) + s * j.mv->width(t), j.mv->dim(t));
+    }
+  }
+};
+
+/// Pools one bag into ``dst``: ``FD`` > 0 is the table's dim known at compile time (the sums stay
+/// in registers and the loops unroll), 0 a dim read from meta. ``kWeighted``: per-sample weights
+/// (else each row is added as it is: the product by a weight of 1 changes no bit). Returns whether
+/// an index had a unique id or slot out of range (skipped; the caller raises for it).
+template <typename E, int64_t FD, bool kWeighted>
+DEMB_ALWAYS_INLINE bool pool_bag(const PoolJob<E>& j, int64_t bag, RowPrefetcher<E>& pf,
+                                 float* scratch) {
+  const Bags& b = *j.b;
+  const MetaView& mv = *j.mv;
+  const int64_t f = bag / b.B, t = b.ft_p[f];
+  const int64_t D = FD > 0 ? FD : mv.dim(t), W = mv.width(t), cap = mv.capacity(t);
+  const E* base = j.values + mv.offset(t);
+  float local[FD > 0 ? FD : 1];
+  float* __restrict__ a = FD > 0 ? local : scratch;
+  for (int64_t d = 0; d < D; ++d) a[d] = 0.0f;
+  bool bad = false;
+  const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
+  for (int64_t i = lo; i < hi; ++i) {
+    pf.at(i + kPrefetchAhead);
+    const int64_t k = b.inv_p[i];
+    if (k < 0 || k >= j.u) {
+      bad = true;
+      continue;
+    }
+    const int64_t slot = j.slots[k];
+    if (slot < 0) continue;
+    if (slot >= cap) {
+      bad = true;
+      continue;
+    }
+    const E* __restrict__ row = base + slot * W;
+    if constexpr (kWeighted) {
+      const float w = b.w_p[i];
+      for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(row[d]);
+    } else {
+      for (int64_t d = 0; d < D; ++d) a[d] += static_cast<float>(row[d]);
+    }
+  }
+  float* dst = j.out + (bag % b.B) * j.total_dim + b.dofs_p[f];
+  if (j.mode == kPoolMean && hi > lo) {
+    const float scale = 1.0f / float(hi - lo);
+    for (int64_t d = 0; d < D; ++d) dst[d] = a[d] * scale;
+  } else {
+    for (int64_t d = 0; d < D; ++d) dst[d] = a[d];
+  }
+  return bad;
+}
+
+/// Bags [begin, end) of grouped_pooled_gather; float rows of the common dims get a compiled dim.
+template <typename E, bool kWeighted>
+DEMB_ALWAYS_INLINE bool pool_bags(const PoolJob<E>& j, int64_t begin, int64_t end) {
+  const Bags& b = *j.b;
+  std::vector<float> scratch;
+  RowPrefetcher<E> pf{j, b.off_p[end], begin};
+  bool bad = false;
+  for (int64_t bag = begin; bag < end; ++bag) {
+    const int64_t D = j.mv->dim(b.ft_p[bag / b.B]);
+    if constexpr (sizeof(E) == 4) {
+      switch (D) {
+        case 16: bad |= pool_bag<E, 16, kWeighted>(j, bag, pf, nullptr); continue;
+        case 32: bad |= pool_bag<E, 32, kWeighted>(j, bag, pf, nullptr); continue;
+        case 64: bad |= pool_bag<E, 64, kWeighted>(j, bag, pf, nullptr); continue;
+        case 128: bad |= pool_bag<E, 128, kWeighted>(j, bag, pf, nullptr); continue;
+        default: break;
+      }
+    }
+    if (static_cast<int64_t>(scratch.size()) < D) scratch.resize(D);
+    bad |= pool_bag<E, 0, kWeighted>(j, bag, pf, scratch.data());
+  }
+  return bad;
+}
+
+template <typename E>
+bool pool_bags_plain(const PoolJob<E>& j, int64_t begin, int64_t end) {
+  return j.b->w_p ? pool_bags<E, true>(j, begin, end) : pool_bags<E, false>(j, begin, end);
+}
+
+#ifdef DEMB_CPU_AVX2
+DEMB_TARGET_AVX2 bool pool_bags_avx2(const PoolJob<float>& j, int64_t begin, int64_t end) {
+  return j.b->w_p ? pool_bags<float, true>(j, begin, end) : pool_bags<float, false>(j, begin, end);
+}
+#endif
+
+/// pool_bags on the widest clone this CPU runs (float rows; half-precision rows: the plain one).
+template <typename E>
+bool run_pool_bags(const PoolJob<E>& j, int64_t begin, int64_t end) {
+#ifdef DEMB_CPU_AVX2
+  if constexpr (sizeof(E) == 4) {
+    if (cpu_has_avx2()) return pool_bags_avx2(j, begin, end);
+  }
+#endif
+  return pool_bags_plain(j, begin, end);
+}
+
 at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor& meta,
                                      const at::Tensor& slots, const at::Tensor& inverse,
                                      const at::Tensor& offsets,
@@ -263,53 +388,11 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
   auto out = at::empty({b.B, total_dim}, values.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   dispatch_rows(values.scalar_type(), [&](auto tag) {
-  using E = decltype(tag);
-  const E* v = values.data_ptr<E>();
-  at::parallel_for(0, b.num_bags, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc;
-    // Prefetch cursor: the row kPrefetchAhead indices ahead, across bag (and table) boundaries.
-    const int64_t last = b.off_p[end];
-    int64_t pf_bag = begin;
-    for (int64_t bag = begin; bag < end; ++bag) {
-      const int64_t f = bag / b.B, s = bag % b.B, t = b.ft_p[f];
-      const int64_t D = mv.dim(t), W = mv.width(t), cap = mv.capacity(t);
-      const E* base = v + mv.offset(t);
-      acc.assign(D, 0.0f);
-      float* __restrict__ a = acc.data();
-      const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
-      for (int64_t i = lo; i < hi; ++i) {
-        const int64_t ahead = i + kPrefetchAhead;
-        if (ahead < last) {
-          while (b.off_p[pf_bag + 1] <= ahead) ++pf_bag;
-          const int64_t k = b.inv_p[ahead];
-          if (k >= 0 && k < u) {
-            const int64_t pt = b.ft_p[pf_bag / b.B];
-            const int64_t ps = s_p[k];
-            if (ps >= 0 && ps < mv.capacity(pt)) {
-              prefetch_row(v + mv.offset(pt) + ps * mv.width(pt), mv.dim(pt));
-            }
-          }
-        }
-        const int64_t k = b.inv_p[i];
-        if (k < 0 || k >= u) {
-          bad.store(true, std::memory_order_relaxed);
-          continue;
-        }
-        const int64_t slot = s_p[k];
-        if (slot < 0) continue;
-        if (slot >= cap) {
-          bad.store(true, std::memory_order_relaxed);
-          continue;
-        }
-        const float w = b.w_p ? b.w_p[i] : 1.0f;
-        const E* __restrict__ row = base + slot * W;
-        for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(row[d]);
-      }
-      const float scale = (mode == kPoolMean && hi > lo) ? 1.0f / float(hi - lo) : 1.0f;
-      float* dst = o + s * total_dim + b.dofs_p[f];
-      for (int64_t d = 0; d < D; ++d) dst[d] = a[d] * scale;
-    }
-  });
+    using E = decltype(tag);
+    const PoolJob<E> job{&mv, &b, s_p, u, mode, total_dim, values.data_ptr<E>(), o};
+    at::parallel_for(0, b.num_bags, 64, [&](int64_t begin, int64_t end) {
+      if (run_pool_bags(job, begin, end)) bad.store(true, std::memory_order_relaxed);
+    });
   });
   if (bad.load()) {
     // Error path only: find the first bad index, in index order, and raise for it.
@@ -319,6 +402,88 @@ at::Tensor grouped_pooled_gather_cpu(const at::Tensor& values, const at::Tensor&
   }
   return out;
 }
+
+/// The summing half of reduce_per_key: positions [start[k], start[k+1]) of key k read gradient
+/// rows at ``src`` with ``scale`` (nullptr: every scale is 1).
+struct KeySums {
+  const MetaView* mv;
+  const int64_t *start, *src;
+  const float *scale, *grads;
+  const int64_t* key_table;
+  int64_t max_dim;
+};
+
+/// Key k's gradient sum into ``out``: ``FD`` > 0 its dim known at compile time (the sum stays in
+/// registers), 0 read from meta. A scale of 1 is skipped (its product changes no bit).
+template <int64_t FD, bool kScaled>
+DEMB_ALWAYS_INLINE void sum_key(const KeySums& ks, int64_t k, int64_t dim, float* out) {
+  const int64_t D = FD > 0 ? FD : dim;
+  float local[FD > 0 ? FD : 1];
+  float* __restrict__ a = FD > 0 ? local : out;
+  for (int64_t d = 0; d < D; ++d) a[d] = 0.0f;
+  const int64_t hi = ks.start[k + 1];
+  for (int64_t j = ks.start[k]; j < hi; ++j) {
+    if (j + kPrefetchAhead < hi) prefetch_row(ks.grads + ks.src[j + kPrefetchAhead], D);
+    const float* __restrict__ row = ks.grads + ks.src[j];
+    if constexpr (kScaled) {
+      const float sc = ks.scale[j];
+      for (int64_t d = 0; d < D; ++d) a[d] += sc * row[d];
+    } else {
+      for (int64_t d = 0; d < D; ++d) a[d] += row[d];
+    }
+  }
+  if constexpr (FD > 0) {
+    for (int64_t d = 0; d < D; ++d) out[d] = a[d];
+  }
+}
+
+/// Keys [begin, end) in blocks: a block's sums go to a small buffer (it stays in cache), then its
+/// sinks run in one loop that prefetches (ahead) the rows a few keys in advance, as
+/// grouped_update does; interleaving each key's sum with its update left the update's random row
+/// reads unhidden.
+template <bool kScaled, typename Keep, typename Ahead, typename Sink>
+DEMB_ALWAYS_INLINE void key_sums(const KeySums& ks, int64_t begin, int64_t end, Keep& keep,
+                                 Ahead& ahead, Sink& sink) {
+  const int64_t M = ks.max_dim;
+  std::vector<float> buf(kKeyBlock * M);
+  for (int64_t kb = begin; kb < end; kb += kKeyBlock) {
+    const int64_t ke = std::min(end, kb + kKeyBlock);
+    for (int64_t k = kb; k < ke; ++k) {
+      if (ks.start[k] == ks.start[k + 1] || !keep(k)) continue;
+      const int64_t D = ks.mv->dim(ks.key_table[k]);
+      float* a = buf.data() + (k - kb) * M;
+      switch (D) {
+        case 16: sum_key<16, kScaled>(ks, k, D, a); break;
+        case 32: sum_key<32, kScaled>(ks, k, D, a); break;
+        case 64: sum_key<64, kScaled>(ks, k, D, a); break;
+        case 128: sum_key<128, kScaled>(ks, k, D, a); break;
+        default: sum_key<0, kScaled>(ks, k, D, a); break;
+      }
+    }
+    for (int64_t k = kb; k < kb + kPrefetchAhead && k < ke; ++k) ahead(k);
+    for (int64_t k = kb; k < ke; ++k) {
+      if (k + kPrefetchAhead < ke) ahead(k + kPrefetchAhead);
+      if (ks.start[k] == ks.start[k + 1] || !keep(k)) continue;
+      sink(k, static_cast<const float*>(buf.data() + (k - kb) * M), ks.mv->dim(ks.key_table[k]));
+    }
+  }
+}
+
+template <typename Keep, typename Ahead, typename Sink>
+void key_sums_plain(const KeySums& ks, int64_t begin, int64_t end, Keep& keep, Ahead& ahead,
+                    Sink& sink) {
+  if (ks.scale) return key_sums<true>(ks, begin, end, keep, ahead, sink);
+  key_sums<false>(ks, begin, end, keep, ahead, sink);
+}
+
+#ifdef DEMB_CPU_AVX2
+template <typename Keep, typename Ahead, typename Sink>
+DEMB_TARGET_AVX2 void key_sums_avx2(const KeySums& ks, int64_t begin, int64_t end, Keep& keep,
+                                    Ahead& ahead, Sink& sink) {
+  if (ks.scale) return key_sums<true>(ks, begin, end, keep, ahead, sink);
+  key_sums<false>(ks, begin, end, keep, ahead, sink);
+}
+#endif
 
 // The reduction shared by grouped_reduce_grads and grouped_reduce_update: calls sink(k, acc, D)
 // once per unique key k with acc the sum of scale * (the gradient row of each of its positions),
@@ -372,49 +537,34 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   }
   for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
   // Pass 2: each position's gradient row offset and scale, laid out in key order (a counting
-  // sort, stable: a key's positions stay in input order, so the sums are deterministic).
+  // sort, stable: a key's positions stay in input order, so the sums are deterministic). Unit
+  // scales (SUM without weights) are not stored: the sums add the rows as they are.
+  const bool scaled = b.w_p != nullptr || mode == kPoolMean;
   std::vector<int64_t> src(b.n), fill(start.begin(), start.end() - 1);
-  std::vector<float> scale(b.n);
+  std::vector<float> scale(scaled ? b.n : 0);
   for (int64_t bag = 0; bag < b.num_bags; ++bag) {
     const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
     const float mean = mode == kPoolMean && hi > lo ? float(hi - lo) : 1.0f;
     const int64_t row = (bag % b.B) * G + b.dofs_p[bag / b.B];
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t j = fill[b.inv_p[i]]++;
-      float sc = b.w_p ? b.w_p[i] : 1.0f;
-      if (mode == kPoolMean) sc /= mean;
-      scale[j] = sc;
+      if (scaled) {
+        float sc = b.w_p ? b.w_p[i] : 1.0f;
+        if (mode == kPoolMean) sc /= mean;
+        scale[j] = sc;
+      }
       src[j] = mode == kPoolNone ? i * G : row;
     }
   }
-  // Keys in blocks: a block's sums go to a small buffer (it stays in cache), then its sinks run
-  // in one loop that prefetches (ahead) the rows a few keys in advance, as grouped_update does;
-  // interleaving each key's sum with its update left the update's random row reads unhidden.
   int64_t max_dim = 0;
   for (int64_t t = 0; t < mv.T; ++t) max_dim = std::max(max_dim, mv.dim(t));
+  const KeySums ks{&mv, start.data(), src.data(), scaled ? scale.data() : nullptr, g_p,
+                   key_table.data(), max_dim};
   at::parallel_for(0, num_unique, kKeyBlock, [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(kKeyBlock * max_dim);
-    for (int64_t kb = begin; kb < end; kb += kKeyBlock) {
-      const int64_t ke = std::min(end, kb + kKeyBlock);
-      for (int64_t k = kb; k < ke; ++k) {
-        if (start[k] == start[k + 1] || !keep(k)) continue;
-        const int64_t D = mv.dim(key_table[k]);
-        float* __restrict__ a = buf.data() + (k - kb) * max_dim;
-        std::fill(a, a + D, 0.0f);
-        for (int64_t j = start[k], hi = start[k + 1]; j < hi; ++j) {
-          if (j + kPrefetchAhead < hi) prefetch_row(g_p + src[j + kPrefetchAhead], D);
-          const float sc = scale[j];
-          const float* __restrict__ row = g_p + src[j];
-          for (int64_t d = 0; d < D; ++d) a[d] += sc * row[d];
-        }
-      }
-      for (int64_t k = kb; k < kb + kPrefetchAhead && k < ke; ++k) ahead(k);
-      for (int64_t k = kb; k < ke; ++k) {
-        if (k + kPrefetchAhead < ke) ahead(k + kPrefetchAhead);
-        if (start[k] == start[k + 1] || !keep(k)) continue;
-        sink(k, static_cast<const float*>(buf.data() + (k - kb) * max_dim), mv.dim(key_table[k]));
-      }
-    }
+#ifdef DEMB_CPU_AVX2
+    if (cpu_has_avx2()) return key_sums_avx2(ks, begin, end, keep, ahead, sink);
+#endif
+    key_sums_plain(ks, begin, end, keep, ahead, sink);
   });
 }
 
@@ -444,8 +594,8 @@ at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor
 /// Applies optimizer ``opt`` to one row ``w`` (its float32 state after the embedding) with ``g``:
 /// each element computed in float32 and rounded back to ``E`` as ``r`` says.
 template <typename E>
-inline void update_row(int64_t opt, E* __restrict__ w, const float* __restrict__ g, int64_t D,
-                       const UpdateParams& p, const RowRounding& r) {
+DEMB_ALWAYS_INLINE void update_row(int64_t opt, E* __restrict__ w, const float* __restrict__ g,
+                                   int64_t D, const UpdateParams& p, const RowRounding& r) {
   float* __restrict__ m = state_of(w, D);
   if (opt == kSgd) {
     for (int64_t d = 0; d < D; ++d) {
@@ -597,8 +747,10 @@ struct UniquePair {
 
 // The open-addressing dedup of segmented_unique_cpu, in one serial pass in input order: probe slots
 // hold unique ids of type Index (32-bit for any batch below 2^31 ids: half the probe array), the
-// pairs themselves live in one array of UniquePair, and the probe slot of the id kPrefetchAhead
-// positions ahead is prefetched.
+// pairs themselves live in one array of UniquePair. A probe waits on two random reads, its probe
+// slot and then the pair that slot names, so both are prefetched: the probe slot 2 x kPrefetchAhead
+// positions ahead (its hash kept in a ring, computed once), the pair kPrefetchAhead ahead (its
+// slot then in cache; a slot that later takes a new pair only costs a wasted prefetch).
 template <typename Index>
 std::vector<UniquePair> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n, int64_t* inv,
                                     int64_t* tc) {
@@ -608,13 +760,24 @@ std::vector<UniquePair> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_
   auto home = [&](int64_t i) {
     return (hash_key(kp[i]) ^ (static_cast<uint64_t>(tp[i]) * 0x9E3779B97F4A7C15ULL)) & mask;
   };
+  constexpr int64_t kFar = 2 * kPrefetchAhead, kRing = 4 * kPrefetchAhead;  // kRing: power of 2
+  uint64_t ring[kRing];
+  for (int64_t i = 0; i < std::min(n, kFar); ++i) ring[i % kRing] = home(i);
   std::vector<Index> slot_of(cap, Index(-1));
   std::vector<UniquePair> pairs;
   pairs.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) __builtin_prefetch(&slot_of[home(i + kPrefetchAhead)], 0, 3);
+    if (i + kFar < n) {
+      const uint64_t h = home(i + kFar);
+      ring[(i + kFar) % kRing] = h;
+      __builtin_prefetch(&slot_of[h], 0, 3);
+    }
+    if (i + kPrefetchAhead < n) {
+      const Index u = slot_of[ring[(i + kPrefetchAhead) % kRing]];
+      if (u >= 0) __builtin_prefetch(&pairs.data()[u], 1, 3);
+    }
     const int64_t key = kp[i], t = tp[i];
-    uint64_t h = home(i);
+    uint64_t h = ring[i % kRing];
     while (true) {
       const Index u = slot_of[h];
       if (u < 0) {
