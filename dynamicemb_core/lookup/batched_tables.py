@@ -20,7 +20,7 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb_core.devices import normalize_device
-from dynamicemb_core.lookup.features import validate_inputs
+from dynamicemb_core.lookup.features import OffsetsCheck, validate_batch
 from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
 from dynamicemb_core.lookup.initializers import validate_initializer
 from dynamicemb_core.lookup.steps import advance_steps, start_steps
@@ -342,7 +342,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         Returns:
             (B, sum of feature dims) for SUM/MEAN, (N, D) for NONE, of ``output_dtype``.
         """
-        B = validate_inputs(
+        B, check = validate_batch(
             indices,
             offsets,
             per_sample_weights,
@@ -356,7 +356,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             and per_sample_weights.requires_grad
             and torch.is_grad_enabled()
         )
-        out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights)
+        out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights, check)
         if self.training and any(o.training for o in self.table_options):
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
@@ -370,12 +370,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         per_sample_weights: Optional[torch.Tensor],
         B: int,
         learn_weights: bool,
+        check: OffsetsCheck,
     ) -> torch.Tensor:
         """The forward of a grouped module: one pass for all tables (see lookup/grouped.py)."""
         group = self._group
         assert group is not None
         training = self.training and group.any_trains
-        step, rows, slots, unplaced = group.lookup(indices, offsets, B, training)
+        step, rows, slots, unplaced = group.lookup(indices, offsets, B, training, check)
         if unplaced is not None:
             for t, count in enumerate(unplaced):
                 self._safe_check(t, count)
@@ -412,11 +413,14 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         that stream and that stream's later work after the prefetch: the hash table and its rows
         are shared state, so the GPU runs the calls in the order the host made them.
         """
-        B = validate_inputs(indices, offsets, None, len(self.feature_table_map), self.device, True)
+        B, check = validate_batch(
+            indices, offsets, None, len(self.feature_table_map), self.device, True
+        )
         if not self.training:
+            check.verify()
             return
         with _ordered_with(forward_stream, self.device):
-            self._group.prefetch(indices, offsets, B)
+            self._group.prefetch(indices, offsets, B, check)
 
     def flush(self) -> None:
         """Write cached rows back to their backing stores and flush those."""

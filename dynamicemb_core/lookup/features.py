@@ -7,13 +7,15 @@ sample ``b`` of feature ``f``. The module's one pass derives each index's table 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
 __all__ = [
+    "OffsetsCheck",
     "check_bag_lengths",
     "check_kjt",
+    "validate_batch",
     "validate_inputs",
 ]
 
@@ -31,6 +33,32 @@ def validate_inputs(
     Raises:
         TypeError: wrong dtype.
         ValueError: wrong device, shape, or offsets that do not describe ``indices``.
+    """
+    batch, check = validate_batch(
+        indices, offsets, per_sample_weights, num_features, device, weights_allowed
+    )
+    check.verify()
+    return batch
+
+
+def validate_batch(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    per_sample_weights: Optional[torch.Tensor],
+    num_features: int,
+    device: torch.device,
+    weights_allowed: bool,
+) -> Tuple[int, "OffsetsCheck"]:
+    """:func:`validate_inputs` with the offsets' data check left pending: ``(B, check)``.
+
+    Everything known on the host (types, devices, shapes, weights) is checked now; the offsets'
+    values (start, end, order) are checked by ``check.verify()``. On CUDA their flags are copied
+    to the host without waiting, so a caller that verifies after its next readback (the grouped
+    lookup: after the unique's) spends no synchronisation of its own on them; it must write
+    nothing before verifying. On other devices the check is already done.
+
+    Raises:
+        TypeError, ValueError: as :func:`validate_inputs` (the offsets' values: at ``verify``).
     """
     for name, t in (("indices", indices), ("offsets", offsets)):
         if not isinstance(t, torch.Tensor):
@@ -56,22 +84,6 @@ def validate_inputs(
             f"BatchedDynamicEmbeddingTables: offsets must have F*B+1 elements with F={num_features} "
             f"features, got {offsets.numel()}"
         )
-    # One readback for the whole batch: the lookup ops then run unchecked (no sync per table).
-    decreasing = offsets[1:] < offsets[:-1]
-    first, last, num_decreasing = torch.stack([offsets[0], offsets[-1], decreasing.sum()]).tolist()
-    if first != 0 or last != indices.numel():
-        raise ValueError(
-            "BatchedDynamicEmbeddingTables: offsets must start at 0 and end at len(indices)="
-            f"{indices.numel()}, got first={first}, last={last}"
-        )
-    if num_decreasing:
-        b = int(decreasing.nonzero()[0])
-        batch = bags // num_features
-        raise ValueError(
-            f"BatchedDynamicEmbeddingTables: offsets must be non-decreasing, got offsets[{b}]="
-            f"{int(offsets[b])} > offsets[{b + 1}]={int(offsets[b + 1])} "
-            f"({_bag_name(b, batch, None)})"
-        )
     if per_sample_weights is not None:
         if not weights_allowed:
             raise ValueError(
@@ -89,7 +101,62 @@ def validate_inputs(
                 f"BatchedDynamicEmbeddingTables: per_sample_weights must be on {device}, got "
                 f"{per_sample_weights.device}"
             )
-    return bags // num_features
+    check = OffsetsCheck(offsets, indices.numel(), num_features)
+    if device.type != "cuda":
+        check.verify()
+    return bags // num_features, check
+
+
+class OffsetsCheck:
+    """The offsets' data check of one batch: they start at 0, end at ``n`` and never decrease.
+
+    The three numbers it needs are computed on the device and copied to (pinned) host memory
+    without waiting; :meth:`verify` reads them, waiting only when the copy has not finished (a
+    caller that verifies after one of its own readbacks never waits: the copy came first on the
+    stream).
+    """
+
+    def __init__(self, offsets: torch.Tensor, n: int, num_features: int) -> None:
+        self.offsets, self.n, self.num_features = offsets, n, num_features
+        decreasing = (offsets[1:] < offsets[:-1]).sum()
+        flags = torch.stack([offsets[0], offsets[-1], decreasing])
+        self._event: Optional[Any] = None
+        if flags.device.type == "cuda":
+            self._host = torch.empty(3, dtype=torch.int64, pin_memory=True)
+            self._host.copy_(flags, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = flags
+        self._done = False
+
+    def verify(self) -> None:
+        """Raise ValueError when the offsets do not describe the batch (once; later calls return).
+
+        Raises:
+            ValueError: offsets not starting at 0, not ending at n, or decreasing (naming the
+                first decreasing bag).
+        """
+        if self._done:
+            return
+        if self._event is not None and not self._event.query():
+            self._event.synchronize()
+        first, last, num_decreasing = self._host.tolist()
+        self._done = True
+        offsets, n = self.offsets, self.n
+        if first != 0 or last != n:
+            raise ValueError(
+                "BatchedDynamicEmbeddingTables: offsets must start at 0 and end at len(indices)="
+                f"{n}, got first={first}, last={last}"
+            )
+        if num_decreasing:
+            b = int((offsets[1:] < offsets[:-1]).nonzero()[0])
+            bags = offsets.numel() - 1
+            raise ValueError(
+                f"BatchedDynamicEmbeddingTables: offsets must be non-decreasing, got offsets[{b}]="
+                f"{int(offsets[b])} > offsets[{b + 1}]={int(offsets[b + 1])} "
+                f"({_bag_name(b, bags // self.num_features, None)})"
+            )
 
 
 def _bag_name(bag: int, batch: int, names: Optional[Sequence[str]]) -> str:

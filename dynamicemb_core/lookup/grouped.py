@@ -25,6 +25,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbInitializerArgs
+from dynamicemb_core.lookup.features import OffsetsCheck
 from dynamicemb_core.lookup.initializers import initialize_embeddings
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
@@ -198,7 +199,12 @@ class TableGroup:
         return lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
 
     def lookup(
-        self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int, training: bool
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        training: bool,
+        check: Optional[OffsetsCheck] = None,
     ) -> Tuple[GroupStep, GroupedRows, torch.Tensor, Optional[List[int]]]:
         """Resolve the batch's unique pairs: ``(step, rows, slots, unplaced)``.
 
@@ -206,7 +212,8 @@ class TableGroup:
         not stored (eval misses, rejected keys), a (u, max_dim) buffer of the rows as they read
         with ``slots = arange(u)``. A key that should have been placed and found no room has slot
         -1 and reads zeros (the seed); ``unplaced`` counts them per table (None when there were
-        none).
+        none). ``check``: the batch's pending offsets check, verified after the unique's
+        readback and before anything is written (the two share one synchronisation).
         """
         tids = self.table_ids(offsets, indices.numel(), batch_size)
         training = training and self.any_trains
@@ -220,6 +227,8 @@ class TableGroup:
             keys, utids, inverse, key_counts, counts = lookup_ops.segmented_unique(
                 indices, tids, self.num_tables
             )
+        if check is not None:
+            check.verify()
         if not training:
             slots, found = self.storage.find_all(keys, utids)
             idx, rows = self._read_through(keys, utids, found, None)
@@ -420,17 +429,28 @@ class TableGroup:
         shared = GroupedRows.shared(rows.reshape(-1), u, self.max_dim, self.dims)
         return step, shared, torch.arange(u, device=self.device)
 
-    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int) -> None:
+    def prefetch(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        check: Optional[OffsetsCheck] = None,
+    ) -> None:
         """Place the batch's keys of the tables that train, as a training forward would; keys of
         an admission table only when already stored (admission decides about new ones later).
         Keys of cached tables are pinned in the cache until the forward that consumes this
-        prefetch (see :mod:`dynamicemb_core.storage.grouped_cache`)."""
+        prefetch (see :mod:`dynamicemb_core.storage.grouped_cache`). ``check``: as in
+        :meth:`lookup`."""
         if not self.any_trains:
+            if check is not None:
+                check.verify()
             return
         storage, cache = self.storage, self.storage.cache
-        storage.pin_pending()  # the forwards in flight first: the bucket check below counts them
         tids = self.table_ids(offsets, indices.numel(), batch_size)
         keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, self.num_tables)
+        if check is not None:
+            check.verify()
+        storage.pin_pending()  # the forwards in flight first: the bucket check below counts them
         keep: Optional[torch.Tensor] = None
         if not self._plain:
             keep = self._trains_dev[utids]

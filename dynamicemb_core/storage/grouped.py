@@ -127,6 +127,8 @@ class GroupedDeviceStorage(DeviceStorage):
                 f"{self.dtype}"
             )
         self._cached = [c is not None for c in caches]
+        # tables whose evictions drop keys (a cached table's go to its backing store)
+        self._dropping = [t for t, cached in enumerate(self._cached) if not cached]
         self._direct = [c == 0 for c in caches]
         # a table with no cache keeps one small bucket in the hash table, never used
         capacities = [None if c is None else (int(c) or _NO_CACHE_SLOTS) for c in caches]
@@ -360,29 +362,23 @@ class GroupedDeviceStorage(DeviceStorage):
         placed, unplaced_by_table, after = host[0 : 2 * T : 2], host[1 : 2 * T : 2], host[2 * T :]
         num_missing, unplaced = sum(placed), sum(unplaced_by_table)
         # A table's size moves only by keys placed and keys evicted during the call.
-        evicted = [sizes[t] + placed[t] - after[t] for t in range(T)]
-        self.table.counters.add(
-            [
-                [int(table_counts[t]) - placed[t] - unplaced_by_table[t]]
-                + [placed[t] + unplaced_by_table[t], placed[t], evicted[t], unplaced_by_table[t]]
-                for t in range(T)
-            ]
-        )
-        for t in range(T):
-            if not self._cached[t]:  # a cache's evictions are spills, not drops
-                self._evicted_counts[t] += evicted[t]
-        self._sizes = [int(s) for s in after]
+        evicted = [b + p - a for b, p, a in zip(sizes, placed, after)]
+        self.table.counters.add(table_counts, placed, evicted, unplaced_by_table)
+        for t in self._dropping:  # a cache's evictions are spills, not drops
+            self._evicted_counts[t] += evicted[t]
+        self._sizes = after
         self._sizes_at = self.table.write_count
         by_table = unplaced_by_table if unplaced else None
         # Keys that got a slot get initial rows (an unplaced key, slot -1, reads as zeros); so do
         # keys of cached tables without a slot (they live in the backing store for this step).
         num_fill = num_missing
-        fill = is_new & (slots >= 0)
         if cache is not None:
             num_fill += sum(c for t, c in enumerate(unplaced_by_table) if self._cached[t])
-            fill = fill | ((slots < 0) & cache.cached_dev[table_ids])
         if num_fill == 0:
             return GroupAcquire(slots, unplaced, slots[:0], None, by_table)
+        fill = is_new & (slots >= 0)
+        if cache is not None:
+            fill = fill | ((slots < 0) & cache.cached_dev[table_ids])
         if self.device.type == "cuda":
             idx = torch.nonzero_static(fill, size=num_fill).squeeze(1)
         else:

@@ -23,7 +23,7 @@ counts are kept on the host beside the device ones and summed when read.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -41,13 +41,33 @@ class PlacementCounters:
         self.counts = torch.zeros(num_tables, len(METRIC_NAMES), dtype=torch.int64, device=device)
         # counts added as host ints (:meth:`add`), summed with ``counts`` when read
         self._host = [[0] * len(METRIC_NAMES) for _ in range(num_tables)]
+        self._pending: List[Tuple[Sequence[int], ...]] = []
 
-    def add(self, per_table: Sequence[Sequence[int]]) -> None:
-        """Add one placing call's outcome known on the host: ``per_table[t]`` is table ``t``'s
-        ``(hits, misses, placed, evicted, unplaced)``."""
-        for mine, new in zip(self._host, per_table):
-            for c, v in enumerate(new):
-                mine[c] += int(v)
+    def add(
+        self,
+        looked_up: Sequence[int],
+        placed: Sequence[int],
+        evicted: Sequence[int],
+        unplaced: Sequence[int],
+    ) -> None:
+        """Add one lookup's outcome known on the host, per table: the keys looked up (hits are
+        the rest after ``placed`` and ``unplaced``), placed new, evicted and left unplaced.
+
+        Kept as given and summed when the counters are read: the lookup calls this once per step
+        and its host time is on the step's critical path."""
+        self._pending.append((looked_up, placed, evicted, unplaced))
+
+    def _fold(self) -> None:
+        """Sum the outcomes :meth:`add` kept into the host counts."""
+        for looked_up, placed, evicted, unplaced in self._pending:
+            for t, mine in enumerate(self._host):
+                p, u = int(placed[t]), int(unplaced[t])
+                mine[HITS] += int(looked_up[t]) - p - u
+                mine[MISSES] += p + u
+                mine[PLACED] += p
+                mine[EVICTED] += int(evicted[t])
+                mine[UNPLACED] += u
+        self._pending.clear()
 
     def record(
         self,
@@ -94,6 +114,7 @@ class PlacementCounters:
 
     def read(self, table_id: Optional[int] = None) -> List[Dict[str, int]]:
         """The counters as ints (one device-to-host copy): every table, or the one given."""
+        self._fold()
         tables = range(len(self._host)) if table_id is None else [table_id]
         rows = self.counts if table_id is None else self.counts[table_id : table_id + 1]
         return [
@@ -103,11 +124,13 @@ class PlacementCounters:
 
     def row(self, table_id: int) -> Tensor:
         """(5,) the table's counters, a copy on the device."""
+        self._fold()
         host = torch.tensor(self._host[table_id], dtype=torch.int64)
         return self.counts[table_id] + host.to(self.counts.device)
 
     def reset(self, table_id: Optional[int] = None) -> None:
         """Zero the counters of one table, or of all."""
+        self._fold()
         for t in range(len(self._host)) if table_id is None else [table_id]:
             self._host[t] = [0] * len(METRIC_NAMES)
         if table_id is None:

@@ -12,7 +12,7 @@ ops' slot check.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -108,6 +108,7 @@ class ScoredHashTable:
         self._write_count = 0
         self._cur_scores_host: List[int] = []  # the values of _cur_scores_dev
         self._cur_scores_dev = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._empty_evicted: Dict[int, EvictedItems] = {}
         # DEMB_DETERMINISM_MODE, read once: which CUDA insert engine this table's calls run
         self._deterministic = determinism_mode()
         # (total_slots + 1,) int32 pin count per global slot, the last one a sink for slot -1;
@@ -180,9 +181,10 @@ class ScoredHashTable:
         """``cur_scores`` (T,): the call's score, or each table's default (-1 = read the clock)."""
         if score is not None:
             return torch.full((self.num_tables,), int(score), dtype=torch.int64, device=self.device)
+        steps, custom = self._steps, self._custom_scores
         values = [
-            self.get_score(t) if s.policy in (_STEP, _CUSTOMIZED) else -1
-            for t, s in enumerate(self.specs)
+            steps[t] if p == _STEP else custom[t] if p == _CUSTOMIZED else -1
+            for t, p in enumerate(s.policy for s in self.specs)
         ]
         # Kept on the device while the values stay the same (always, for time policies): a new
         # host-to-device copy each call would synchronise with the device on CUDA.
@@ -313,22 +315,22 @@ class ScoredHashTable:
         The placement counters are the caller's to add (:meth:`PlacementCounters.add`): it reads
         the per-table outcome back with its sizes anyway, so counting costs no device work here.
         """
-        involved = [t for t, c in enumerate(table_counts) if c]
-        for t in involved:
+        retain = False
+        for t, count in enumerate(table_counts):
+            if not count:
+                continue
             spec = self.specs[t]
+            retain = retain or spec.evicted_item_mode == EvictedItemMode.RETAIN_KEY
             if expansion.needs_growth(
                 int(sizes[t]),
-                int(table_counts[t]),
-                self.capacity(t),
+                int(count),
+                self._offsets[t + 1] - self._offsets[t],
                 spec.max_capacity,
                 spec.max_load_factor,
                 spec.no_eviction,
             ):
                 self._double(t)
         cur = self._cur_scores(None)
-        retain = any(
-            self.specs[t].evicted_item_mode == EvictedItemMode.RETAIN_KEY for t in involved
-        )
         if report_evicted or retain:
             slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True)
         else:
@@ -445,8 +447,13 @@ class ScoredHashTable:
         return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))
 
     def _no_evictions(self, columns: int) -> EvictedItems:
-        empty = torch.empty(0, dtype=torch.int64, device=self.device)
-        return EvictedItems(empty, empty, empty.reshape(0, columns), empty, None)
+        """Empty evicted items (made once per column count: the lookup asks on every step)."""
+        made = self._empty_evicted.get(columns)
+        if made is None:
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            made = EvictedItems(empty, empty, empty.reshape(0, columns), empty, None)
+            self._empty_evicted[columns] = made
+        return made
 
     def _read_evicted_rows(
         self, slots: Tensor, tids: Tensor
@@ -481,7 +488,7 @@ class ScoredHashTable:
         is_new: Optional[Tensor],
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """NO_EVICTION keys that found their bucket full: double the table, remap, retry them."""
-        if not any(spec.no_eviction for spec in self.specs):
+        if not self._any_no_eviction:
             return slots, is_new  # decided on the host: no slots read back
         for _ in range(_MAX_RETRIES):
             failed = (slots < 0) & self._no_eviction[tids]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
@@ -26,6 +26,7 @@ __all__ = ["COMPOUND_POLICY", "TableSpec", "policy_code"]
 # Policy code of the compound (TIMESTAMP, LFU) strategy; single strategies use their enum value
 # (csrc/include/dynamicemb/score_policy.h).
 COMPOUND_POLICY = 5
+_NO_EVICTION_POLICY = int(DynamicEmbScoreStrategy.NO_EVICTION)
 
 
 def policy_code(strategies: Tuple[DynamicEmbScoreStrategy, ...]) -> int:
@@ -121,16 +122,22 @@ class TableSpec:
         Read several times per lookup (policy, no_eviction, ...): the normalized tuple is kept
         beside the value it came from, and made again only when ``score_strategy`` changes.
         """
+        return self._derived()[1]
+
+    def _derived(self) -> Tuple[Any, Tuple[DynamicEmbScoreStrategy, ...], int]:
+        """``(score_strategy, strategies, policy code)``, made again only when ``score_strategy``
+        changes (a lookup reads the policy of every table several times)."""
         memo = self.__dict__.get("_strategies_memo")
         if memo is None or memo[0] is not self.score_strategy:
-            memo = (self.score_strategy, normalize_score_strategy(self.score_strategy))
+            strategies = normalize_score_strategy(self.score_strategy)
+            memo = (self.score_strategy, strategies, policy_code(strategies))
             self.__dict__["_strategies_memo"] = memo
-        return memo[1]
+        return memo
 
     @property
     def policy(self) -> int:
         """The kernels' policy code (score_policy.h)."""
-        return policy_code(self.strategies)
+        return self._derived()[2]
 
     @property
     def num_scores(self) -> int:
@@ -149,7 +156,7 @@ class TableSpec:
 
     @property
     def no_eviction(self) -> bool:
-        return self.policy == int(DynamicEmbScoreStrategy.NO_EVICTION)
+        return self._derived()[2] == _NO_EVICTION_POLICY
 
     def initial_layout(self) -> Tuple[int, int]:
         """``(num_buckets, bucket_cap)`` at creation; warns when init_capacity is rounded up."""

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dynamicemb_core.lookup.features import check_bag_lengths, validate_inputs
+from dynamicemb_core.lookup.features import (
+    OffsetsCheck,
+    check_bag_lengths,
+    validate_batch,
+    validate_inputs,
+)
 
 
 def test_decreasing_offsets_name_the_feature_and_sample() -> None:
@@ -28,3 +33,37 @@ def test_bag_lengths_rule() -> None:
         check_bag_lengths(torch.tensor([1, 0, 2, 3]), 5, 2, "here", ["x", "y"])
     with pytest.raises(ValueError, match="no bags but 3 values"):
         check_bag_lengths(torch.tensor([], dtype=torch.int64), 3, 2, "here")
+
+
+def test_offsets_check_raises_at_verify_on_cuda_and_at_once_elsewhere(device) -> None:
+    """On CUDA the offsets' values are checked by ``verify`` (after the lookup's own readback, so
+    the check costs no synchronisation of its own); on the CPU ``validate_batch`` checks them."""
+    indices = torch.arange(6, device=device)
+    offsets = torch.tensor([0, 1, 2, 4, 3, 6], device=device)
+    bad = r"offsets\[3\]=4 > offsets\[4\]=3 \(feature 3 sample 0\)"
+    if device.type != "cuda":
+        with pytest.raises(ValueError, match=bad):
+            validate_batch(indices, offsets, None, 5, device, True)
+        return
+    batch, check = validate_batch(indices, offsets, None, 5, device, True)
+    assert batch == 1
+    with pytest.raises(ValueError, match=bad):
+        check.verify()
+    check.verify()  # checked once: a second call returns
+    ends = torch.tensor([0, 1, 2, 3, 4, 7], device=device)
+    _, check = validate_batch(indices, ends, None, 5, device, True)
+    with pytest.raises(ValueError, match=r"end at len\(indices\)=6, got first=0, last=7"):
+        check.verify()
+    _, check = validate_batch(
+        indices, torch.tensor([0, 1, 2, 3, 4, 6], device=device), None, 5, device, True
+    )
+    check.verify()
+
+
+def test_offsets_check_reads_its_flags_once() -> None:
+    """An OffsetsCheck made on any device verifies the same rule (here on the CPU)."""
+    check = OffsetsCheck(torch.tensor([1, 2, 3]), 3, 1)
+    with pytest.raises(ValueError, match="start at 0 and end at len\\(indices\\)=3, got first=1"):
+        check.verify()
+    check.verify()
+    OffsetsCheck(torch.tensor([0, 2, 2, 3]), 3, 3).verify()
