@@ -1,7 +1,15 @@
 """A throw-away ``redis-server`` on a free loopback port, for tests and benchmarks.
 
-Started daemonized without persistence (``--save '' --appendonly no``) and stopped by the pid in
-its pidfile, so only the process this helper started is ever signalled.
+Started as a child process (not daemonized: its exit is seen at once, and a kill is reaped by
+``wait``, so only the process this helper started is ever signalled), without persistence unless
+``appendonly=True``.
+
+Ports come from outside the kernel's ephemeral range (``ip_local_port_range``). A port inside it
+can be taken between our check and the server's bind by any process's outgoing connection, and,
+while the server is down between a kill and its restart, a client connecting to it can be given
+that very port as its own source port and connect to itself (TCP self-connect), holding the port
+so that the restart cannot bind it. Outside the range only an explicit bind can take a port; a
+server that still loses its port at start is started again on another one.
 """
 
 from __future__ import annotations
@@ -14,9 +22,12 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 __all__ = ["LocalRedisCluster", "LocalRedisServer", "free_port"]
+
+_BUS_OFFSET = 10000  # a Redis Cluster node also listens on port + 10000 (the cluster bus)
+_LOWEST_PORT = 10000  # below: well-known and commonly configured service ports (6379, 5432, ...)
 
 
 def _bindable(port: int) -> bool:
@@ -28,38 +39,51 @@ def _bindable(port: int) -> bool:
             return False
 
 
+def _ephemeral_range() -> Tuple[int, int]:
+    """The kernel's range of ports for outgoing connections and ``bind(0)`` (Linux default when
+    it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _candidate_ports(cluster: bool) -> List[int]:
+    """Ports ``p`` with ``p`` (and ``p + 10000`` for a cluster node) outside the ephemeral range."""
+    low, high = _ephemeral_range()
+
+    def outside(port: int) -> bool:
+        return _LOWEST_PORT <= port <= 65535 and not low <= port <= high
+
+    ports = [
+        p
+        for p in range(_LOWEST_PORT, 65536)
+        if outside(p) and (not cluster or outside(p + _BUS_OFFSET))
+    ]
+    if not ports:  # an unusual ephemeral range that covers everything: take any port
+        ports = list(range(20000, 65536 - (_BUS_OFFSET if cluster else 0)))
+    return ports
+
+
 def free_port(cluster: bool = False) -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago.
+    """A TCP port on 127.0.0.1, outside the ephemeral range, that was free a moment ago.
 
     Args:
-        cluster: also need ``port + 10000`` free (the cluster bus port), which caps the port at
-            55535; picked at random from 20000..55535.
+        cluster: also need ``port + 10000`` free (the cluster bus port).
     """
-    if not cluster:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+    ports = _candidate_ports(cluster)
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(20000, 55536)
-        if _bindable(port) and _bindable(port + 10000):
+        port = rng.choice(ports)
+        if _bindable(port) and (not cluster or _bindable(port + _BUS_OFFSET)):
             return port
-    raise OSError("no free port pair (p, p + 10000) found for a Redis Cluster node")
+    raise OSError("no free port (outside the ephemeral range) found for a local redis-server")
 
 
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped by init) counts as gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: fall back to signal 0
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
+class _PortTaken(OSError):
+    """The server exited at start because its port was taken in the meantime."""
 
 
 class LocalRedisServer:
@@ -68,10 +92,19 @@ class LocalRedisServer:
     Args:
         password: set ``requirepass``.
         extra_args: more ``redis-server`` arguments.
+        appendonly: keep every acknowledged write across a crash: AOF on, with
+            ``appendfsync always``. Redis's default ``everysec`` is not enough even for a killed
+            process: while its background fsync of the AOF still runs (a busy disk), Redis keeps
+            new writes in memory for up to two seconds and replies to them anyway, so a SIGKILL
+            in that window loses writes it acknowledged. ``always`` writes (and fsyncs) the AOF
+            before any reply leaves.
     """
 
     def __init__(
-        self, password: Optional[str] = None, extra_args: Optional[List[str]] = None
+        self,
+        password: Optional[str] = None,
+        extra_args: Optional[List[str]] = None,
+        appendonly: bool = False,
     ) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
@@ -80,11 +113,13 @@ class LocalRedisServer:
                 "`apt-get update && apt-get install -y redis-server`"
             )
         self.password = password
+        self.appendonly = appendonly
         self.extra_args = list(extra_args or [])
         self.port = 0
         self.dir = tempfile.mkdtemp(prefix="demb-redis-")
-        self.pidfile = os.path.join(self.dir, "redis.pid")
+        self.log = os.path.join(self.dir, "log")
         self.pid: Optional[int] = None
+        self._proc: Optional[subprocess.Popen] = None
 
     @property
     def url(self) -> str:
@@ -92,88 +127,111 @@ class LocalRedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> "LocalRedisServer":
-        """Start on a free port and wait until it answers PING."""
-        self.port = free_port(cluster="--cluster-enabled" in self.extra_args)
-        return self._launch(timeout_s)
+        """Start on a free port and wait until it answers PING (on another port if the first
+        one is taken before the server binds it)."""
+        cluster = "--cluster-enabled" in self.extra_args
+        for attempt in range(5):
+            self.port = free_port(cluster=cluster)
+            try:
+                return self._launch(timeout_s)
+            except _PortTaken:
+                if attempt == 4:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def restart(self, timeout_s: float = 10.0) -> "LocalRedisServer":
         """Start again on the same port and directory (after :meth:`kill`, or killing it now).
 
-        With ``extra_args=["--appendonly", "yes"]`` the server reloads every write it
-        acknowledged before it died (the AOF is written before replies are sent); without, it
-        starts empty. A cluster node reloads its ``nodes.conf`` and rejoins its cluster.
+        With ``appendonly=True`` the server reloads every write it acknowledged before it died;
+        without, it starts empty. A cluster node reloads its ``nodes.conf`` and rejoins its
+        cluster.
         """
         self.kill()
         return self._launch(timeout_s)
 
-    def _launch(self, timeout_s: float) -> "LocalRedisServer":
-        if os.path.exists(self.pidfile):  # a killed server's pidfile names a dead process
-            os.remove(self.pidfile)
-        self.pid = None
-        args = [
-            self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "yes",
-            "--pidfile",
-            self.pidfile,
-            "--dir",
-            self.dir,
-            "--logfile",
-            os.path.join(self.dir, "log"),
-        ]
+    def _args(self) -> List[str]:
+        assert self.binary is not None
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--daemonize", "no", "--dir", self.dir, "--logfile", self.log]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
         if self.password:
             args += ["--requirepass", self.password]
-        subprocess.run(args + self.extra_args, check=True, capture_output=True, timeout=timeout_s)
+        return args + self.extra_args
+
+    def _launch(self, timeout_s: float) -> "LocalRedisServer":
+        """Run the server and wait until it answers PING; raise at once if it exits."""
+        log_start = os.path.getsize(self.log) if os.path.exists(self.log) else 0
+        proc = subprocess.Popen(
+            self._args(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self._proc, self.pid = proc, proc.pid
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.pid is None and os.path.exists(self.pidfile):
-                with open(self.pidfile) as f:
-                    text = f.read().strip()
-                self.pid = int(text) if text else None
+            if proc.poll() is not None:
+                self._proc = self.pid = None
+                self._exited(proc.returncode, log_start)
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
                     s.sendall(b"PING\r\n")
                     reply = s.recv(64)
-                if self.pid is not None and (reply.startswith(b"+PONG") or b"NOAUTH" in reply):
+                # -LOADING while it reads its AOF: not ready yet
+                if reply.startswith(b"+PONG") or b"NOAUTH" in reply:
                     return self
             except OSError:
                 pass
-            time.sleep(0.05)
-        raise TimeoutError(f"redis-server on port {self.port} did not start within {timeout_s}s")
+            time.sleep(0.02)
+        self.kill()
+        raise TimeoutError(
+            f"redis-server on port {self.port} did not answer PING within {timeout_s}s"
+            f"{self._log_tail(0)}"
+        )
+
+    def _exited(self, code: int, log_start: int) -> None:
+        tail = self._log_tail(log_start)
+        if "Address already in use" in tail:
+            raise _PortTaken(f"redis-server could not bind port {self.port}{tail}")
+        raise RuntimeError(f"redis-server on port {self.port} exited with code {code}{tail}")
+
+    def _log_tail(self, start: int) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                f.seek(start)
+                lines = f.read().splitlines()[-5:]
+        except OSError:
+            return ""
+        return "; its log ends:\n" + "\n".join(lines) if lines else ""
 
     def _signal(self, sig: int, timeout_s: float = 10.0) -> None:
-        if self.pid is None:
+        proc = self._proc
+        if proc is None:
             return
-        try:
-            os.kill(self.pid, sig)
-        except ProcessLookupError:
-            self.pid = None
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(self.pid):
-            time.sleep(0.01)
-        self.pid = None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._proc = self.pid = None
 
     def pause(self) -> None:
         """SIGSTOP the server: connections are still accepted by the kernel, replies never come."""
-        if self.pid is not None:
-            os.kill(self.pid, signal.SIGSTOP)
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
         """SIGCONT a paused server."""
-        if self.pid is not None:
-            os.kill(self.pid, signal.SIGCONT)
+        if self._proc is not None:
+            self._proc.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
-        """SIGKILL the server (a crash, as the failure tests need)."""
+        """SIGKILL the server (a crash, as the failure tests need); returns once it is gone."""
         self._signal(signal.SIGKILL)
 
     def stop(self) -> None:
@@ -194,8 +252,9 @@ class LocalRedisCluster:
 
     Args:
         masters: number of master nodes (Redis needs at least 3).
-        appendonly: run every node with the AOF on, so a node killed and restarted
-            (:meth:`restart_node`) comes back with every write it acknowledged.
+        appendonly: run every node with the AOF on (``LocalRedisServer(appendonly=True)``), so a
+            node killed and restarted (:meth:`restart_node`) comes back with every write it
+            acknowledged.
     """
 
     def __init__(self, masters: int = 3, appendonly: bool = False) -> None:
@@ -211,10 +270,10 @@ class LocalRedisCluster:
     def start(self, timeout_s: float = 20.0) -> "LocalRedisCluster":
         """Start the nodes, assign the 16384 slots, and wait until every node reports ok."""
         for _ in range(self.masters):
-            server = LocalRedisServer(extra_args=["--cluster-enabled", "yes"])
+            server = LocalRedisServer(
+                extra_args=["--cluster-enabled", "yes"], appendonly=self.appendonly
+            )
             server.extra_args += ["--cluster-config-file", os.path.join(server.dir, "nodes.conf")]
-            if self.appendonly:
-                server.extra_args += ["--appendonly", "yes"]
             self.servers.append(server.start())
         nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
         subprocess.run(

