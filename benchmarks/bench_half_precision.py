@@ -5,7 +5,8 @@ whole table in device memory). Peer: FBGEMM's ``SplitTableBatchedEmbeddingBagsCo
 ``weights_precision`` FP32 and FP16 (its CPU build has no BF16 kernels), for EXACT_SGD and
 EXACT_ROWWISE_ADAGRAD. All timed in the same process on the same power-law batches, alternating per
 repeat (bench_training.py's ``time_pair``), so the ratios share one background load. Also printed:
-each layout's bytes per stored row.
+each layout's bytes per stored row. ``+SR``: our half-precision layouts with
+``stochastic_rounding=True`` (the cost of the per-element hash and the second neighbour).
 
 Run:
     PYTHONPATH=. python benchmarks/bench_half_precision.py --threads 1
@@ -26,11 +27,21 @@ from small import add_small_flag, apply_small
 
 SMALL = {"tables": 2, "dim": 16, "ids": 2048, "num_ids": 4096, "batch": 64, "batches": 2,
          "warmup": 1, "repeats": 2}  # fmt: skip
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Our layouts timed: label -> (row dtype, stochastic_rounding).
+LAYOUTS = {
+    "fp32": (torch.float32, False),
+    "fp16": (torch.float16, False),
+    "bf16": (torch.bfloat16, False),
+    "fp16+SR": (torch.float16, True),
+    "bf16+SR": (torch.bfloat16, True),
+}
 
 
-def ours_step(args, optimizer, dtype, batches, device) -> Tuple[Callable[[int], None], int]:
-    """A training step of our module in ``dtype``, and its bytes per stored row."""
+def ours_step(
+    args, optimizer, dtype, batches, device, stochastic: bool = False
+) -> Tuple[Callable[[int], None], int]:
+    """A training step of our module in ``dtype`` (``stochastic``: stochastic rounding of the
+    updates), and its bytes per stored row."""
     from dynamicemb_core.config import DynamicEmbPoolingMode, DynamicEmbTableOptions
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
     from dynamicemb_core.optim import optimizer_kind, row_width
@@ -49,6 +60,7 @@ def ours_step(args, optimizer, dtype, batches, device) -> Tuple[Callable[[int], 
     module = BatchedDynamicEmbeddingTables(
         opts, [f"t{i}" for i in range(args.tables)], list(range(args.tables)),
         DynamicEmbPoolingMode.SUM, optimizer, device, learning_rate=0.01,
+        stochastic_rounding=stochastic,
     )  # fmt: skip
 
     def step(i: int) -> None:
@@ -124,8 +136,8 @@ def main(argv=None) -> None:
         labels: List[str] = []
         steps: List[Callable[[int], None]] = []
         sizes: List[str] = []
-        for label, dtype in DTYPES.items():
-            step, per_row = ours_step(args, opt, dtype, batches, device)
+        for label, (dtype, stochastic) in LAYOUTS.items():
+            step, per_row = ours_step(args, opt, dtype, batches, device, stochastic)
             labels.append(f"ours {label}")
             steps.append(step)
             sizes.append(str(per_row))
