@@ -101,8 +101,12 @@ def time_pair(
     return [statistics.median(t) for t in times]
 
 
-def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device) -> str:
-    """Where two steps' time goes: torch.profiler's tables by self CPU time and by CUDA time."""
+def profile_steps(
+    step: Callable[[int], None], warmup: int, device: torch.device, trace: str = ""
+) -> str:
+    """Where two steps' time goes: torch.profiler's tables by self CPU time and by CUDA time, and
+    the launch counts (CUDA: kernels, memsets, copies the two steps ran). ``trace``: also write
+    the profile's chrome trace there (the timeline shows where the GPU waits on the host)."""
     from torch.profiler import ProfilerActivity, profile
 
     for i in range(warmup):
@@ -116,8 +120,19 @@ def profile_steps(step: Callable[[int], None], warmup: int, device: torch.device
             step(warmup + i)
         if device.type == "cuda":
             torch.cuda.synchronize()
+    if trace:
+        prof.export_chrome_trace(trace)
     averages = prof.key_averages()
     tables = [averages.table(sort_by="self_cpu_time_total", row_limit=22, max_name_column_width=60)]
+    if device.type == "cuda":
+        calls = {"cudaLaunchKernel": 0, "cudaMemsetAsync": 0, "cudaMemcpyAsync": 0}
+        for e in averages:
+            for name in calls:
+                if e.key.startswith(name):
+                    calls[name] += e.count
+        tables.append(
+            "runtime calls in 2 steps: " + ", ".join(f"{k} {v}" for k, v in calls.items())
+        )
     if device.type == "cuda":
         tables.append(
             averages.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60)
@@ -355,6 +370,11 @@ def main(argv: List[str] | None = None) -> None:
         help="instead of timing: torch.profiler tables of two of our steps (CPU and CUDA time)",
     )
     p.add_argument(
+        "--trace",
+        default="",
+        help="with --profile: write each profiled step pair's chrome trace to this path prefix",
+    )
+    p.add_argument(
         "--split",
         action="store_true",
         help="instead of the peer comparison: our forward and backward times apart, and (CUDA) "
@@ -410,11 +430,18 @@ def run_shape(args, device: torch.device, EmbOptimType, setup: str) -> List[tupl
             continue
         ours = ours_step(args, opt, batches, device, setup)
         if args.profile:
-            print(f"== ours: {title}\n{profile_steps(ours, args.warmup, device)}", flush=True)
+            where = f"{args.trace}_ours_{setup}_{args.tables}_{name}.json" if args.trace else ""
+            print(
+                f"== ours: {title}\n{profile_steps(ours, args.warmup, device, where)}", flush=True
+            )
             del ours
             if not args.no_peer and device.type == "cuda":
                 peer = tbe_step(args, opt, batches, device, setup)
-                print(f"== TBE: {title}\n{profile_steps(peer, args.warmup, device)}", flush=True)
+                where = where.replace("_ours_", "_tbe_")
+                print(
+                    f"== TBE: {title}\n{profile_steps(peer, args.warmup, device, where)}",
+                    flush=True,
+                )
                 del peer
             continue
         if args.no_peer:

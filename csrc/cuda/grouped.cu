@@ -336,6 +336,19 @@ __global__ void bag_of_kernel(const int64_t* __restrict__ offsets, int64_t num_b
   for (int64_t i = offsets[b]; i < offsets[b + 1]; ++i) bag_of[i] = b;
 }
 
+/// Chunks of each key (its positions in runs of kChunk), and the zero that starts the prefix sums
+/// of chunks and, when given, of positions (``starts0``).
+__global__ void chunk_counts_kernel(const int64_t* __restrict__ counts, int64_t num_unique,
+                                    int64_t* __restrict__ chunks, int64_t* __restrict__ chunk0,
+                                    int64_t* __restrict__ starts0) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k == 0) {
+    *chunk0 = 0;
+    if (starts0 != nullptr) *starts0 = 0;
+  }
+  if (k < num_unique) chunks[k] = (counts[k] + (kChunk - 1)) / kChunk;
+}
+
 /// The key of each chunk of positions (one thread per key writes its chunks' entries).
 __global__ void chunk_key_kernel(const int64_t* __restrict__ chunk_start, int64_t num_unique,
                                  int64_t* __restrict__ chunk_key) {
@@ -377,18 +390,43 @@ struct FusedUpdate {
   UpdateParams p;
 };
 
+/// The gradient row of position ``i`` (its bag's slice for a pooled output) and the scale it is
+/// summed with (its weight, divided by its bag's length for MEAN). A sequence output (not
+/// ``kPooled``) reads row ``i`` and needs no bag.
+template <bool kPooled>
+__device__ inline const float* grad_source(const float* grad, int64_t gs0, int64_t gs1, int64_t i,
+                                           const int64_t* __restrict__ bag_of,
+                                           const int64_t* __restrict__ offsets,
+                                           const float* __restrict__ weights,
+                                           const int64_t* __restrict__ dofs, int64_t B,
+                                           int64_t mode, float& scale) {
+  scale = weights ? weights[i] : 1.0f;
+  if constexpr (kPooled) {
+    const int64_t bag = bag_of[i];
+    if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
+    return grad + (bag % B) * gs0 + dofs[bag / B] * gs1;
+  } else {
+    return grad + i * gs0;
+  }
+}
+
 /// One warp per chunk of up to kChunk positions of one key: the chunk's sum, in position order.
 /// With ``vec`` (width a multiple of 4, grad_out's columns adjacent or all one value) each lane
 /// sums 4 adjacent columns with 16-byte loads (or one load, broadcast), so a row of dim <= 128
 /// takes one pass over the chunk's positions.
 /// grad_out is read through its strides (gs0, gs1): an expanded gradient needs no copy.
+/// The key's dim comes from its table id (``key_tids``) when given, else from its first
+/// position's feature (``bag_of``, ``ft``); a sequence output (``kPooled`` false) with key table
+/// ids reads no bag at all.
 /// With ``fused.values`` a key's only chunk updates the key's row directly; the arithmetic is
 /// key_update_kernel's (``0 + sum``, then the same element update), so the rows are the same.
+template <bool kPooled>
 __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, int64_t gs1,
                                   DeviceMeta meta, const int64_t* __restrict__ perm,
                                   const int64_t* __restrict__ starts,
                                   const int64_t* __restrict__ chunk_start,
                                   const int64_t* __restrict__ chunk_key,
+                                  const int64_t* __restrict__ key_tids,
                                   const int64_t* __restrict__ bag_of, const int64_t* __restrict__ offsets,
                                   const float* __restrict__ weights, const int64_t* __restrict__ ft,
                                   const int64_t* __restrict__ dofs, int64_t B, int64_t num_unique,
@@ -399,7 +437,13 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
   const int64_t k = chunk_key[c];
   const int64_t lo = starts[k] + (c - chunk_start[k]) * kChunk;
   const int64_t hi = min(starts[k + 1], lo + kChunk);
-  const int64_t D = meta.dim(ft[bag_of[perm[lo]] / B]);
+  int64_t D = 0;
+  if (key_tids != nullptr) {
+    const int64_t t = key_tids[k];
+    D = t >= 0 && t < meta.T ? meta.dim(t) : 0;
+  } else {
+    D = meta.dim(ft[bag_of[perm[lo]] / B]);
+  }
   float* out = partial + c * width;
   // The key's row when this chunk is its only one (fused update), else null (write the partial).
   float* row = nullptr;
@@ -415,12 +459,9 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (d < D) {
         for (int64_t j = lo; j < hi; ++j) {
-          const int64_t i = perm[j];
-          const int64_t bag = bag_of[i];
-          float scale = weights ? weights[i] : 1.0f;
-          if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
-          const float* src = (mode == kPoolNone ? grad + i * gs0
-                                                : grad + (bag % B) * gs0 + dofs[bag / B] * gs1) +
+          float scale;
+          const float* src = grad_source<kPooled>(grad, gs0, gs1, perm[j], bag_of, offsets,
+                                                  weights, dofs, B, mode, scale) +
                              d * gs1;
           float4 g;
           if (gs1 == 0) {
@@ -460,13 +501,10 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
     float acc = 0.0f;
     if (d < D) {
       for (int64_t j = lo; j < hi; ++j) {
-        const int64_t i = perm[j];
-        const int64_t bag = bag_of[i];
-        float scale = weights ? weights[i] : 1.0f;
-        if (mode == kPoolMean) scale /= float(offsets[bag + 1] - offsets[bag]);
-        const float* src = mode == kPoolNone ? grad + i * gs0 + d * gs1
-                                             : grad + (bag % B) * gs0 + (dofs[bag / B] + d) * gs1;
-        acc += scale * src[0];
+        float scale;
+        const float* src = grad_source<kPooled>(grad, gs0, gs1, perm[j], bag_of, offsets, weights,
+                                                dofs, B, mode, scale);
+        acc += scale * src[d * gs1];
       }
     }
     if (row != nullptr) {
@@ -507,7 +545,8 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
                          int64_t num_unique, int64_t width, bool check, const char* op,
                          const std::optional<at::Tensor>& order = std::nullopt,
                          const std::optional<at::Tensor>& key_counts = std::nullopt,
-                         const FusedUpdate& fused = FusedUpdate{}) {
+                         const FusedUpdate& fused = FusedUpdate{},
+                         const int64_t* key_tids = nullptr) {
   check_meta(meta, grad_out.device(), op);
   check_group_bags(inverse, offsets, weights, feature_tables, d_offsets, mode, batch_size, op);
   check_on_device(inverse, grad_out.device(), "inverse", op);
@@ -545,10 +584,11 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
   at::Tensor perm, starts, counts;
   if (order.has_value()) {
     // The dedup's sort already grouped the positions by key (each key's in input order): the
-    // stable sort below would give the same permutation.
+    // stable sort below would give the same permutation. starts[0] = 0 is written by
+    // chunk_counts_kernel below.
     perm = order->contiguous();
     counts = key_counts->contiguous();
-    starts = at::zeros({num_unique + 1}, inv.options());
+    starts = at::empty({num_unique + 1}, inv.options());
     auto tail = starts.narrow(0, 1, num_unique);
     at::cumsum_out(tail, counts, 0);
   } else {
@@ -561,33 +601,52 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
     starts = at::searchsorted(sorted_keys, at::arange(num_unique + 1, sorted_keys.options()));
     counts = starts.narrow(0, 1, num_unique) - starts.narrow(0, 0, num_unique);
   }
-  auto chunk_start = at::zeros({num_unique + 1}, inv.options());
+  const int threads = 256;
+  auto chunk_start = at::empty({num_unique + 1}, inv.options());
+  auto chunks = at::empty({num_unique}, inv.options());
+  chunk_counts_kernel<<<(num_unique + threads - 1) / threads, threads, 0, stream>>>(
+      counts.data_ptr<int64_t>(), num_unique, chunks.data_ptr<int64_t>(),
+      chunk_start.data_ptr<int64_t>(), order.has_value() ? starts.data_ptr<int64_t>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   auto chunk_tail = chunk_start.narrow(0, 1, num_unique);
-  at::cumsum_out(chunk_tail, at::floor_divide(counts + (kChunk - 1), kChunk), 0);
+  at::cumsum_out(chunk_tail, chunks, 0);
   // Every key has at least one position, so chunks <= n / kChunk + u; the grid covers that
   // bound and chunk ids past the real count find no key (chunk_key is -1 there).
   const int64_t max_chunks = n / kChunk + num_unique;
   auto chunk_key = at::empty({max_chunks}, inv.options());
   auto partial = at::empty({max_chunks, width}, g.options());
-  auto bag_of = at::empty({n}, inv.options());
-  const int threads = 256;
-  bag_of_kernel<<<(num_bags + threads - 1) / threads, threads, 0, stream>>>(
-      off.data_ptr<int64_t>(), num_bags, bag_of.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // The bag of each position: pooled outputs read the gradient by bag; a sequence output needs
+  // it only for the keys' dims when their table ids are not given.
+  const bool pooled = mode != kPoolNone;
+  at::Tensor bag_of;
+  if (pooled || key_tids == nullptr) {
+    bag_of = at::empty({n}, inv.options());
+    bag_of_kernel<<<(num_bags + threads - 1) / threads, threads, 0, stream>>>(
+        off.data_ptr<int64_t>(), num_bags, bag_of.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   chunk_key_kernel<<<(num_unique + threads - 1) / threads, threads, 0, stream>>>(
       chunk_start.data_ptr<int64_t>(), num_unique, chunk_key.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // The real number of chunks stays on the device (chunk_start[u]); warps past it return.
   // 4 columns a lane when a row's columns are adjacent, or all one value (an expanded gradient)
   const bool vec = width % 4 == 0 && (g.stride(1) == 1 || g.stride(1) == 0);
-  chunk_sums_kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
-      g.data_ptr<float>(), g.stride(0), g.stride(1),
-      DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)}, perm.data_ptr<int64_t>(),
-      starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(), chunk_key.data_ptr<int64_t>(),
-      bag_of.data_ptr<int64_t>(), off.data_ptr<int64_t>(),
-      w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(),
-      dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width, mode, vec,
-      partial.data_ptr<float>(), fused);
+  const auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+        g.data_ptr<float>(), g.stride(0), g.stride(1),
+        DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)}, perm.data_ptr<int64_t>(),
+        starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(),
+        chunk_key.data_ptr<int64_t>(), key_tids,
+        bag_of.defined() ? bag_of.data_ptr<int64_t>() : nullptr, off.data_ptr<int64_t>(),
+        w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(),
+        dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width, mode, vec,
+        partial.data_ptr<float>(), fused);
+  };
+  if (pooled) {
+    launch(chunk_sums_kernel<true>);
+  } else {
+    launch(chunk_sums_kernel<false>);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {partial, chunk_start, false};
 }
@@ -666,29 +725,40 @@ __global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
   }
 }
 
-/// grouped_reduce_update's last pass for the element-wise optimizers: one warp per key sums the
-/// key's chunk partials (in chunk order, as key_sums_kernel does) and updates its row at once, so
-/// the (u, width) gradient is never written; the rows equal key_sums_kernel then update_kernel.
-/// With ``fused`` the keys of one chunk were updated by chunk_sums_kernel and are skipped here.
+/// grouped_reduce_update's last pass for the element-wise optimizers: each key's chunk partials
+/// summed (in chunk order, as key_sums_kernel does) and its row updated at once, so the (u, width)
+/// gradient is never written; the rows equal key_sums_kernel then update_kernel.
+/// With ``fused`` the keys of one chunk were updated by chunk_sums_kernel and are skipped here:
+/// each warp looks at 32 keys at once (one coalesced read of their chunk counts) and updates the
+/// ones left, one key at a time with the whole warp, so the pass costs little when few keys
+/// span several chunks (a power-law batch's hot keys).
 template <typename E>
 __global__ void key_update_kernel(E* __restrict__ values, DeviceMeta meta,
                                   const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                                   const float* __restrict__ partial,
                                   const int64_t* __restrict__ chunk_start, int64_t num_unique,
                                   int64_t width, int64_t optimizer, UpdateParams p, bool fused) {
-  const int64_t k = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
-  if (k >= num_unique) return;
-  const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
-  if (fused && c1 - c0 == 1) return;
-  const int64_t t = tids[k], s = slots[k];
-  if (!meta.valid(t, s)) return;
-  const int64_t D = meta.dim(t);
-  E* w = values + meta.offset(t) + s * meta.width(t);
-  const RowRounding r = row_rounding(p, t, s);
-  for (int64_t d = threadIdx.x; d < D; d += kWarp) {
-    float g = 0.0f;
-    for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
-    update_element(w, D, d, g, optimizer, p, r);
+  const int64_t first = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y) * kWarp;
+  if (first >= num_unique) return;  // the whole warp: first is the same for its lanes
+  const int64_t mine = first + threadIdx.x;
+  bool left = false;
+  if (mine < num_unique) left = !(fused && chunk_start[mine + 1] - chunk_start[mine] == 1);
+  unsigned todo = __ballot_sync(0xffffffffu, left);
+  while (todo != 0) {
+    const int lane = __ffs(todo) - 1;
+    todo &= todo - 1;
+    const int64_t k = first + lane;
+    const int64_t t = tids[k], s = slots[k];
+    if (!meta.valid(t, s)) continue;
+    const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
+    const int64_t D = meta.dim(t);
+    E* w = values + meta.offset(t) + s * meta.width(t);
+    const RowRounding r = row_rounding(p, t, s);
+    for (int64_t d = threadIdx.x; d < D; d += kWarp) {
+      float g = 0.0f;
+      for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
+      update_element(w, D, d, g, optimizer, p, r);
+    }
   }
 }
 
@@ -800,7 +870,8 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
                           sl.data_ptr<int64_t>(), optimizer, p};
   const Partials parts =
       reduce_partials(grad_out, meta, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                      batch_size, u, max_dim, check, op, order, key_counts, fused);
+                      batch_size, u, max_dim, check, op, order, key_counts, fused,
+                      tid.data_ptr<int64_t>());
   if (parts.empty || optimizer == kRowwiseAdagrad) {
     // Row-wise Adagrad needs each row's sum of squares before its update: the gradient first.
     at::Tensor grads = at::zeros({u, max_dim}, grad_out.options());
@@ -816,7 +887,7 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
   }
   dispatch_rows(values.scalar_type(), [&](auto tag) {
     using E = decltype(tag);
-    key_update_kernel<E><<<blocks_for(u), dim3(kWarp, kRowsPerBlock), 0,
+    key_update_kernel<E><<<blocks_for((u + kWarp - 1) / kWarp), dim3(kWarp, kRowsPerBlock), 0,
                            at::cuda::getCurrentCUDAStream()>>>(
         values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
         tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), parts.partial.data_ptr<float>(),
@@ -938,13 +1009,15 @@ __global__ void pair_word_kernel(const int64_t* __restrict__ keys,
                                   (static_cast<uint64_t>(tids[i]) * kTableMix));
 }
 
-/// Over the sorted words: run heads (1 where a word differs from the previous one), the number of
-/// pairs per table (shared-memory counts per block when the tables are few), and a flag set when
-/// one word holds two different pairs (equal words of one table are one pair: the word is a
-/// bijection of the key per table, so a run holds two pairs only where its table id changes).
+/// Over the sorted words: run heads (1 where a word differs from the previous one), their number
+/// (``num_heads``: the unique count, one add per block), the number of pairs per table
+/// (shared-memory counts per block when the tables are few), and a flag set when one word holds
+/// two different pairs (equal words of one table are one pair: the word is a bijection of the
+/// key per table, so a run holds two pairs only where its table id changes).
 __global__ void run_heads_kernel(const int64_t* __restrict__ words,
                                  const int64_t* __restrict__ st, int64_t n, int64_t num_tables,
-                                 int64_t* __restrict__ head, unsigned long long* __restrict__ per_table,
+                                 int64_t* __restrict__ head, unsigned long long* __restrict__ num_heads,
+                                 unsigned long long* __restrict__ per_table,
                                  int64_t* __restrict__ clash) {
   __shared__ unsigned int counts[kSharedTables];
   const bool shared = num_tables <= kSharedTables;
@@ -953,8 +1026,9 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words,
   }
   __syncthreads();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  bool h = false;
   if (i < n) {
-    const bool h = i == 0 || words[i] != words[i - 1];
+    h = i == 0 || words[i] != words[i - 1];
     head[i] = h ? 1 : 0;
     if (!h && st[i] != st[i - 1]) *clash = 1;
     const int64_t t = st[i];
@@ -966,7 +1040,10 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words,
       }
     }
   }
-  __syncthreads();
+  const int block_heads = __syncthreads_count(h);  // also the barrier before the table counts
+  if (threadIdx.x == 0 && block_heads) {
+    atomicAdd(num_heads, static_cast<unsigned long long>(block_heads));
+  }
   if (shared) {
     for (int64_t j = threadIdx.x; j < num_tables; j += blockDim.x) {
       if (counts[j]) atomicAdd(&per_table[j], static_cast<unsigned long long>(counts[j]));
@@ -1007,11 +1084,11 @@ UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& tab
   auto small = at::zeros({2 + num_tables}, opts);
   run_heads_kernel<<<blocks, threads, 0, stream>>>(
       sw.data_ptr<int64_t>(), st.data_ptr<int64_t>(), n, num_tables, head.data_ptr<int64_t>(),
+      reinterpret_cast<unsigned long long*>(small.data_ptr<int64_t>()),
       reinterpret_cast<unsigned long long*>(small.data_ptr<int64_t>() + 2),
       small.data_ptr<int64_t>() + 1);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto rank = at::cumsum(head, 0);  // pair id + 1 at each sorted position
-  small.narrow(0, 0, 1).copy_(rank.narrow(0, n - 1, 1));
   const auto host = small.cpu();
   if (host.data_ptr<int64_t>()[1] != 0) {
     return segmented_unique_two_sorts(k, t, num_tables, with_order);
