@@ -39,6 +39,7 @@ def test_offsets_check_raises_at_verify_on_cuda_and_at_once_elsewhere(device) ->
     """On CUDA the offsets' values are checked by ``verify`` (after the lookup's own readback, so
     the check costs no synchronisation of its own); on the CPU ``validate_batch`` checks them."""
     indices = torch.arange(6, device=device)
+    device = indices.device  # "cuda" -> "cuda:0": the module compares its own, indexed device
     offsets = torch.tensor([0, 1, 2, 4, 3, 6], device=device)
     bad = r"offsets\[3\]=4 > offsets\[4\]=3 \(feature 3 sample 0\)"
     if device.type != "cuda":
