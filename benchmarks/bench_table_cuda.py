@@ -17,7 +17,9 @@ Mutating ops restart from a snapshot of the filled table before every repeat; ea
 median of ``--repeats`` CUDA-event timings after a warm-up. Throughput is in billions of key-value
 pairs per second, counted like HKV (keys / seconds / 2^30), so figures compare with its table.
 
-The columns: ``ours`` (table op, plus value rows where HKV's API moves them: find + gather_rows;
+The columns: ``ours`` (table op, plus value rows where HKV's API moves them: find + gather_rows,
+and the fused ``find_rows`` (one kernel: each warp probes its keys and copies their rows), both
+against HKV's find;
 insert + scatter_rows; find_or_insert + gather_rows; insert_and_evict + gather_rows of the evicted
 rows + scatter_rows of the new ones), ``index_select`` (the same number of fp32 rows of the same
 width from a static tensor of the same shape, timed in the same run), the bytes each call moves by a
@@ -78,9 +80,11 @@ for _dim, _row in {
         strict=False,
     ):
         HKV[(0.5, _dim, _api)] = _v
+    HKV[(0.5, _dim, "find_rows")] = _row[0]  # the fused op moves what HKV's find moves
 HKV.update(
     {
         (1.0, 32, "find+gather"): 3.61,
+        (1.0, 32, "find_rows"): 3.61,
         (1.0, 32, "find_or_insert"): 1.27,
         (1.0, 32, "insert_and_evict"): 0.82,
     }
@@ -89,6 +93,7 @@ HKV.update(
 TARGET = {
     "find": 1.0,
     "find+gather": 1.2,
+    "find_rows": 1.2,
     "find_or_insert": 1.1,
     "insert_and_evict": 1.1,
     "export_if": 1.0,
@@ -160,6 +165,7 @@ def probe_bytes(dim: int) -> Dict[str, int]:
     return {
         "find": base + 8 + 1 + 16,
         "find+gather": base + 8 + 1 + 16 + 2 * row,
+        "find_rows": base + 8 + 1 + 2 * row,  # no score words out
         "insert": base + 16 + 8 + 8 + 16 + 2 * row,  # + sort pass, write key/score, rows in/out
         "find_or_insert": base + 16 + 8 + 8 + 1 + 16 + 2 * row,
         "insert_and_evict": base + 16 + 8 + 8 + 1 + 16 + 4 * row,
@@ -255,6 +261,7 @@ def cases_for(
             lambda: ops.gather_rows(values, ops.find(f.present, t, st, clock, False, **c)[0], **c),
             None,
         ),
+        ("find_rows", "-", lambda: ops.find_rows(f.present, t, st, values, **c), None),
     ]
     for engine in engines:
         cases += inserting(engine)

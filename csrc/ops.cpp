@@ -61,6 +61,13 @@ TORCH_LIBRARY(dynamicemb, m) {
       "insert_at(Tensor keys, Tensor table_ids, Tensor slots, Tensor(a!) table_keys, "
       "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
       "Tensor policies, Tensor(d!) sizes, Tensor input_scores, bool dry_run) -> Tensor");
+  // find (without touching) and the found keys' rows of `values` in one pass: `values` is the
+  // (capacity, width) tensor of the tables the keys name (rows by local slot, as gather_rows); a
+  // missing key, or a slot outside values' rows, reads a zero row. -> (slots, found, rows (n, width))
+  m.def(
+      "find_rows(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, Tensor scores, "
+      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor values, "
+      "bool check=True) -> (Tensor, Tensor, Tensor)");
   // Rows of a (capacity, width) value tensor at local slots; slot -1 gives zeros. -> (n, width)
   m.def("gather_rows(Tensor values, Tensor slots, bool check=True) -> Tensor");
   // Write rows into a (capacity, width) value tensor at local slots; slot -1 skipped, last write wins.

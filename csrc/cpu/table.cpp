@@ -437,17 +437,22 @@ InsertArgs check_insert(const char* op, const Tensor& keys, const Tensor& table_
 // Ops
 // ------------------------------------------------------------------------------------------------
 
-std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& table_ids,
-                                            const Tensor& table_keys, const Tensor& digests,
-                                            const Tensor& scores, const Tensor& slot_offsets,
-                                            const Tensor& bucket_caps, const Tensor& policies,
-                                            const Tensor& sizes, const Tensor& cur_scores,
-                                            bool update_score, bool /*check: the CPU kernels always check*/) {
-  State s = check_state("find", table_keys, digests, scores, slot_offsets, bucket_caps, policies,
+/** find's body, named `op` in its errors; find_rows runs it without cur_scores (no touch). */
+std::tuple<Tensor, Tensor, Tensor> find_impl(const char* op, const Tensor& keys,
+                                             const Tensor& table_ids, const Tensor& table_keys,
+                                             const Tensor& digests, const Tensor& scores,
+                                             const Tensor& slot_offsets, const Tensor& bucket_caps,
+                                             const Tensor& policies, const Tensor& sizes,
+                                             const c10::optional<Tensor>& cur_scores,
+                                             bool update_score) {
+  State s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                         sizes);
-  check_keys("find", keys, table_ids, s.num_tables);
-  check_per_table_arg("find", cur_scores, "cur_scores", s.num_tables, at::Device(at::kCPU));
-  const std::vector<int64_t> now = resolve_now_all(s, cur_scores.contiguous());
+  check_keys(op, keys, table_ids, s.num_tables);
+  std::vector<int64_t> now;
+  if (cur_scores.has_value()) {
+    check_per_table_arg(op, *cur_scores, "cur_scores", s.num_tables, at::Device(at::kCPU));
+    now = resolve_now_all(s, cur_scores->contiguous());
+  }
   const Tensor kc = keys.contiguous(), tc = table_ids.contiguous();
   const int64_t n = kc.numel();
   const int64_t* k = kc.data_ptr<int64_t>();
@@ -494,6 +499,16 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
     }
   });
   return std::make_tuple(slots, found, out_scores);
+}
+
+std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& table_ids,
+                                            const Tensor& table_keys, const Tensor& digests,
+                                            const Tensor& scores, const Tensor& slot_offsets,
+                                            const Tensor& bucket_caps, const Tensor& policies,
+                                            const Tensor& sizes, const Tensor& cur_scores,
+                                            bool update_score, bool /*check: the CPU kernels always check*/) {
+  return find_impl("find", keys, table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
+                   policies, sizes, cur_scores, update_score);
 }
 
 Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys,
@@ -718,24 +733,43 @@ void check_rows_slots(const char* op, const Tensor& values, const Tensor& slots)
   }
 }
 
-Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots, bool /*check: the CPU kernels always check*/) {
-  check_rows_slots("gather_rows", values, slots);
-  const Tensor sc = slots.contiguous();
-  const int64_t n = sc.numel();
+/** Rows of `values` at `slots` into `out`; a slot outside [0, capacity) gives a zero row. */
+void copy_rows(const Tensor& values, const int64_t* sl, int64_t n, Tensor& out) {
   const int64_t row_bytes = values.size(1) * values.element_size();
-  Tensor out = at::empty({n, values.size(1)}, values.options());
-  const int64_t* sl = sc.data_ptr<int64_t>();
+  const int64_t cap = values.size(0);
   const char* src = static_cast<const char*>(values.data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (sl[i] < 0) {
+      if (sl[i] < 0 || sl[i] >= cap) {
         std::memset(dst + i * row_bytes, 0, row_bytes);
       } else {
         std::memcpy(dst + i * row_bytes, src + sl[i] * row_bytes, row_bytes);
       }
     }
   });
+}
+
+std::tuple<Tensor, Tensor, Tensor> find_rows_cpu(const Tensor& keys, const Tensor& table_ids,
+                                                 const Tensor& table_keys, const Tensor& digests,
+                                                 const Tensor& scores, const Tensor& slot_offsets,
+                                                 const Tensor& bucket_caps, const Tensor& policies,
+                                                 const Tensor& sizes, const Tensor& values,
+                                                 bool /*check: the CPU kernels always check*/) {
+  check_find_rows_values(values, at::Device(at::kCPU));
+  auto [slots, found, words] = find_impl("find_rows", keys, table_ids, table_keys, digests, scores,
+                                         slot_offsets, bucket_caps, policies, sizes, c10::nullopt,
+                                         false);
+  Tensor rows = at::empty({slots.numel(), values.size(1)}, values.options());
+  copy_rows(values, slots.data_ptr<int64_t>(), slots.numel(), rows);
+  return std::make_tuple(slots, found, rows);
+}
+
+Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots, bool /*check: the CPU kernels always check*/) {
+  check_rows_slots("gather_rows", values, slots);
+  const Tensor sc = slots.contiguous();
+  Tensor out = at::empty({sc.numel(), values.size(1)}, values.options());
+  copy_rows(values, sc.data_ptr<int64_t>(), sc.numel(), out);
   return out;
 }
 
@@ -781,6 +815,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("erase", &dynamicemb::erase_cpu);
   m.impl("export_if", &dynamicemb::export_if_cpu);
   m.impl("insert_at", &dynamicemb::insert_at_cpu);
+  m.impl("find_rows", &dynamicemb::find_rows_cpu);
   m.impl("gather_rows", &dynamicemb::gather_rows_cpu);
   m.impl("scatter_rows", &dynamicemb::scatter_rows_cpu);
   m.impl("device_clock", &dynamicemb::device_clock_cpu);

@@ -1,9 +1,11 @@
 // CUDA kernels of the scored hash table (docs/table_design.md): find, insert, find_or_insert,
-// insert_and_evict, erase, export_if, insert_at, gather_rows, scatter_rows, device_clock. Same
+// insert_and_evict, erase, export_if, insert_at, find_rows, gather_rows, scatter_rows,
+// device_clock. Same
 // schemas, same semantics and, for every op, the same results as csrc/cpu/table.cpp.
 //
 // Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
 //   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
+//   table_find_rows.cuh  find_rows: find's probe, then each warp copies its 8 keys' rows
 //   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: keys sorted
 //                     by home bucket, one 4-thread tile per bucket, input order kept (deterministic)
 //   table_upsert_parallel.cuh  insert / find_or_insert / insert_and_evict with deterministic=false:
@@ -30,6 +32,7 @@
 #include "table_rows.cuh"
 #include "table_upsert.cuh"
 #include "table_upsert_parallel.cuh"
+#include "table_find_rows.cuh"
 
 namespace dynamicemb {
 namespace {
@@ -229,6 +232,30 @@ std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor
   return {slots, found, out_scores};
 }
 
+std::tuple<Tensor, Tensor, Tensor> find_rows_cuda(
+    const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
+    const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
+    const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes, const Tensor& values,
+    bool check) {
+  check_find_rows_values(values, table_keys.device());  // first: values may be what is off-device
+  const StateView s = check_state("find_rows", table_keys, digests, scores, slot_offsets,
+                                  bucket_caps, policies, sizes);
+  const at::Device dev = table_keys.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  auto [keys, table_ids] = check_keys("find_rows", keys_in, table_ids_in, dev, s.num_tables, check);
+  const int64_t n = keys.numel();
+  Tensor slots = at::empty({n}, keys.options());
+  Tensor found = at::empty({n}, keys.options().dtype(at::kBool));
+  Tensor rows = at::empty({n, values.size(1)}, values.options());
+  FindRowsParams p{keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, s.table_keys,
+                   s.digests, s.slot_offsets, s.bucket_caps, s.num_tables,
+                   static_cast<const char*>(values.data_ptr()), values.size(0), 0,
+                   slots.data_ptr<int64_t>(), found.data_ptr<bool>(),
+                   static_cast<char*>(rows.data_ptr())};
+  select_find_rows(p, values.size(1) * values.element_size(), c10::cuda::getCurrentCUDAStream());
+  return {slots, found, rows};
+}
+
 Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys,
                    const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                    const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
@@ -404,6 +431,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("erase", &dynamicemb::erase_cuda);
   m.impl("export_if", &dynamicemb::export_if_cuda);
   m.impl("insert_at", &dynamicemb::insert_at_cuda);
+  m.impl("find_rows", &dynamicemb::find_rows_cuda);
   m.impl("gather_rows", &dynamicemb::gather_rows_cuda);
   m.impl("scatter_rows", &dynamicemb::scatter_rows_cuda);
   m.impl("device_clock", &dynamicemb::device_clock_cuda);

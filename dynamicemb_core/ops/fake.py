@@ -175,6 +175,26 @@ def _insert_at_fake(
     return keys.new_empty(n, dtype=torch.bool)
 
 
+@torch.library.register_fake(_NS + "find_rows")
+def _find_rows_fake(
+    keys: Tensor,
+    table_ids: Tensor,
+    table_keys: Tensor,
+    digests: Tensor,
+    scores: Tensor,
+    slot_offsets: Tensor,
+    bucket_caps: Tensor,
+    policies: Tensor,
+    sizes: Tensor,
+    values: Tensor,
+    check: bool = True,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    n = _check_keys(keys, table_ids)
+    torch._check(values.dim() == 2, lambda: "values must be 2-D")
+    rows = values.new_empty(n, values.shape[1])
+    return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool), rows
+
+
 @torch.library.register_fake(_NS + "gather_rows")
 def _gather_rows_fake(values: Tensor, slots: Tensor, check: bool = True) -> Tensor:
     torch._check(values.dim() == 2, lambda: "values must be 2-D")

@@ -35,6 +35,7 @@ __all__ = [
     "export_if",
     "find",
     "find_or_insert",
+    "find_rows",
     "gather_rows",
     "insert",
     "insert_and_evict",
@@ -203,6 +204,18 @@ def insert_at(
 ) -> Tensor:
     """Slot-exact placement (replay). Returns ``placed (n,) bool``; ``dry_run`` writes nothing."""
     return _ops().insert_at.default(keys, table_ids, slots, *state, input_scores, dry_run)
+
+
+def find_rows(
+    keys: Tensor, table_ids: Tensor, state: TableState, values: Tensor, *, check: bool = True
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """find (without touching) and the found keys' rows in one pass: equal to
+    ``find(...)`` then ``gather_rows(values, slots)``, but on CUDA the tile that finds a key copies
+    its row while other keys still probe, so the two do not run one after the other. ``values`` is
+    the (capacity, width) tensor of the tables the keys name (rows by local slot); a missing key,
+    or a slot outside values' rows, reads a zero row. Returns ``(slots (n,), found (n,) bool,
+    rows (n, width))``."""
+    return _ops().find_rows.default(keys, table_ids, *state, values, check)
 
 
 def gather_rows(values: Tensor, slots: Tensor, *, check: bool = True) -> Tensor:

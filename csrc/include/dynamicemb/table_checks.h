@@ -96,6 +96,15 @@ inline const int32_t* check_pins_arg(const char* op, const c10::optional<at::Ten
   return pins->data_ptr<int32_t>();
 }
 
+/// values of find_rows: a contiguous (capacity, width) tensor on the table's device.
+inline void check_find_rows_values(const at::Tensor& values, const at::Device& device) {
+  DEMB_CHECK_VALUE(values.device() == device, "dynamicemb.find_rows: values must be on ", device,
+                   " like the table, got ", values.device());
+  DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
+                   "dynamicemb.find_rows: values must be a contiguous (capacity, width) tensor, "
+                   "got shape ", values.sizes());
+}
+
 /// values (capacity, width), contiguous, and slots (n,) int64 on the same device.
 inline void check_rows_args(const char* op, const at::Tensor& values, const at::Tensor& slots) {
   DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,
