@@ -97,7 +97,7 @@ sanitize() {
   for t in memcheck racecheck; do
     compute-sanitizer --tool "$t" --report-api-errors no --print-limit 20 \
       python3 -m pytest -p no:cacheprovider -q -x tests/table/test_cuda_ops.py \
-      tests/table/test_parallel_engine.py -k "not matches_reference" \
+      tests/table/test_parallel_engine.py -k "not matches_reference and not engines_agree" \
       >"$OUT/sanitize_$t.log" 2>&1
     echo "$t: rc $? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' "$OUT/sanitize_$t.log" | tr '\n' ' ')"
   done
