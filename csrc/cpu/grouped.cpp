@@ -727,12 +727,13 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   using E = decltype(tag);
   E* v = values.data_ptr<E>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                 batch_size, u, t_p, op, [&](int64_t k) { return s_p[k] >= 0; },
-                 [&](int64_t k) {
+                 batch_size, u, t_p, op,
+                 [&](int64_t k) DEMB_LAMBDA_INLINE { return s_p[k] >= 0; },
+                 [&](int64_t k) DEMB_LAMBDA_INLINE {
                    const int64_t t = t_p[k];
                    if (s_p[k] >= 0) prefetch_row(v + mv.offset(t) + s_p[k] * mv.width(t), mv.width(t));
                  },
-                 [&](int64_t k, const float* g, int64_t D) {
+                 [&](int64_t k, const float* g, int64_t D) DEMB_LAMBDA_INLINE {
                    const int64_t t = t_p[k];
                    update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p,
                               row_rounding(p, t, s_p[k]));

@@ -113,7 +113,9 @@ def build_plan() -> BuildPlan:
     opt = ["-O0", "-g"] if debug else ["-O3"]
     # at::parallel_for is an inline template: without -fopenmp it silently runs serially, since
     # torch's CPU build uses the OpenMP backend (torch.__config__.parallel_info()).
-    cflags = [*opt, "-fopenmp"]
+    # -fno-math-errno: sqrtf then needs no errno branch, so the optimizer updates (ADAM, Adagrad)
+    # vectorise; a vector square root rounds exactly as the scalar one (IEEE), so no bit changes.
+    cflags = [*opt, "-fopenmp", "-fno-math-errno"]
     cuda_cflags = [*opt, "-lineinfo"] if with_cuda else []
     ldflags = ["-fopenmp"]
     arch = _cuda_arch_list() if with_cuda else ""

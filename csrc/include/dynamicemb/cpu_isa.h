@@ -23,10 +23,14 @@
 #define DEMB_TARGET_AVX2 __attribute__((target("avx2")))
 #endif
 
+// DEMB_LAMBDA_INLINE, after a lambda's parameter list: a lambda handed to a cloned loop is
+// inlined into each clone (so it runs with that clone's instructions, not the baseline's).
 #if defined(__GNUC__) || defined(__clang__)
 #define DEMB_ALWAYS_INLINE inline __attribute__((always_inline))
+#define DEMB_LAMBDA_INLINE __attribute__((always_inline))
 #else
 #define DEMB_ALWAYS_INLINE inline
+#define DEMB_LAMBDA_INLINE
 #endif
 
 namespace dynamicemb {
