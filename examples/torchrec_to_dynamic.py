@@ -19,7 +19,6 @@ Everything else (model code, KJT inputs, fused optimizer, dense optimizer) stays
 from __future__ import annotations
 
 import os
-import socket
 
 import torch
 import torch.distributed as dist
@@ -41,10 +40,8 @@ def init_process_group() -> None:
     if "RANK" in os.environ:
         dist.init_process_group("gloo")
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    # an in-process store: no port to pick (another process could take a "free" one first)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def main() -> float:

@@ -20,7 +20,6 @@ import argparse
 import gc
 import logging
 import os
-import socket
 import sys
 import time
 import warnings
@@ -75,21 +74,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _init_distributed(device_kind: str) -> torch.device:
     """Join torchrun's process group, or make a one-process group; return this process's device."""
     backend = "nccl" if device_kind == "cuda" else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend)
     else:
-        dist.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-        )
+        # An in-process store: no port to pick (another process could take a "free" one first).
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if device_kind == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)

@@ -267,7 +267,7 @@ class LocalRedisCluster:
         """URL of the first node; the client discovers the others."""
         return self.servers[0].url
 
-    def start(self, timeout_s: float = 20.0) -> "LocalRedisCluster":
+    def start(self, timeout_s: float = 60.0) -> "LocalRedisCluster":
         """Start the nodes, assign the 16384 slots, and wait until every node reports ok."""
         for _ in range(self.masters):
             server = LocalRedisServer(
@@ -292,7 +292,7 @@ class LocalRedisCluster:
         )
         return self.wait_ok(timeout_s)
 
-    def wait_ok(self, timeout_s: float = 20.0) -> "LocalRedisCluster":
+    def wait_ok(self, timeout_s: float = 60.0) -> "LocalRedisCluster":
         """Wait until every node reports ``cluster_state:ok`` (all slots served)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -304,7 +304,7 @@ class LocalRedisCluster:
             f"Redis Cluster on {nodes} did not reach cluster_state:ok in {timeout_s}s"
         )
 
-    def restart_node(self, index: int, timeout_s: float = 20.0) -> "LocalRedisCluster":
+    def restart_node(self, index: int, timeout_s: float = 60.0) -> "LocalRedisCluster":
         """Restart node ``index`` on its port and directory (killing it first if it runs); it
         reloads its ``nodes.conf`` (and AOF) and rejoins; returns once every node reports ok."""
         self.servers[index].restart(timeout_s)
