@@ -25,6 +25,9 @@ namespace {
 using namespace grouped;
 
 constexpr int64_t kPrefetchAhead = 8;
+// Rows of the value buffer (random, often not in cache) are prefetched further ahead than the
+// gradient rows (a small buffer): enough of them in flight to cover a memory read.
+constexpr int64_t kRowsAhead = 16;
 // Keys summed between two rounds of sinks (grouped_reduce_update's updates): 1024 rows of dim 128
 // are 512 KiB, within a core's L2.
 constexpr int64_t kKeyBlock = 1024;
@@ -279,7 +282,7 @@ DEMB_ALWAYS_INLINE bool pool_bag(const PoolJob<E>& j, int64_t bag, RowPrefetcher
   bool bad = false;
   const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
   for (int64_t i = lo; i < hi; ++i) {
-    pf.at(i + kPrefetchAhead);
+    pf.at(i + kRowsAhead);
     const int64_t k = b.inv_p[i];
     if (k < 0 || k >= j.u) {
       bad = true;
@@ -416,14 +419,16 @@ struct KeySums {
 /// Key k's gradient sum into ``out``: ``FD`` > 0 its dim known at compile time (the sum stays in
 /// registers), 0 read from meta. A scale of 1 is skipped (its product changes no bit).
 template <int64_t FD, bool kScaled>
-DEMB_ALWAYS_INLINE void sum_key(const KeySums& ks, int64_t k, int64_t dim, float* out) {
+DEMB_ALWAYS_INLINE void sum_key(const KeySums& ks, int64_t k, int64_t dim, int64_t limit,
+                                float* out) {
   const int64_t D = FD > 0 ? FD : dim;
   float local[FD > 0 ? FD : 1];
   float* __restrict__ a = FD > 0 ? local : out;
   for (int64_t d = 0; d < D; ++d) a[d] = 0.0f;
   const int64_t hi = ks.start[k + 1];
   for (int64_t j = ks.start[k]; j < hi; ++j) {
-    if (j + kPrefetchAhead < hi) prefetch_row(ks.grads + ks.src[j + kPrefetchAhead], D);
+    // the positions ahead may be the next keys' (most keys have few): prefetch up to ``limit``
+    if (j + kPrefetchAhead < limit) prefetch_row(ks.grads + ks.src[j + kPrefetchAhead], D);
     const float* __restrict__ row = ks.grads + ks.src[j];
     if constexpr (kScaled) {
       const float sc = ks.scale[j];
@@ -452,17 +457,18 @@ DEMB_ALWAYS_INLINE void key_sums(const KeySums& ks, int64_t begin, int64_t end, 
       if (ks.start[k] == ks.start[k + 1] || !keep(k)) continue;
       const int64_t D = ks.mv->dim(ks.key_table[k]);
       float* a = buf.data() + (k - kb) * M;
+      const int64_t limit = ks.start[ke];
       switch (D) {
-        case 16: sum_key<16, kScaled>(ks, k, D, a); break;
-        case 32: sum_key<32, kScaled>(ks, k, D, a); break;
-        case 64: sum_key<64, kScaled>(ks, k, D, a); break;
-        case 128: sum_key<128, kScaled>(ks, k, D, a); break;
-        default: sum_key<0, kScaled>(ks, k, D, a); break;
+        case 16: sum_key<16, kScaled>(ks, k, D, limit, a); break;
+        case 32: sum_key<32, kScaled>(ks, k, D, limit, a); break;
+        case 64: sum_key<64, kScaled>(ks, k, D, limit, a); break;
+        case 128: sum_key<128, kScaled>(ks, k, D, limit, a); break;
+        default: sum_key<0, kScaled>(ks, k, D, limit, a); break;
       }
     }
-    for (int64_t k = kb; k < kb + kPrefetchAhead && k < ke; ++k) ahead(k);
+    for (int64_t k = kb; k < kb + kRowsAhead && k < ke; ++k) ahead(k);
     for (int64_t k = kb; k < ke; ++k) {
-      if (k + kPrefetchAhead < ke) ahead(k + kPrefetchAhead);
+      if (k + kRowsAhead < ke) ahead(k + kRowsAhead);
       if (ks.start[k] == ks.start[k + 1] || !keep(k)) continue;
       sink(k, static_cast<const float*>(buf.data() + (k - kb) * M), ks.mv->dim(ks.key_table[k]));
     }
@@ -520,21 +526,28 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
                      b.ft_p[f], " has dim ", mv.dim(b.ft_p[f]));
   }
   // Pass 1, bag by bag (each bag's feature and table are known without a per-index array): check
-  // each index's unique id and its table, and count each key's positions.
-  std::vector<int64_t> key_table(num_unique, -1), start(num_unique + 1, 0);
+  // each index's unique id and its table (the caller's key_tables, else the first table that
+  // read the key), and count each key's positions.
+  std::vector<int64_t> first_table(key_tables ? 0 : num_unique, -1), start(num_unique + 1, 0);
   int64_t* cnt = start.data() + 1;
   for (int64_t bag = 0; bag < b.num_bags; ++bag) {
     const int64_t t = b.ft_p[bag / b.B];
     for (int64_t i = b.off_p[bag], hi = b.off_p[bag + 1]; i < hi; ++i) {
       check_inverse(b.inv_p, i, num_unique, op);
       const int64_t k = b.inv_p[i];
-      if (key_table[k] < 0) key_table[k] = t;
-      const int64_t want = key_tables ? key_tables[k] : key_table[k];
+      int64_t want;
+      if (key_tables) {
+        want = key_tables[k];
+      } else {
+        if (first_table[k] < 0) first_table[k] = t;
+        want = first_table[k];
+      }
       DEMB_CHECK_VALUE(t == want, op, ": index ", i, " reads unique key ", k, " of table ", want,
                        " from a feature of table ", t);
       ++cnt[k];
     }
   }
+  const int64_t* key_table = key_tables ? key_tables : first_table.data();
   for (int64_t k = 0; k < num_unique; ++k) start[k + 1] += start[k];
   // Pass 2: each position's gradient row offset and scale, laid out in key order (a counting
   // sort, stable: a key's positions stay in input order, so the sums are deterministic). Unit
@@ -559,7 +572,7 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   int64_t max_dim = 0;
   for (int64_t t = 0; t < mv.T; ++t) max_dim = std::max(max_dim, mv.dim(t));
   const KeySums ks{&mv, start.data(), src.data(), scaled ? scale.data() : nullptr, g_p,
-                   key_table.data(), max_dim};
+                   key_table, max_dim};
   at::parallel_for(0, num_unique, kKeyBlock, [&](int64_t begin, int64_t end) {
 #ifdef DEMB_CPU_AVX2
     if (cpu_has_avx2()) return key_sums_avx2(ks, begin, end, keep, ahead, sink);
