@@ -11,19 +11,26 @@ from demb_redis import server as server_module
 from demb_redis.server import LocalRedisServer, free_port
 
 
-def _ephemeral() -> range:
-    low, high = server_module._ephemeral_range()
-    return range(low, high + 1)
+@pytest.mark.parametrize("cluster", [False, True])
+@pytest.mark.parametrize("ephemeral", [(32768, 60999), (15000, 40000)])
+def test_ports_are_outside_the_ephemeral_range(monkeypatch, cluster: bool, ephemeral) -> None:
+    # an outgoing connection can take (or self-connect on) a port in that range; see the module doc
+    monkeypatch.setattr(server_module, "_ephemeral_range", lambda: ephemeral)
+    low, high = ephemeral
+    for _ in range(50):
+        port = free_port(cluster=cluster)
+        assert 10000 <= port <= 65535 and not low <= port <= high
+        if cluster:
+            assert port + 10000 <= 65535 and not low <= port + 10000 <= high
 
 
 @pytest.mark.parametrize("cluster", [False, True])
-def test_ports_are_outside_the_ephemeral_range(cluster: bool) -> None:
-    # an outgoing connection can take (or self-connect on) a port in that range; see the module doc
-    for _ in range(50):
-        port = free_port(cluster=cluster)
-        assert port not in _ephemeral()
-        if cluster:
-            assert port + 10000 <= 65535 and port + 10000 not in _ephemeral()
+def test_an_ephemeral_range_covering_every_port_still_gives_a_free_port(
+    monkeypatch, cluster: bool
+) -> None:
+    monkeypatch.setattr(server_module, "_ephemeral_range", lambda: (1024, 65535))
+    port = free_port(cluster=cluster)
+    assert server_module._bindable(port) and (not cluster or port + 10000 <= 65535)
 
 
 def test_a_port_taken_before_the_server_binds_it_is_replaced(monkeypatch) -> None:
