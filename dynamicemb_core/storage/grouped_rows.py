@@ -4,13 +4,14 @@ Table ``t``'s slots ``[0, device_rows[t])`` keep their rows in the device buffer
 ``[device_rows[t], capacity[t])`` in the host buffer (pinned when the device is CUDA). Each buffer is
 flat, of the group's row dtype, with its own (T, 4) meta ``[value_offset, row_width, capacity, dim]``
 (the layout of csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part
-unchanged, each part
-seeing the other part's slots as -1 (a slot the ops skip or read as zeros). A gather adds the two
-parts (a row is in exactly one), a scatter writes each row in its own part. The pooled output
-gathers the batch's unique rows first and pools them on the device; the backward reduces the
+unchanged. An op splits its pairs once (:meth:`GroupedRows._split_pairs`): the device part sees
+the whole batch with the host part's slots as -1 (slots the ops skip or read as zeros), the host
+part only its own pairs, compacted. A gather fills the host part's rows into the device part's
+output with one index_copy; the sequence output gathers the unique rows so and expands them on the
+device; the pooled output pools the gathered unique rows on the device. The backward reduces the
 gradient per unique key on the device, then updates each part's rows in place, the host part with
-only its own keys' gradients. A group with no host rows (every table within its device budget) runs each
-op once, on the device buffer.
+only its own keys' gradients. A group with no host rows (every table within its device budget), or
+a batch with none of its pairs on the host, runs each op once, on the device buffer.
 
 Row dtype: float32, or float16 / bfloat16 for half-precision tables: the embedding is stored in that
 type and the optimizer state stays float32 in the same row (grouped.h: the embedding, padded to an
@@ -24,7 +25,7 @@ unique keys (their rows copied to the device, their gradients to the host), neve
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -36,6 +37,15 @@ from dynamicemb_core.types import MemoryType
 __all__ = ["GroupedRows"]
 
 _CPU = torch.device("cpu")
+
+
+class _HostPairs(NamedTuple):
+    """The pairs of a batch whose slot is in the host part, compacted: their positions in the
+    batch (on the group's device) and their table ids and host-local slots (on the host)."""
+
+    index: torch.Tensor
+    table_ids: torch.Tensor
+    slots: torch.Tensor
 
 
 def _meta(widths: Sequence[int], caps: Sequence[int], dims: Sequence[int]) -> List[List[int]]:
@@ -154,25 +164,22 @@ class GroupedRows:
         return self.values.element_size() * self._numel(rows)
 
     # ---- the two parts ----------------------------------------------------------------------
-    def _parts(
+    def _split_pairs(
         self, table_ids: torch.Tensor, slots: torch.Tensor
-    ) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """``(values, meta, slots)`` per part; slots of the other part are -1."""
+    ) -> Tuple[torch.Tensor, Optional[_HostPairs]]:
+        """The device part's slots (the host part's pairs as -1), and the host part's own pairs,
+        compacted (None without host rows, or when no pair is on the host). The one rule for
+        which part a slot is in: table ``t``'s slots below ``device_rows[t]`` are on the device."""
         if not self.has_host:
-            return [(self.values, self.meta, slots)]
+            return slots, None
         split = self._split[table_ids]
         on_device = torch.where(slots < split, slots, -1)
-        on_host = torch.where(slots >= split, slots - split, -1)
-        return [
-            (self.values, self.meta, on_device),
-            (self.host_values, self.host_meta, on_host.to(_CPU)),
-        ]
-
-    def _mover(self, values: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """How an op's other tensors reach ``values``' part: as they are, or copied to the host."""
-        if values is self.values:
-            return lambda t: t
-        return lambda t: t.to(_CPU)
+        # one host sync per op: the host part's kernels need their pairs on the host
+        index = (slots >= split).nonzero().squeeze(1)
+        if index.numel() == 0:
+            return on_device, None
+        pairs = torch.stack((table_ids[index], slots[index] - split[index])).to(_CPU)
+        return on_device, _HostPairs(index, pairs[0], pairs[1])
 
     def gather(
         self,
@@ -184,20 +191,43 @@ class GroupedRows:
         inverse: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1); with ``inverse``
-        (m,), the (m, width) rows of pairs ``inverse[i]``."""
-        if inverse is not None:
-            if not self.has_host:
-                return lookup_ops.grouped_gather(
-                    self.values, self.meta, table_ids, slots, width, check=check, inverse=inverse
-                )
-            table_ids, slots = table_ids[inverse], slots[inverse]
-        out: Optional[torch.Tensor] = None
-        for values, meta, part in self._parts(table_ids, slots):
-            move = self._mover(values)
-            got = lookup_ops.grouped_gather(values, meta, move(table_ids), part, width, check=check)
-            out = got if out is None else out + got.to(self.device)
-        assert out is not None
-        return out
+        (m,), the (m, width) rows of pairs ``inverse[i]``.
+
+        With host rows: the device part's rows gathered in place, the host part's own rows
+        gathered on the host (only them), copied over and placed by one index_copy; with
+        ``inverse``, those n rows are then expanded on the device (the host never sees the m)."""
+        on_device, host = self._split_pairs(table_ids, slots)
+        if host is None:
+            return lookup_ops.grouped_gather(
+                self.values, self.meta, table_ids, on_device, width, check=check, inverse=inverse
+            )
+        out = self._gather_split(table_ids, on_device, host, width, check)
+        return out if inverse is None else out.index_select(0, inverse)
+
+    def _gather_split(
+        self,
+        table_ids: torch.Tensor,
+        on_device: torch.Tensor,
+        host: _HostPairs,
+        width: int,
+        check: bool,
+    ) -> torch.Tensor:
+        """(n, width) rows: the device part's gathered in place, the host part's own rows gathered
+        on the host, copied over and placed by one index_copy."""
+        out = lookup_ops.grouped_gather(
+            self.values, self.meta, table_ids, on_device, width, check=check
+        )
+        got = lookup_ops.grouped_gather(
+            self.host_values, self.host_meta, host.table_ids, host.slots, width, check=check
+        )
+        return out.index_copy_(0, host.index, self._to_device(got))
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the group's device: staged in pinned memory and copied without
+        blocking on CUDA (the caching host allocator keeps the staging buffer until the copy ends)."""
+        if self.device.type != "cuda":
+            return t
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def scatter(
         self,
@@ -207,10 +237,19 @@ class GroupedRows:
         *,
         check: bool = False,
     ) -> None:
-        """In place: ``rows[i]`` at ``(table_ids[i], slots[i])`` (slot -1 skipped)."""
-        for values, meta, part in self._parts(table_ids, slots):
-            move = self._mover(values)
-            lookup_ops.grouped_scatter(values, meta, move(table_ids), part, move(rows), check=check)
+        """In place: ``rows[i]`` at ``(table_ids[i], slots[i])`` (slot -1 skipped); the host part
+        is sent only its own pairs' rows."""
+        on_device, host = self._split_pairs(table_ids, slots)
+        lookup_ops.grouped_scatter(self.values, self.meta, table_ids, on_device, rows, check=check)
+        if host is not None:
+            lookup_ops.grouped_scatter(
+                self.host_values,
+                self.host_meta,
+                host.table_ids,
+                host.slots,
+                rows.index_select(0, host.index.to(rows.device)).to(_CPU),
+                check=check,
+            )
 
     def pooled_gather(
         self,
@@ -227,14 +266,16 @@ class GroupedRows:
     ) -> torch.Tensor:
         """:func:`lookup_ops.grouped_pooled_gather` of the unique keys' rows.
 
-        With host rows, the u unique rows are gathered first (the host part's on the host, then
-        copied over) and pooled on the device, so the host handles only its own rows.
+        With rows of the batch in the host part, the u unique rows are gathered first (the host
+        part's own rows on the host, then copied over) and pooled on the device, so the host
+        handles only its own rows; otherwise the device part is pooled in place.
         """
         values, meta = self.values, self.meta
-        if self.has_host:
+        slots, host = self._split_pairs(table_ids, slots)
+        if host is not None:
             u = slots.numel()
             width = max(self.dims)
-            rows = self.gather(table_ids, slots, width)
+            rows = self._gather_split(table_ids, slots, host, width, False)
             values, meta = rows.reshape(-1), _shared_meta(u, width, self.dims, self.device)
             slots = torch.arange(u, device=self.device)
         return lookup_ops.grouped_pooled_gather(
@@ -367,29 +408,23 @@ class GroupedRows:
         """The fused optimizer on the rows at ``(table_ids, slots)`` (-1 skipped) with ``grads``
         (u, >= max dim), each part with only its own keys' gradients. ``optimizer``: as in
         :meth:`reduce_update`."""
-        parts = self._parts(table_ids, slots)
-        dev_values, dev_meta, dev_slots = parts[0]
+        on_device, host = self._split_pairs(table_ids, slots)
         lookup_ops.grouped_update(
-            dev_values,
-            _frozen(dev_meta, frozen, self.dims, self.dtype),
+            self.values,
+            _frozen(self.meta, frozen, self.dims, self.dtype),
             table_ids,
-            dev_slots,
+            on_device,
             grads,
             *optimizer,
             check=False,
         )
-        if len(parts) == 1:
-            return
-        host_values, host_meta, host_slots = parts[1]
-        mine = (host_slots >= 0).nonzero().squeeze(1)
-        if mine.numel():
-            here = mine.to(self.device)
+        if host is not None:
             lookup_ops.grouped_update(
-                host_values,
-                _frozen(host_meta, frozen, self.dims, self.dtype),
-                table_ids[here].to(_CPU),
-                host_slots[mine],
-                grads[here].to(_CPU),
+                self.host_values,
+                _frozen(self.host_meta, frozen, self.dims, self.dtype),
+                host.table_ids,
+                host.slots,
+                grads.index_select(0, host.index).to(_CPU),
                 *optimizer,
                 check=False,
             )

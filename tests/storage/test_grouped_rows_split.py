@@ -1,0 +1,194 @@
+"""GroupedRows with a host part against its all-device twin, op by op.
+
+A group whose tables keep part of their rows (or all of them) in host memory must read, pool,
+write and update exactly as the same rows held in the device buffer, while the host part's
+kernels see only the pairs whose slot is in the host part (compacted), never the whole batch nor
+the sequence output's expanded ids.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import pytest
+import torch
+
+from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.storage.grouped_rows import GroupedRows
+
+DIMS = [4, 8, 8]
+CAPS = [64, 64, 32]
+DEVICE_ROWS = [64, 16, 0]  # all device, a quarter on the device, all on the host
+ADAM = (lookup_ops.OPTIMIZER_CODES["adam"], 0.05, 1e-8, 0.9, 0.999, 0.0, 0, 3, -1)
+SGD = (lookup_ops.OPTIMIZER_CODES["exact_sgd"], 0.1, 0.0, 0.0, 0.0, 0.0, 0, 1, -1)
+
+
+def _pair(
+    device: torch.device, widths: List[int], dims: List[int] = DIMS
+) -> Tuple[GroupedRows, GroupedRows]:
+    """(split, twin): the same random rows, split between device and host, and all on device."""
+    split = GroupedRows(device, widths, dims, CAPS, DEVICE_ROWS)
+    twin = GroupedRows(device, widths, dims, CAPS)
+    assert split.has_host and not twin.has_host
+    g = torch.Generator().manual_seed(3)
+    for t in range(len(DIMS)):
+        whole = torch.rand(CAPS[t], twin.stored[t], generator=g)  # ADAM state >= 0
+        twin.blocks(t)[0][0].copy_(whole)
+        for rows, start in split.blocks(t):
+            rows.copy_(whole[start : start + rows.shape[0]])
+    return split, twin
+
+
+def _contents(rows: GroupedRows, t: int) -> torch.Tensor:
+    return torch.cat([r.cpu() for r, _ in rows.blocks(t)])
+
+
+def _assert_same_rows(split: GroupedRows, twin: GroupedRows) -> None:
+    for t in range(len(DIMS)):
+        torch.testing.assert_close(_contents(split, t), _contents(twin, t), rtol=1e-6, atol=1e-6)
+
+
+def _unique_pairs(device: torch.device, host_pairs: bool = True) -> Tuple[torch.Tensor, ...]:
+    """(table_ids, slots) of distinct pairs of every table, shuffled, some slots -1 (unplaced);
+    without ``host_pairs`` only slots of the device part."""
+    g = torch.Generator().manual_seed(11)
+    tids, slots = [], []
+    for t, cap in enumerate(CAPS):
+        limit = cap if host_pairs else DEVICE_ROWS[t]
+        if limit == 0:
+            continue
+        picked = torch.randperm(limit, generator=g)[: max(1, limit // 2)]
+        tids.append(torch.full_like(picked, t))
+        slots.append(picked)
+    tid, slot = torch.cat(tids), torch.cat(slots)
+    slot[torch.randperm(slot.numel(), generator=g)[:3]] = -1
+    order = torch.randperm(slot.numel(), generator=g)
+    return tid[order].to(device), slot[order].to(device)
+
+
+def _bags(device: torch.device, table_ids: torch.Tensor, dims: List[int] = DIMS, batch: int = 4):
+    """A feature-major batch over the unique pairs: feature f reads table f's pairs only, each
+    of them at least once."""
+    g = torch.Generator().manual_seed(7)
+    tids = table_ids.cpu()
+    inverse, lengths = [], []
+    for f in range(len(DIMS)):
+        mine = (tids == f).nonzero().squeeze(1)
+        for b in range(batch):
+            n = int(torch.randint(0, 6, (1,), generator=g))
+            if mine.numel() == 0:
+                n = 0
+            picks = mine[torch.randint(0, max(1, mine.numel()), (n,), generator=g)]
+            if b == 0:  # every pair is read (a dedup's unique keys all occur in the batch)
+                picks = torch.cat([mine, picks])
+            inverse.append(picks)
+            lengths.append(picks.numel())
+    inv = torch.cat(inverse)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(lengths).cumsum(0)])
+    feature_tables = torch.arange(len(DIMS))
+    d_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor(dims).cumsum(0)])
+    return tuple(x.to(device) for x in (inv, offsets, feature_tables, d_offsets)) + (batch,)
+
+
+@pytest.fixture
+def host_calls(monkeypatch):
+    """Counts of pairs that each row op on a host part got, by op name."""
+    seen: dict = {}
+
+    def wrap(name):
+        real = getattr(lookup_ops, name)
+
+        def spy(values, meta, table_ids, slots, *args, **kwargs):
+            if not values.is_cuda and getattr(values, "_host_part", False):
+                seen.setdefault(name, []).append(int(slots.numel()))
+                assert bool((slots >= 0).all()), "the host part got pairs that are not its own"
+            return real(values, meta, table_ids, slots, *args, **kwargs)
+
+        monkeypatch.setattr(lookup_ops, name, spy)
+
+    for name in ("grouped_gather", "grouped_scatter", "grouped_update"):
+        wrap(name)
+    return seen
+
+
+def _mark_host(rows: GroupedRows) -> None:
+    rows.host_values._host_part = True  # type: ignore[attr-defined]
+
+
+def _num_host(split: GroupedRows, table_ids: torch.Tensor, slots: torch.Tensor) -> int:
+    limits = torch.tensor(DEVICE_ROWS, device=slots.device)[table_ids]
+    return int((slots >= limits).sum())
+
+
+def test_gather_and_sequence_output_match_the_device_twin(device, host_calls):
+    split, twin = _pair(device, DIMS)
+    _mark_host(split)
+    tids, slots = _unique_pairs(device)
+    h = _num_host(split, tids, slots)
+    assert h > 0
+    torch.testing.assert_close(split.gather(tids, slots, 8), twin.gather(tids, slots, 8))
+    inverse = torch.randint(0, tids.numel(), (500,)).to(device)
+    got = split.gather(tids, slots, 8, inverse=inverse)
+    assert got.shape == (500, 8)
+    torch.testing.assert_close(got, twin.gather(tids, slots, 8, inverse=inverse))
+    # the host part gathered its own unique pairs, not the 500 expanded ids
+    assert host_calls["grouped_gather"] == [h, h]
+
+
+@pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
+@pytest.mark.parametrize("host_pairs", [True, False])
+def test_pooled_output_matches_the_device_twin(device, host_calls, mode, host_pairs):
+    split, twin = _pair(device, DIMS)
+    _mark_host(split)
+    tids, slots = _unique_pairs(device, host_pairs)
+    inverse, offsets, ft, d_off, B = _bags(device, tids)
+    args = (tids, slots, inverse, offsets, None, ft, d_off, mode, B, sum(DIMS))
+    torch.testing.assert_close(split.pooled_gather(*args), twin.pooled_gather(*args))
+    want = [_num_host(split, tids, slots)] if host_pairs else []
+    assert host_calls.get("grouped_gather", []) == want
+
+
+def test_scatter_writes_each_row_in_its_own_part(device, host_calls):
+    split, twin = _pair(device, DIMS)
+    _mark_host(split)
+    tids, slots = _unique_pairs(device)
+    rows = torch.randn(tids.numel(), 8).to(device)
+    split.scatter(tids, slots, rows)
+    twin.scatter(tids, slots, rows)
+    _assert_same_rows(split, twin)
+    assert host_calls["grouped_scatter"] == [_num_host(split, tids, slots)]
+
+
+@pytest.mark.parametrize("pooling", ["none", "sum"])
+def test_reduce_update_matches_the_device_twin(device, host_calls, pooling):
+    """ADAM (rows carry state) through the backward's reduce_update: each part updates its own
+    keys' rows, the host part with only its own keys' gradients. A sequence output has one dim."""
+    dims = [8, 8, 8] if pooling == "none" else DIMS
+    split, twin = _pair(device, [3 * d for d in dims], dims)
+    _mark_host(split)
+    tids, slots = _unique_pairs(device)
+    inverse, offsets, ft, d_off, B = _bags(device, tids, dims)
+    g = torch.Generator().manual_seed(1)
+    if pooling == "none":
+        mode = lookup_ops.POOL_NONE
+        grad_out = torch.randn(inverse.numel(), 8, generator=g).to(device)
+    else:
+        mode = lookup_ops.POOL_SUM
+        grad_out = torch.randn(B, sum(dims), generator=g).to(device)
+    for rows in (split, twin):
+        rows.reduce_update(
+            tids, slots, grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims), ADAM
+        )
+    _assert_same_rows(split, twin)
+    assert host_calls["grouped_update"] == [_num_host(split, tids, slots)]
+
+
+def test_update_with_no_host_pairs_leaves_the_host_part_alone(device, host_calls):
+    split, twin = _pair(device, DIMS)
+    _mark_host(split)
+    tids, slots = _unique_pairs(device, host_pairs=False)
+    grads = torch.randn(tids.numel(), max(DIMS)).to(device)
+    split.update(tids, slots, grads, SGD)
+    twin.update(tids, slots, grads, SGD)
+    _assert_same_rows(split, twin)
+    assert "grouped_update" not in host_calls
