@@ -178,7 +178,7 @@ class GroupedRows:
         index = (slots >= split).nonzero().squeeze(1)
         if index.numel() == 0:
             return on_device, None
-        pairs = torch.stack((table_ids[index], slots[index] - split[index])).to(_CPU)
+        pairs = self._d2h(torch.stack((table_ids[index], slots[index] - split[index])))
         return on_device, _HostPairs(index, pairs[0], pairs[1])
 
     def gather(
@@ -220,14 +220,24 @@ class GroupedRows:
         got = lookup_ops.grouped_gather(
             self.host_values, self.host_meta, host.table_ids, host.slots, width, check=check
         )
-        return out.index_copy_(0, host.index, self._to_device(got))
+        return out.index_copy_(0, host.index, self._h2d(got))
 
-    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+    def _h2d(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the group's device: staged in pinned memory and copied without
         blocking on CUDA (the caching host allocator keeps the staging buffer until the copy ends)."""
         if self.device.type != "cuda":
             return t
         return t.pin_memory().to(self.device, non_blocking=True)
+
+    def _d2h(self, t: torch.Tensor) -> torch.Tensor:
+        """A device tensor in host memory, for the host part's kernels: on CUDA copied into a
+        pinned buffer (a direct DMA, no staging through pageable memory), waited for here."""
+        if t.device.type != "cuda":
+            return t
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        out.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return out
 
     def scatter(
         self,
@@ -247,7 +257,7 @@ class GroupedRows:
                 self.host_meta,
                 host.table_ids,
                 host.slots,
-                rows.index_select(0, host.index.to(rows.device)).to(_CPU),
+                self._d2h(rows.index_select(0, host.index.to(rows.device))),
                 check=check,
             )
 
@@ -424,7 +434,7 @@ class GroupedRows:
                 _frozen(self.host_meta, frozen, self.dims, self.dtype),
                 host.table_ids,
                 host.slots,
-                grads.index_select(0, host.index).to(_CPU),
+                self._d2h(grads.index_select(0, host.index)),
                 *optimizer,
                 check=False,
             )
