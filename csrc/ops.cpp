@@ -128,13 +128,14 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("grouped_reduce_grads(Tensor grad_out, Tensor meta, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int mode, int batch_size, int num_unique, int width, bool check=True) -> Tensor");
   // In place: optimizer (0 SGD, 1 ADAGRAD, 2 ROWWISE_ADAGRAD, 3 ADAM) on the rows at (table_ids,
   // slots) with grads (n, >= dim); the formulas of the per-table updates. rounding_seed >= 0:
-  // half-precision rows round stochastically, keyed by (seed, step, table, slot, element); < 0 (the
-  // default): to nearest even. float32 rows are never rounded.
-  m.def("grouped_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grads, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, int rounding_seed=-1) -> ()");
+  // half-precision rows round stochastically, keyed by (seed, step, table, key, element), so keys
+  // (n,), the rows' keys, are then required (the slot a key lives in never changes its rounding);
+  // < 0 (the default): to nearest even. float32 rows are never rounded.
+  m.def("grouped_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grads, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, int rounding_seed=-1, Tensor? keys=None) -> ()");
   // grouped_reduce_grads (width max_dim, the group's widest dim) then grouped_update on the unique
   // keys (table_ids, slots (u,)) in one op. order / key_counts (optional, together): the inverse's
   // positions grouped by key and each key's count (segmented_unique's), which spare the CUDA
   // kernels their sort of the inverse; the result is the same with or without them (CPU: unused).
-  // rounding_seed: as grouped_update's.
-  m.def("grouped_reduce_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grad_out, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int pool_mode, int batch_size, int max_dim, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, Tensor? order=None, Tensor? key_counts=None, int rounding_seed=-1) -> ()");
+  // rounding_seed, keys: as grouped_update's.
+  m.def("grouped_reduce_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grad_out, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int pool_mode, int batch_size, int max_dim, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, Tensor? order=None, Tensor? key_counts=None, int rounding_seed=-1, Tensor? keys=None) -> ()");
 }

@@ -663,11 +663,13 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
                         const at::Tensor& slots, const at::Tensor& grads, int64_t optimizer,
                         double lr, double eps, double beta1, double beta2, double weight_decay,
                         int64_t weight_decay_mode, int64_t step,
-                        bool /*check: the CPU kernels always check*/, int64_t rounding_seed) {
+                        bool /*check: the CPU kernels always check*/, int64_t rounding_seed,
+                        const std::optional<at::Tensor>& keys) {
   const char* op = "grouped_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   check_float_rows(grads, slots.numel(), values.device(), "grads", op);
+  check_update_keys(keys, slots.numel(), rounding_seed, values.device(), op);
   const MetaView mv(meta, values.numel(), op, values.element_size());
   check_optimizer(mv, optimizer, weight_decay_mode, step, op);
   const auto tid = table_ids.contiguous();
@@ -684,6 +686,8 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step,
                                        rounding_seed);
   const float* g_p = g.data_ptr<float>();
+  const at::Tensor k = keys.has_value() ? keys->contiguous() : at::Tensor();
+  const int64_t* k_p = k.defined() ? k.data_ptr<int64_t>() : nullptr;
   dispatch_rows(values.scalar_type(), [&](auto tag) {
   using E = decltype(tag);
   E* v = values.data_ptr<E>();
@@ -696,7 +700,7 @@ void grouped_update_cpu(at::Tensor& values, const at::Tensor& meta, const at::Te
       if (s_p[i] < 0) continue;
       const int64_t t = t_p[i];
       update_row(optimizer, v + mv.offset(t) + s_p[i] * mv.width(t), g_p + i * G, mv.dim(t), p,
-                 row_rounding(p, t, s_p[i]));
+                 row_rounding(p, t, k_p, i));
     }
   });
   });
@@ -716,10 +720,11 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                                int64_t step, bool /*check: the CPU kernels always check*/,
                                const std::optional<at::Tensor>& order,
                                const std::optional<at::Tensor>& key_counts,
-                               int64_t rounding_seed) {
+                               int64_t rounding_seed, const std::optional<at::Tensor>& keys) {
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
+  check_update_keys(keys, slots.numel(), rounding_seed, values.device(), op);
   // The key order spares the CUDA kernels a sort; this walk over the bags needs none.
   check_key_order(order, key_counts, inverse.numel(), slots.numel(), values.device(), op);
   const MetaView mv(meta, values.numel(), op, values.element_size());
@@ -736,6 +741,8 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   check_rows(mv, t_p, s_p, u, op);
   const UpdateParams p = make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step,
                                        rounding_seed);
+  const at::Tensor kc = keys.has_value() ? keys->contiguous() : at::Tensor();
+  const int64_t* k_p = kc.defined() ? kc.data_ptr<int64_t>() : nullptr;
   dispatch_rows(values.scalar_type(), [&](auto tag) {
   using E = decltype(tag);
   E* v = values.data_ptr<E>();
@@ -749,7 +756,7 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
                  [&](int64_t k, const float* g, int64_t D) DEMB_LAMBDA_INLINE {
                    const int64_t t = t_p[k];
                    update_row(optimizer, v + mv.offset(t) + s_p[k] * mv.width(t), g, D, p,
-                              row_rounding(p, t, s_p[k]));
+                              row_rounding(p, t, k_p, k));
                  });
   });
 }

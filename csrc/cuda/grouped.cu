@@ -691,6 +691,7 @@ __device__ inline void update_in_float(E* w, int64_t d, const RowRounding& r, St
 template <typename E>
 __global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
                               const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
+                              const int64_t* __restrict__ keys,
                               const float* __restrict__ grads, int64_t n, int64_t G,
                               int64_t optimizer, UpdateParams p) {
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
@@ -701,7 +702,7 @@ __global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
   E* w = values + meta.offset(t) + s * meta.width(t);
   float* m = state_of(w, D);
   const float* g = grads + i * G;
-  const RowRounding r = row_rounding(p, t, s);
+  const RowRounding r = row_rounding(p, t, keys, i);
   if (optimizer == kSgd) {
     for (int64_t d = threadIdx.x; d < D; d += kWarp)
       update_in_float(w, d, r, [&](float& x) { sgd_element(x, g[d], p); });
@@ -735,7 +736,7 @@ __global__ void update_kernel(E* __restrict__ values, DeviceMeta meta,
 template <typename E>
 __global__ void key_update_kernel(E* __restrict__ values, DeviceMeta meta,
                                   const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
-                                  const float* __restrict__ partial,
+                                  const int64_t* __restrict__ keys, const float* __restrict__ partial,
                                   const int64_t* __restrict__ chunk_start, int64_t num_unique,
                                   int64_t width, int64_t optimizer, UpdateParams p, bool fused) {
   const int64_t first = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y) * kWarp;
@@ -753,7 +754,7 @@ __global__ void key_update_kernel(E* __restrict__ values, DeviceMeta meta,
     const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
     const int64_t D = meta.dim(t);
     E* w = values + meta.offset(t) + s * meta.width(t);
-    const RowRounding r = row_rounding(p, t, s);
+    const RowRounding r = row_rounding(p, t, keys, k);
     for (int64_t d = threadIdx.x; d < D; d += kWarp) {
       float g = 0.0f;
       for (int64_t c = c0; c < c1; ++c) g += partial[c * width + d];
@@ -791,8 +792,8 @@ void check_widths_cuda(const at::Tensor& values, const at::Tensor& meta, int64_t
 }
 
 void launch_update(at::Tensor& values, const at::Tensor& meta, const at::Tensor& tid,
-                   const at::Tensor& sl, const at::Tensor& g, int64_t optimizer,
-                   const UpdateParams& p) {
+                   const at::Tensor& sl, const int64_t* keys, const at::Tensor& g,
+                   int64_t optimizer, const UpdateParams& p) {
   const int64_t n = sl.numel();
   if (n == 0) return;
   dispatch_rows(values.scalar_type(), [&](auto tag) {
@@ -800,7 +801,7 @@ void launch_update(at::Tensor& values, const at::Tensor& meta, const at::Tensor&
     update_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
                        at::cuda::getCurrentCUDAStream()>>>(
         values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), g.data_ptr<float>(), n, g.size(1),
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), keys, g.data_ptr<float>(), n, g.size(1),
         optimizer, p);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -810,11 +811,12 @@ void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::T
                          const at::Tensor& slots, const at::Tensor& grads, int64_t optimizer,
                          double lr, double eps, double beta1, double beta2, double weight_decay,
                          int64_t weight_decay_mode, int64_t step, bool check,
-                         int64_t rounding_seed) {
+                         int64_t rounding_seed, const std::optional<at::Tensor>& keys) {
   const char* op = "grouped_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   check_float_rows(grads, slots.numel(), values.device(), "grads", op);
+  check_update_keys(keys, slots.numel(), rounding_seed, values.device(), op);
   check_optimizer_args(optimizer, weight_decay_mode, step, op);
   const at::cuda::CUDAGuard guard(values.device());
   const auto tid = table_ids.contiguous();
@@ -829,7 +831,8 @@ void grouped_update_cuda(at::Tensor& values, const at::Tensor& meta, const at::T
       DEMB_CHECK_VALUE(!narrow, op, ": grads have ", g.size(1), " columns, fewer than a table's dim");
     }
   }
-  launch_update(values, meta, tid, sl, g, optimizer,
+  const at::Tensor k = keys.has_value() ? keys->contiguous() : at::Tensor();
+  launch_update(values, meta, tid, sl, k.defined() ? k.data_ptr<int64_t>() : nullptr, g, optimizer,
                 make_params(lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step,
                             rounding_seed));
 }
@@ -846,14 +849,17 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
                                 double beta2, double weight_decay, int64_t weight_decay_mode,
                                 int64_t step, bool check, const std::optional<at::Tensor>& order,
                                 const std::optional<at::Tensor>& key_counts,
-                                int64_t rounding_seed) {
+                                int64_t rounding_seed, const std::optional<at::Tensor>& keys) {
   const char* op = "grouped_reduce_update";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
+  check_update_keys(keys, slots.numel(), rounding_seed, values.device(), op);
   check_optimizer_args(optimizer, weight_decay_mode, step, op);
   const at::cuda::CUDAGuard guard(values.device());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
+  const at::Tensor kc = keys.has_value() ? keys->contiguous() : at::Tensor();
+  const int64_t* k_p = kc.defined() ? kc.data_ptr<int64_t>() : nullptr;
   if (check) {
     check_widths_cuda(values, meta, optimizer, op);
     check_rows_cuda(meta, tid, sl, op);
@@ -882,7 +888,7 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
           grads.data_ptr<float>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    launch_update(values, meta, tid, sl, grads, optimizer, p);
+    launch_update(values, meta, tid, sl, k_p, grads, optimizer, p);
     return;
   }
   dispatch_rows(values.scalar_type(), [&](auto tag) {
@@ -890,7 +896,7 @@ void grouped_reduce_update_cuda(at::Tensor& values, const at::Tensor& meta,
     key_update_kernel<E><<<blocks_for((u + kWarp - 1) / kWarp), dim3(kWarp, kRowsPerBlock), 0,
                            at::cuda::getCurrentCUDAStream()>>>(
         values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
-        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), parts.partial.data_ptr<float>(),
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), k_p, parts.partial.data_ptr<float>(),
         parts.chunk_start.data_ptr<int64_t>(), u, max_dim, optimizer, p, fuse);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

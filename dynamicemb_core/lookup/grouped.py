@@ -539,6 +539,7 @@ class TableGroup:
         )
         if step.backed is None:
             storage.rows.reduce_update(
+                step.keys,
                 step.table_ids,
                 step.slots,
                 *bags,
@@ -557,7 +558,7 @@ class TableGroup:
         b = step.backed
         # the backing store first: when it fails, no row of this update has been written
         cache.update_backed(step.keys[b], step.table_ids[b], grads[b], hyper, self.dims)
-        storage.rows.update(step.table_ids, step.slots, grads, hyper, self._frozen)
+        storage.rows.update(step.keys, step.table_ids, step.slots, grads, hyper, self._frozen)
 
     def weight_grads(self, step: GroupStep, grad_out: torch.Tensor) -> torch.Tensor:
         """(n,) gradient of each per-sample weight: its row (as read) dotted with its bag's

@@ -182,6 +182,15 @@ def _grouped_reduce_grads_fake(
     return grad_out.new_empty(num_unique, width, dtype=torch.float32)
 
 
+def _check_update_keys(keys: Optional[Tensor], rounding_seed: int, op: str) -> None:
+    """The update ops' ``keys``: required for stochastic rounding (rounding_seed >= 0), 1-D."""
+    torch._check(
+        keys is not None or rounding_seed < 0,
+        lambda: f"{op}: rounding_seed {rounding_seed} (stochastic rounding) needs the rows' keys",
+    )
+    torch._check(keys is None or keys.dim() == 1, lambda: f"{op}: keys must be (n,)")
+
+
 def _grouped_update_fake(
     values: Tensor,
     meta: Tensor,
@@ -198,8 +207,10 @@ def _grouped_update_fake(
     step: int,
     check: bool = True,
     rounding_seed: int = -1,
+    keys: Optional[Tensor] = None,
 ) -> None:
     torch._check(grads.dim() == 2, lambda: "grouped_update: grads must be (n, k)")
+    _check_update_keys(keys, rounding_seed, "grouped_update")
 
 
 def _grouped_reduce_update_fake(
@@ -228,8 +239,10 @@ def _grouped_reduce_update_fake(
     order: Optional[Tensor] = None,
     key_counts: Optional[Tensor] = None,
     rounding_seed: int = -1,
+    keys: Optional[Tensor] = None,
 ) -> None:
     torch._check(grad_out.dim() == 2, lambda: "grouped_reduce_update: grad_out must be 2-D")
+    _check_update_keys(keys, rounding_seed, "grouped_reduce_update")
 
 
 FAKE_KERNELS = {

@@ -377,11 +377,14 @@ def grouped_update(
     rounding_seed: int = -1,
     *,
     check: bool = True,
+    keys: Optional[torch.Tensor] = None,
 ) -> None:
     """In place: the optimizer (OPTIMIZER_CODES) on the rows at ``(table_ids, slots)`` with
     ``grads`` (n, >= dim); slots < 0 skipped. The formulas of :func:`sgd_update` and siblings.
     ``rounding_seed`` >= 0: half-precision rows round their new embeddings stochastically, from a
-    hash of (seed, step, table, slot, element); < 0: to nearest even (float32 rows: never rounded)."""
+    hash of (seed, step, table, key, element), with ``keys`` (n,) the rows' keys (required then);
+    < 0: to nearest even (float32 rows: never rounded). The key, not the slot, picks the random
+    bits: a key rounds the same wherever the table placed it (engine, capacity, insertion order)."""
     _ops().grouped_update.default(
         values,
         meta,
@@ -398,6 +401,7 @@ def grouped_update(
         step,
         check,
         rounding_seed,
+        keys,
     )
 
 
@@ -428,13 +432,14 @@ def grouped_reduce_update(
     check: bool = True,
     order: Optional[torch.Tensor] = None,
     key_counts: Optional[torch.Tensor] = None,
+    keys: Optional[torch.Tensor] = None,
 ) -> None:
     """:func:`grouped_reduce_grads` then :func:`grouped_update` on the unique keys in one op (the
     training backward): the CPU kernel applies each key's sum as soon as it is formed. ``max_dim``:
     the group's widest embedding dim (the width of the reduction on CUDA). ``order`` and
     ``key_counts`` (together, from :func:`segmented_unique_ordered`): the positions grouped by key,
     so the CUDA kernels skip their sort of ``inverse``; the rows come out the same without them.
-    ``rounding_seed``: as :func:`grouped_update`'s."""
+    ``rounding_seed`` and ``keys`` (u,): as :func:`grouped_update`'s."""
     _ops().grouped_reduce_update.default(
         values,
         meta,
@@ -461,4 +466,5 @@ def grouped_reduce_update(
         order,
         key_counts,
         rounding_seed,
+        keys,
     )

@@ -263,6 +263,7 @@ class CacheTier:
             grads[ok].contiguous(),
             *optimizer,
             check=False,
+            keys=keys[ok],
         )
         self.backing.insert(keys[ok], tids, flat.view(m, width), scores[ok], "write updated rows")
 

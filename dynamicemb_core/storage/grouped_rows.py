@@ -305,6 +305,7 @@ class GroupedRows:
 
     def reduce_update(
         self,
+        keys: torch.Tensor,
         table_ids: torch.Tensor,
         slots: torch.Tensor,
         grad_out: torch.Tensor,
@@ -327,7 +328,9 @@ class GroupedRows:
         :func:`lookup_ops.grouped_reduce_grads` on the device, then :func:`lookup_ops.grouped_update`
         on each part, the host part with only its own keys' gradients copied over. ``optimizer``:
         ``(code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step, rounding_seed)``
-        (grouped_update's arguments; seed < 0: round to nearest). ``frozen``: tables
+        (grouped_update's arguments; seed < 0: round to nearest). ``keys`` (u,): the pairs' keys,
+        which key the stochastic rounding (never the slots: a key rounds the same wherever it
+        lives, on the device or the host part). ``frozen``: tables
         that hold no optimizer state (their slots must be -1). ``order`` / ``key_counts``: the
         dedup's grouping of the positions by key (see :func:`lookup_ops.grouped_reduce_update`).
         """
@@ -362,6 +365,7 @@ class GroupedRows:
                 check=False,
                 order=order,
                 key_counts=key_counts,
+                keys=keys,
             )
             return
         grads = self.reduce_grads(
@@ -376,7 +380,7 @@ class GroupedRows:
             slots.numel(),
             max_dim,
         )
-        self.update(table_ids, slots, grads, hyper, frozen)
+        self.update(keys, table_ids, slots, grads, hyper, frozen)
 
     def reduce_grads(
         self,
@@ -409,6 +413,7 @@ class GroupedRows:
 
     def update(
         self,
+        keys: torch.Tensor,
         table_ids: torch.Tensor,
         slots: torch.Tensor,
         grads: torch.Tensor,
@@ -416,8 +421,8 @@ class GroupedRows:
         frozen: Sequence[int] = (),
     ) -> None:
         """The fused optimizer on the rows at ``(table_ids, slots)`` (-1 skipped) with ``grads``
-        (u, >= max dim), each part with only its own keys' gradients. ``optimizer``: as in
-        :meth:`reduce_update`."""
+        (u, >= max dim), each part with only its own keys' gradients. ``keys``, ``optimizer``: as
+        in :meth:`reduce_update`."""
         on_device, host = self._split_pairs(table_ids, slots)
         lookup_ops.grouped_update(
             self.values,
@@ -427,6 +432,7 @@ class GroupedRows:
             grads,
             *optimizer,
             check=False,
+            keys=keys,
         )
         if host is not None:
             lookup_ops.grouped_update(
@@ -437,6 +443,8 @@ class GroupedRows:
                 self._d2h(grads.index_select(0, host.index)),
                 *optimizer,
                 check=False,
+                # the host pairs' keys, copied over only when they key a stochastic rounding
+                keys=self._d2h(keys.index_select(0, host.index)) if optimizer[-1] >= 0 else None,
             )
 
 

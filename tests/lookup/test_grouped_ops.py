@@ -434,6 +434,7 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
     total = int(d_offsets[-1])
     grad_out = torch.randn(B, total, device=device)
     bags = (inverse, offsets, weights, ft, d_offsets)
+    keys = torch.arange(slots.numel(), device=device) * 7 + 3
     return [
         (ops.segmented_unique.default, (utids.clone(), utids, 3)),
         (ops.segmented_unique.default, (utids.clone(), utids, 3, True)),
@@ -459,6 +460,18 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
             ops.grouped_reduce_update.default,
             (values, meta, utids, slots, grad_out, *bags, 0, B, 8, 3)
             + (0.1, 1e-3, 0.9, 0.99, 0.0, 0, 2),
+        ),
+        # a rounding seed with the rows' keys (the stochastic rounding's schema; float32 rows
+        # are never rounded, the keys are checked all the same)
+        (
+            ops.grouped_update.default,
+            (values, meta, utids, slots, torch.randn(slots.numel(), 8, device=device), 3)
+            + (0.1, 1e-3, 0.9, 0.99, 0.0, 0, 2, True, 5, keys),
+        ),
+        (
+            ops.grouped_reduce_update.default,
+            (values, meta, utids, slots, grad_out, *bags, 0, B, 8, 3)
+            + (0.1, 1e-3, 0.9, 0.99, 0.0, 0, 2, True, None, None, 5, keys),
         ),
     ]
 

@@ -127,9 +127,12 @@ def _fbgemm_has_cuda_tbe() -> bool:
     return torch.cuda.is_available() and getattr(fbgemm_gpu, "__variant__", "cpu") != "cpu"
 
 
-CUDA_TBE_OPTIMIZERS = EXACT + [
-    (EmbOptimType.ADAM, dict(learning_rate=0.05, eps=1e-8, beta1=0.9, beta2=0.999)),
-]
+# ADAM is left out: FBGEMM 1.6.0's CUDA TBE itself cannot train fp16 weights with ADAM (its
+# backward raises "row_counter_dev ... expected Float, found Half"), so there is no peer to compare
+# with. Our ADAM on half-precision rows is checked against the rounded float32 model instead
+# (test_training_matches_rounded_float32_model, float16 and bfloat16, CPU and CUDA) and CUDA
+# against CPU (test_cuda_kernels_match_cpu_kernels).
+CUDA_TBE_OPTIMIZERS = EXACT
 
 
 @pytest.mark.gpu
@@ -139,11 +142,21 @@ CUDA_TBE_OPTIMIZERS = EXACT + [
 @pytest.mark.parametrize("optimizer,hp", CUDA_TBE_OPTIMIZERS, ids=lambda o: getattr(o, "name", ""))
 def test_fp16_training_matches_fbgemm_cuda_fp16_tbe(pooling, optimizer, hp):
     """Our CUDA fp16 tables against FBGEMM's CUDA TBE with ``weights_precision=FP16`` and
-    ``stochastic_rounding=False`` (its kernels then compute the new weight in float32 and round it
-    to nearest once, as ours): outputs every step; rows and optimizer state after every step. The
-    float32 values may differ in their last bit (gradient summation order, FMA contraction in
-    FBGEMM's kernels), which can move a rounding: each row element must agree to one fp16 unit and
-    most exactly; the peer is re-synchronised to our rows before the next step (no drift)."""
+    ``stochastic_rounding=False``: outputs every step; rows and optimizer state after every step;
+    the peer is re-synchronised to our rows before the next step (no drift).
+
+    What is expected: FBGEMM's CUDA kernels, as ours, compute the new weight in float32 from the
+    fp16 weight and round it to nearest once (unlike its CPU kernels, whose SGD / Adagrad round
+    the step to fp16 first). The float32 results may still differ by a few float32 units: the
+    order of the gradient sums of repeated keys, row-wise Adagrad's sum of squares (a warp
+    reduction in FBGEMM's order), FMA contraction in FBGEMM's kernels. That holds for all three
+    optimizers, row-wise Adagrad included, so none is required to agree bit for bit. Such a
+    difference changes the fp16 result only where the float32 value lies within those few units
+    of a midpoint between two fp16 values, and then by exactly one fp16 unit: with 2^13 float32
+    values per fp16 unit, a k-unit difference moves about k / 2^13 of the elements. So: every
+    element within one fp16 unit, and over the whole run at most 1% of the elements that changed
+    differ at all (about 0.1% expected; a second rounding, as FBGEMM's CPU SGD makes, would
+    move a large share of them)."""
     cuda = torch.device("cuda", torch.cuda.current_device())
     dims = _dims(pooling)
     tbe = oracle.fbgemm_peer(
@@ -154,6 +167,7 @@ def test_fp16_training_matches_fbgemm_cuda_fp16_tbe(pooling, optimizer, hp):
     assert ours.stochastic_rounding_seed is None
     oracle.mirror_weights(ours, [w.detach().float().cpu() for w in tbe.split_embedding_weights()])
     before = [w.detach().float().cpu() for w in tbe.split_embedding_weights()]
+    changed = differ = 0
     torch.manual_seed(0)
     for step in STEPS:
         indices, offsets, _ = oracle.make_batch(len(FEATURE_TABLE_MAP), 3, **step)
@@ -170,7 +184,8 @@ def test_fp16_training_matches_fbgemm_cuda_fp16_tbe(pooling, optimizer, hp):
             off = (emb - theirs).abs()
             unit = _fp16_ulp(torch.maximum(torch.maximum(emb.abs(), theirs.abs()), before[t].abs()))
             assert bool((off <= unit).all()), f"table {t}: {(off - unit).max()}"
-            assert (emb == theirs).float().mean() > 0.9, f"table {t}: few rows agree exactly"
+            changed += int(((emb != before[t]) | (theirs != before[t])).sum())
+            differ += int((emb != theirs).sum())
             with torch.no_grad():
                 w.copy_(emb.half().to(cuda))
             before[t] = emb.clone()
@@ -182,6 +197,8 @@ def test_fp16_training_matches_fbgemm_cuda_fp16_tbe(pooling, optimizer, hp):
                 torch.testing.assert_close(
                     state[:, : peer_state.size(1)], peer_state, rtol=1e-5, atol=1e-6
                 )
+    assert changed > 100  # the run trains: the bound below is over many elements
+    assert differ <= 0.01 * changed, f"{differ} of {changed} updated elements differ"
     _assert_stored_as(ours, torch.float16)
 
 
@@ -381,11 +398,15 @@ def test_cuda_kernels_match_cpu_kernels(dtype, optimizer, hp):
         torch.testing.assert_close(s_gpu, s_cpu, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_hybrid_and_growing_half_precision_tables_match_a_device_resident_one(device, dtype):
+def test_hybrid_and_growing_half_precision_tables_match_a_device_resident_one(
+    device, dtype, stochastic
+):
     """The same training in three layouts gives the same rows bit for bit: the whole table in
     device memory; a hybrid table (rows past one bucket in host memory); a table that starts at one
-    bucket and doubles while training (its rows move between buffers)."""
+    bucket and doubles while training (its rows move between buffers). With stochastic rounding
+    too: the random bits follow the key, not the slot or the part (device or host) it lives in."""
     optimizer, hp = ROUNDED[3]  # ADAM: embedding and two moments per element
     dims = [3, 6]
     row = oracle.options(1).__class__  # DynamicEmbTableOptions
@@ -406,8 +427,11 @@ def test_hybrid_and_growing_half_precision_tables_match_a_device_resident_one(de
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the hybrid budget's round-up to one bucket
             modules[name] = BatchedDynamicEmbeddingTables(
-                opts, ["a", "b"], [0, 1], DynamicEmbPoolingMode.SUM, optimizer, device, **hp
-            )
+                opts, ["a", "b"], [0, 1], DynamicEmbPoolingMode.SUM, optimizer, device,
+                stochastic_rounding=stochastic, **hp,
+            )  # fmt: skip
+            if stochastic:
+                modules[name].stochastic_rounding_seed = 5
     g = torch.Generator().manual_seed(11)
     for step in range(4):
         lengths = torch.randint(0, 6, (2 * 8,), generator=g)

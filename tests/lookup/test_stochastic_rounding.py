@@ -3,8 +3,10 @@
 An update computed in float32 lands between two neighbouring values of the row dtype; rounding to
 nearest (the default) drops every update smaller than half a unit, so a weight receiving many small
 updates never moves, while stochastic rounding picks the upper neighbour with the probability that
-makes the stored value right on average. The random bits are a hash of (seed, step, table, slot,
-element) shared by the CPU and CUDA kernels (csrc/include/dynamicemb/grouped.h).
+makes the stored value right on average. The random bits are a hash of (seed, step, table, key,
+element) shared by the CPU and CUDA kernels (csrc/include/dynamicemb/grouped.h): never of the slot,
+which depends on the engine (CUDA's key-parallel one places keys in a varying order), the capacity
+and the insertion history. So every test here reads rows back by key.
 """
 
 from __future__ import annotations
@@ -152,38 +154,51 @@ def test_bad_seeds_are_refused(device):
     assert module.stochastic_rounding_seed is None
 
 
+def _half_group(device, dtype, dims, caps, seed: int = 4):
+    """(flat values, meta) of tables ``dims`` x ``caps`` rows of ``dtype`` with room for any
+    optimizer's state; embeddings in [0.5, 1.5), states zero."""
+    from dynamicemb_core.optim.layout import stored_width
+
+    widths = [stored_width(3 * d + 1, d, dtype) for d in dims]
+    offsets = [sum(c * w for c, w in zip(caps[:t], widths[:t])) for t in range(len(dims))]
+    meta = torch.tensor([[offsets[t], widths[t], caps[t], dims[t]] for t in range(len(dims))])
+    g = torch.Generator().manual_seed(seed)
+    values = torch.zeros(offsets[-1] + caps[-1] * widths[-1], dtype=dtype)
+    for t, d in enumerate(dims):
+        block = values[offsets[t] : offsets[t] + caps[t] * widths[t]].view(caps[t], widths[t])
+        block[:, :d] = (torch.rand(caps[t], d, generator=g) + 0.5).to(dtype)
+    return values.to(device), meta.to(device)
+
+
+def _rows_at(values: torch.Tensor, meta: torch.Tensor, t: int, slots: torch.Tensor):
+    """Raw bits (int16) of table ``t``'s stored rows at ``slots``: the float32 state's halves,
+    read as the row dtype, may be NaN patterns, so rows are compared as bits."""
+    off, width, cap, _ = (int(x) for x in meta[t].tolist())
+    block = values[off : off + cap * width].view(cap, width)
+    return block[slots.to(values.device)].view(torch.int16).cpu()
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["SGD", "ADAGRAD", "ROWWISE", "ADAM"])
 def test_the_update_ops_round_alike(device, dtype, optimizer):
     """grouped_update and the fused grouped_reduce_update give the same rows for one seed (the
-    key is the (table, slot) a row lives at, not the path that updates it); seed -1 rounds to
+    random stream is the row's (table, key), not the path that updates it); seed -1 rounds to
     nearest, as the ops did before the seed existed."""
-    from dynamicemb_core.optim.layout import stored_width
-
     dims, caps = [5, 8], [40, 40]
-    widths = [stored_width(3 * d + 1, d, dtype) for d in dims]
-    offsets = [0, caps[0] * widths[0]]
-    meta = torch.tensor(
-        [[offsets[t], widths[t], caps[t], dims[t]] for t in range(2)], device=device
-    )
-    total = offsets[1] + caps[1] * widths[1]
-    g = torch.Generator().manual_seed(4)
-    start = torch.zeros(total, dtype=dtype)
-    for t in range(2):
-        block = start[offsets[t] : offsets[t] + caps[t] * widths[t]].view(caps[t], widths[t])
-        block[:, : dims[t]] = (torch.rand(caps[t], dims[t], generator=g) + 0.5).to(dtype)
-    start = start.to(device)
+    start, meta = _half_group(device, dtype, dims, caps)
+    g = torch.Generator().manual_seed(5)
     # 33 pairs per table (one skipped: slot -1), table 0's first
     tids = torch.arange(66, device=device) // 33
     slots = torch.cat([torch.arange(32), torch.tensor([-1]), torch.randperm(40, generator=g)[:33]])
     slots = slots.to(device)
+    keys = torch.randint(-(2**62), 2**62, (66,), generator=g).to(device)
     grads = (torch.randn(66, 8, generator=g) * 1e-3).to(device)
     hyper = (optimizer, 0.5, 1e-6, 0.9, 0.999, 0.0, 0, 3)
 
     def updated(seed: int, fused: bool) -> torch.Tensor:
         values = start.clone()
         if not fused:
-            lookup_ops.grouped_update(values, meta, tids, slots, grads, *hyper, seed)
+            lookup_ops.grouped_update(values, meta, tids, slots, grads, *hyper, seed, keys=keys)
             return values
         # NONE pooling, two features (tables 0, 1) of 33 one-index bags, one index per unique
         # key: the reduction is the gradient itself
@@ -191,11 +206,11 @@ def test_the_update_ops_round_alike(device, dtype, optimizer):
             values, meta, tids, slots, grads, torch.arange(66, device=device),
             torch.arange(67, device=device), None, torch.tensor([0, 1], device=device),
             torch.tensor([0, 8, 16], device=device), lookup_ops.POOL_NONE, 33, 8, *hyper, seed,
+            keys=keys,
         )  # fmt: skip
         return values
 
     def bits(values: torch.Tensor) -> torch.Tensor:
-        # compared as bits: the float32 state's halves, read as the row dtype, may be NaN patterns
         return values.view(torch.int16).cpu()
 
     nearest = updated(-1, False)
@@ -205,6 +220,133 @@ def test_the_update_ops_round_alike(device, dtype, optimizer):
     a, b = updated(11, False), updated(11, True)
     assert torch.equal(bits(a), bits(b))
     assert not torch.equal(bits(a), bits(nearest))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("optimizer", [0, 1, 2, 3], ids=["SGD", "ADAGRAD", "ROWWISE", "ADAM"])
+@pytest.mark.parametrize("fused", [False, True], ids=["update", "reduce_update"])
+def test_the_rounding_follows_the_key_not_the_slot(device, dtype, optimizer, fused):
+    """The same keys with the same rows and gradients at other slots (another capacity, another
+    placement) round to the same bits, row by row; other keys at the same slots round otherwise."""
+    dims = [6, 8]
+    n = 30  # keys per table
+    g = torch.Generator().manual_seed(6)
+    keys = torch.randint(-(2**62), 2**62, (2 * n,), generator=g)
+    tids = torch.arange(2 * n) // n
+    grads = torch.randn(2 * n, 8, generator=g) * 1e-3
+    hyper = (optimizer, 0.5, 1e-6, 0.9, 0.999, 0.0, 0, 3, 77)
+
+    def train(caps, slots, keys=keys):
+        """Rows of the keys placed at ``slots`` (each table's rows from one start, by key order),
+        updated once; -> per table, the updated rows in key order, as bits."""
+        values, meta = _half_group(device, dtype, dims, caps)
+        start, start_meta = _half_group(device, dtype, dims, [n, n])  # row i: key i's start
+        for t in range(2):
+            off, width = int(meta[t, 0]), int(meta[t, 1])
+            block = values[off : off + caps[t] * width].view(caps[t], width)
+            s0 = int(start_meta[t, 0])
+            block[slots[t * n : (t + 1) * n].to(device)] = start[s0 : s0 + n * width].view(n, width)
+        if fused:
+            lookup_ops.grouped_reduce_update(
+                values, meta, tids.to(device), slots.to(device), grads.to(device),
+                torch.arange(2 * n, device=device), torch.arange(2 * n + 1, device=device), None,
+                torch.tensor([0, 1], device=device), torch.tensor([0, 8, 16], device=device),
+                lookup_ops.POOL_NONE, n, 8, *hyper, keys=keys.to(device),
+            )  # fmt: skip
+        else:
+            lookup_ops.grouped_update(
+                values, meta, tids.to(device), slots.to(device), grads.to(device), *hyper,
+                keys=keys.to(device),
+            )  # fmt: skip
+        return [_rows_at(values, meta, t, slots[t * n : (t + 1) * n]) for t in range(2)]
+
+    here = train([n, n], torch.arange(n).repeat(2))
+    moved = [torch.randperm(cap, generator=g)[:n] for cap in (64, 48)]
+    there = train([64, 48], torch.cat(moved))
+    assert all(torch.equal(a, b) for a, b in zip(here, there))
+    other = train([n, n], torch.arange(n).repeat(2), keys=keys + 1)
+    assert not all(torch.equal(a, b) for a, b in zip(here, other))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["update", "reduce_update"])
+def test_stochastic_rounding_needs_the_keys(device, fused):
+    """A rounding seed without the rows' keys, or keys of the wrong shape or dtype: a clear error
+    naming keys, and no row written."""
+    values, meta = _half_group(device, torch.float16, [4], [8])
+    before = values.clone()
+    tids = torch.zeros(3, dtype=torch.int64, device=device)
+    slots = torch.tensor([0, 3, 5], device=device)
+    grads = torch.full((3, 4), 0.1, device=device)
+    hyper = (0, 0.5, 0.0, 0.0, 0.0, 0.0, 0, 1, 9)
+    bad_keys = [None, torch.arange(2, device=device), torch.arange(3, device=device).int()]
+    for keys in bad_keys:
+        with pytest.raises((ValueError, TypeError), match="keys"):
+            if fused:
+                lookup_ops.grouped_reduce_update(
+                    values, meta, tids, slots, grads, torch.arange(3, device=device),
+                    torch.arange(4, device=device), None, torch.tensor([0], device=device),
+                    torch.tensor([0, 4], device=device), lookup_ops.POOL_NONE, 3, 4, *hyper,
+                    keys=keys,
+                )  # fmt: skip
+            else:
+                lookup_ops.grouped_update(values, meta, tids, slots, grads, *hyper, keys=keys)
+        assert torch.equal(values.view(torch.int16), before.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize(
+    "optimizer,hp",
+    [
+        (EmbOptimType.EXACT_SGD, dict(learning_rate=0.01)),
+        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.01, eps=1e-6)),
+        (EmbOptimType.ADAM, dict(learning_rate=0.001, eps=1e-8)),
+    ],
+    ids=lambda o: getattr(o, "name", ""),
+)
+def test_tables_that_place_keys_differently_round_alike(device, dtype, optimizer, hp):
+    """Two modules with one seed whose tables hold the same keys at different slots (another
+    capacity, the keys inserted first in another order) train to the same bits, read by key."""
+    dims = [6, 8]
+    twins = []
+    for capacity, order_seed in ((1024, 1), (2048, 2)):
+        m = BatchedDynamicEmbeddingTables(
+            [oracle.options(d, embedding_dtype=dtype, max_capacity=capacity) for d in dims],
+            ["t0", "t1"], [0, 1], DynamicEmbPoolingMode.SUM, optimizer, device,
+            stochastic_rounding=True, **hp,
+        )  # fmt: skip
+        m.stochastic_rounding_seed = 99
+        # the keys placed first in an order of this twin's own, with the same rows
+        order = torch.randperm(oracle.NUM_IDS, generator=torch.Generator().manual_seed(order_seed))
+        start = [
+            torch.rand(oracle.NUM_IDS, d, generator=torch.Generator().manual_seed(d))[order]
+            for d in dims
+        ]
+        for t, d in enumerate(dims):
+            spec = m.tables[t].tables[0]
+            rows = torch.zeros(oracle.NUM_IDS, spec.row_width)
+            rows[:, :d] = start[t]
+            scores = torch.zeros(oracle.NUM_IDS, spec.num_scores, dtype=torch.int64)
+            m.tables[t].insert(0, order.to(device), rows.to(device), scores.to(device))
+        twins.append(m)
+
+    def slots(m) -> torch.Tensor:
+        ids = torch.arange(oracle.NUM_IDS, device=device)
+        return torch.stack(
+            [m.tables[t].table.find(ids, torch.full_like(ids, m.tables[t].table_id)).slots
+             for t in range(2)]
+        ).cpu()  # fmt: skip
+
+    assert not torch.equal(slots(twins[0]), slots(twins[1]))  # the placements differ
+    torch.manual_seed(0)
+    for seed in range(1, 5):
+        indices, offsets, _ = oracle.make_batch(2, 3, seed=seed)
+        outs = [m(indices.to(device), offsets.to(device)) for m in twins]
+        coeff = torch.randn(outs[0].shape)
+        for out in outs:
+            (out * coeff.to(out.device)).sum().backward()
+    for t in range(2):
+        (a, _), (b, _) = (oracle.read_weights(m, t) for m in twins)
+        assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

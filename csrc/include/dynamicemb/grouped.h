@@ -197,8 +197,11 @@ DEMB_HOST_DEVICE void rowwise_element(float& w, float g, float new_m, const Upda
 // the row type, hi with probability (x - lo) / (hi - lo) and lo otherwise, so the rounded value is
 // x on average: updates smaller than half a unit of the row type still move the weight in
 // expectation (rounding to nearest drops them every time). The random numbers come from a
-// counter-based hash of (seed, step, table, slot, element): no state, the same bits on the CPU and
-// the GPU, in any thread order, and the same run again for the same seed.
+// counter-based hash of (seed, step, table, key, element): no state, the same bits on the CPU and
+// the GPU, in any thread order, and the same run again for the same seed. The row's key, never its
+// slot: where a key lives depends on the engine (the CUDA key-parallel engine places keys in an
+// order that varies from run to run), the capacity and the insertion history, and a model's values
+// must not depend on any of them.
 
 /// splitmix64's finalizer: a bijective mix of 64 bits.
 DEMB_HOST_DEVICE uint64_t mix64(uint64_t z) {
@@ -207,20 +210,23 @@ DEMB_HOST_DEVICE uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-/// How the updated embeddings of one row are rounded: ``key`` is the row's random stream for this
-/// update (seed, step, table, slot hashed together), used only when ``stochastic``.
+/// How the updated embeddings of one row are rounded: ``stream`` is the row's random stream for
+/// this update (seed, step, table, key hashed together), used only when ``stochastic``.
 struct RowRounding {
-  uint64_t key = 0;
+  uint64_t stream = 0;
   bool stochastic = false;
 };
 
-DEMB_HOST_DEVICE RowRounding row_rounding(const UpdateParams& p, int64_t table, int64_t slot) {
+/// The rounding of the row of ``key`` in ``table``. ``keys`` is the op's (n,) keys argument, null
+/// when none was given (the ops require it when ``p.rounding_seed`` >= 0, so it is read only then).
+DEMB_HOST_DEVICE RowRounding row_rounding(const UpdateParams& p, int64_t table,
+                                          const int64_t* keys, int64_t i) {
   RowRounding r;
   if (p.rounding_seed < 0) return r;
   uint64_t h = mix64(uint64_t(p.rounding_seed) + 0x9E3779B97F4A7C15ULL);
   h = mix64(h ^ uint64_t(p.step));
   h = mix64(h ^ uint64_t(table));
-  r.key = mix64(h ^ uint64_t(slot));
+  r.stream = mix64(h ^ uint64_t(keys[i]));
   r.stochastic = true;
   return r;
 }
@@ -250,7 +256,7 @@ DEMB_HOST_DEVICE E round_update(float x, const RowRounding& r, int64_t d) {
     return x;
   } else {
     if (!r.stochastic) return to_row<E>(x);
-    const uint64_t bits = mix64(r.key + uint64_t(d) * 0x9E3779B97F4A7C15ULL);
+    const uint64_t bits = mix64(r.stream + uint64_t(d) * 0x9E3779B97F4A7C15ULL);
     return round_stochastic<E>(x, static_cast<uint32_t>(bits >> 40));
   }
 }

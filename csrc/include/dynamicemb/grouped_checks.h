@@ -75,6 +75,21 @@ inline void check_float_rows(const at::Tensor& rows, int64_t n, const at::Device
   check_on_device(rows, device, name, op);
 }
 
+/// The update ops' ``keys``: each updated row's key, which (not the row's slot) keys its stochastic
+/// rounding (grouped.h's row_rounding). Required when ``rounding_seed`` >= 0, optional otherwise;
+/// (n,) int64 on ``device``, one per slot.
+inline void check_update_keys(const std::optional<at::Tensor>& keys, int64_t n,
+                              int64_t rounding_seed, const at::Device& device, const char* op) {
+  DEMB_CHECK_VALUE(keys.has_value() || rounding_seed < 0, op, ": rounding_seed ", rounding_seed,
+                   " (stochastic rounding) needs the rows' keys (keys=None)");
+  if (!keys.has_value()) return;
+  DEMB_CHECK_TYPE(keys->scalar_type() == at::kLong, op, ": keys must be int64, got ",
+                  keys->scalar_type());
+  DEMB_CHECK_VALUE(keys->dim() == 1 && keys->numel() == n, op, ": keys must be (", n,
+                   ",), one per slot, got ", keys->sizes());
+  check_on_device(*keys, device, "keys", op);
+}
+
 /// The bag layout: ``offsets`` (F*B+1,) feature-major, ``feature_tables`` (F,), ``d_offsets``
 /// (F+1,), ``inverse`` and the optional ``weights`` (n,), all on one device.
 inline void check_group_bags(const at::Tensor& inverse, const at::Tensor& offsets,
