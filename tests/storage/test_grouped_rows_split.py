@@ -159,10 +159,13 @@ def test_scatter_writes_each_row_in_its_own_part(device, host_calls):
     assert host_calls["grouped_scatter"] == [_num_host(split, tids, slots)]
 
 
+@pytest.mark.parametrize("seed", [-1, 7], ids=["nearest", "seeded"])
 @pytest.mark.parametrize("pooling", ["none", "sum"])
-def test_reduce_update_matches_the_device_twin(device, host_calls, pooling):
+def test_reduce_update_matches_the_device_twin(device, host_calls, pooling, seed):
     """ADAM (rows carry state) through the backward's reduce_update: each part updates its own
-    keys' rows, the host part with only its own keys' gradients. A sequence output has one dim."""
+    keys' rows, the host part with only its own keys' gradients. A sequence output has one dim.
+    With a rounding seed each part gets its own pairs' keys (the op checks them: one per slot, on
+    its device; float32 rows are not rounded, so the rows stay the twin's)."""
     dims = [8, 8, 8] if pooling == "none" else DIMS
     split, twin = _pair(device, [3 * d for d in dims], dims)
     _mark_host(split)
@@ -175,10 +178,12 @@ def test_reduce_update_matches_the_device_twin(device, host_calls, pooling):
     else:
         mode = lookup_ops.POOL_SUM
         grad_out = torch.randn(B, sum(dims), generator=g).to(device)
+    keys = torch.arange(tids.numel(), device=device) * 31 + 5
     for rows in (split, twin):
         rows.reduce_update(
-            tids, slots, grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims), ADAM
-        )
+            keys, tids, slots, grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims),
+            ADAM[:-1] + (seed,),
+        )  # fmt: skip
     _assert_same_rows(split, twin)
     assert host_calls["grouped_update"] == [_num_host(split, tids, slots)]
 
@@ -188,7 +193,8 @@ def test_update_with_no_host_pairs_leaves_the_host_part_alone(device, host_calls
     _mark_host(split)
     tids, slots = _unique_pairs(device, host_pairs=False)
     grads = torch.randn(tids.numel(), max(DIMS)).to(device)
-    split.update(tids, slots, grads, SGD)
-    twin.update(tids, slots, grads, SGD)
+    keys = torch.arange(tids.numel(), device=device)
+    split.update(keys, tids, slots, grads, SGD)
+    twin.update(keys, tids, slots, grads, SGD)
     _assert_same_rows(split, twin)
     assert "grouped_update" not in host_calls
