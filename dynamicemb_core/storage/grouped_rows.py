@@ -4,14 +4,18 @@ Table ``t``'s slots ``[0, device_rows[t])`` keep their rows in the device buffer
 ``[device_rows[t], capacity[t])`` in the host buffer (pinned when the device is CUDA). Each buffer is
 flat, of the group's row dtype, with its own (T, 4) meta ``[value_offset, row_width, capacity, dim]``
 (the layout of csrc/include/dynamicemb/grouped.h), so the grouped value ops run on either part
-unchanged. An op splits its pairs once (:meth:`GroupedRows._split_pairs`): the device part sees
-the whole batch with the host part's slots as -1 (slots the ops skip or read as zeros), the host
-part only its own pairs, compacted. A gather fills the host part's rows into the device part's
-output with one index_copy; the sequence output gathers the unique rows so and expands them on the
-device; the pooled output pools the gathered unique rows on the device. The backward reduces the
-gradient per unique key on the device, then updates each part's rows in place, the host part with
-only its own keys' gradients. A group with no host rows (every table within its device budget), or
-a batch with none of its pairs on the host, runs each op once, on the device buffer.
+unchanged. One rule says which part a slot is in (:meth:`GroupedRows._masks`).
+
+Where the group's kernels address the host part directly (a CPU group; on CUDA the pinned buffer
+mapped into the device's address space, as FBGEMM's UVM placement is), every op runs on both
+parts on the device, each part seeing the other part's slots as -1 (slots the ops skip or read as
+zeros): no host synchronisation, no copies; the host part's rows travel the bus only for the
+unique keys that live there. Otherwise (the copy path) the host part runs the CPU kernels on only
+its own pairs, compacted: their rows gathered on the host and copied over, their gradients and
+new rows copied to the host. Either way a sequence output reads the unique rows once and expands
+them on the device, a pooled output pools the unique rows on the device, and the backward reduces
+the gradient per unique key on the device, then updates each part's rows in place. A group with
+no host rows (every table within its device budget) runs each op once, on the device buffer.
 
 Row dtype: float32, or float16 / bfloat16 for half-precision tables: the embedding is stored in that
 type and the optimizer state stays float32 in the same row (grouped.h: the embedding, padded to an
@@ -19,8 +23,6 @@ even count, then the state's float32 words as pairs of 2-byte elements). ``width
 *logical* widths (float32 columns of the rows that gather returns and scatter takes); the stored
 widths in meta count elements of the row dtype (:func:`stored_width`).
 
-On CUDA the host part runs the CPU kernels on the pinned buffer: per step it sees only its own
-unique keys (their rows copied to the device, their gradients to the host), never the whole batch.
 """
 
 from __future__ import annotations
@@ -43,9 +45,48 @@ class _HostPairs(NamedTuple):
     """The pairs of a batch whose slot is in the host part, compacted: their positions in the
     batch (on the group's device) and their table ids and host-local slots (on the host)."""
 
-    index: torch.Tensor
+    positions: torch.Tensor
     table_ids: torch.Tensor
     slots: torch.Tensor
+
+
+class _Interface:
+    """``__cuda_array_interface__`` of a pinned host buffer's bytes (keeps the buffer alive)."""
+
+    def __init__(self, host: torch.Tensor) -> None:
+        self.host = host
+        self.__cuda_array_interface__ = {
+            "shape": (host.numel() * host.element_size(),),
+            "typestr": "|u1",
+            "data": (host.data_ptr(), False),
+            "version": 3,
+            "strides": None,
+        }
+
+
+def _addressable(host: torch.Tensor, device: torch.device) -> Optional[torch.Tensor]:
+    """``host`` as a tensor the group's kernels address directly, or None.
+
+    On a CPU group: ``host`` itself. On CUDA: the pinned buffer as a CUDA tensor over the same
+    memory (unified addressing: a pinned allocation's host pointer is valid in kernels, which
+    then read and write its rows across the bus, as FBGEMM's UVM placement does), after a round
+    trip through it proves the aliasing; None when that fails (the copy path then)."""
+    if device.type != "cuda":
+        return host
+    try:
+        view = torch.as_tensor(_Interface(host), device=device).view(host.dtype)
+        if view.data_ptr() != host.data_ptr():
+            return None
+        probe = host[:1].clone()
+        host[:1] = 1.5
+        seen = (view[:1] * 2).cpu()  # a kernel reads the host memory
+        view[:1].mul_(0)  # a kernel writes it
+        torch.cuda.current_stream(device).synchronize()
+        ok = float(seen[0]) == 3.0 and float(host[0]) == 0.0
+        host[:1] = probe
+        return view if ok else None
+    except Exception:  # any failure to map: the copy path, which always works
+        return None
 
 
 def _meta(widths: Sequence[int], caps: Sequence[int], dims: Sequence[int]) -> List[List[int]]:
@@ -67,6 +108,9 @@ class GroupedRows:
         device_rows: per table, how many of its first slots keep their rows in device memory
             (None: all of them).
         dtype: the row dtype (one of ``optim.layout.ROW_DTYPES``): what the embeddings are stored in.
+        copy_host: run the host part's ops on the host with copies of its own pairs' rows, even
+            where the group's kernels could address the host part directly (tests; the path a
+            CUDA device takes when it cannot map the pinned buffer).
     """
 
     def __init__(
@@ -77,6 +121,8 @@ class GroupedRows:
         capacities: Sequence[int],
         device_rows: Optional[Sequence[Optional[int]]] = None,
         dtype: torch.dtype = torch.float32,
+        *,
+        copy_host: bool = False,
     ) -> None:
         self.device = device
         self.dtype = dtype
@@ -102,6 +148,11 @@ class GroupedRows:
             if device.type == "cuda":
                 host = host.pin_memory()
             self.host_values = host
+        self._host_ops: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        if self.has_host and not copy_host:
+            mapped = _addressable(self.host_values, device)
+            if mapped is not None:
+                self._host_ops = (mapped, self.host_meta.to(device))
 
     @classmethod
     def shared(
@@ -124,6 +175,7 @@ class GroupedRows:
         self.host_values = torch.zeros(0, dtype=torch.float32)
         self.host_meta = torch.tensor(self.host_meta_host, dtype=torch.int64)
         self._split = torch.zeros(0, dtype=torch.int64, device=values.device)
+        self._host_ops = None
         return self
 
     def to_host(self) -> "GroupedRows":
@@ -131,12 +183,14 @@ class GroupedRows:
         growth reads from once the device buffer is released. Its ops take host tensors."""
         if self.device.type == "cpu":
             return self
+        self._settle()
         staged = GroupedRows.__new__(GroupedRows)
         staged.__dict__.update(self.__dict__)
         staged.device = _CPU
         staged.values = self.values.to(_CPU)
         staged.meta = self.meta.to(_CPU)
         staged._split = self._split.to(_CPU)
+        staged._host_ops = (self.host_values, self.host_meta)  # the CPU kernels address it
         return staged
 
     @staticmethod
@@ -148,6 +202,7 @@ class GroupedRows:
         """``[(device rows, 0), (host rows, device_rows)]`` of table ``table_id`` (views), the host
         block only when it has rows. The views are the stored rows: ``(rows, stored width)`` of the
         row dtype, whose first ``dim`` columns are the embeddings."""
+        self._settle()
         off, width, cap, _ = self.meta_host[table_id]
         out = [(self.values[off : off + cap * width].view(cap, width), 0)]
         hoff, _, hcap, _ = self.host_meta_host[table_id]
@@ -164,21 +219,33 @@ class GroupedRows:
         return self.values.element_size() * self._numel(rows)
 
     # ---- the two parts ----------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Wait for the device's pending ops on a mapped host part before the host reads or
+        writes it directly (checkpoints, growth)."""
+        if self._host_ops is not None and self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _masks(
+        self, table_ids: torch.Tensor, slots: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Each part's slots of the pairs, the other part's pairs as -1 (slots the ops skip or
+        read as zeros). The one rule for which part a slot is in: table ``t``'s slots below
+        ``device_rows[t]`` are in the device part, the others in the host part (from 0 there)."""
+        split = self._split[table_ids]
+        on_device = torch.where(slots < split, slots, -1)
+        on_host = torch.where(slots >= split, slots - split, -1)
+        return on_device, on_host
+
     def _split_pairs(
         self, table_ids: torch.Tensor, slots: torch.Tensor
     ) -> Tuple[torch.Tensor, Optional[_HostPairs]]:
-        """The device part's slots (the host part's pairs as -1), and the host part's own pairs,
-        compacted (None without host rows, or when no pair is on the host). The one rule for
-        which part a slot is in: table ``t``'s slots below ``device_rows[t]`` are on the device."""
-        if not self.has_host:
-            return slots, None
-        split = self._split[table_ids]
-        on_device = torch.where(slots < split, slots, -1)
-        # one host sync per op: the host part's kernels need their pairs on the host
-        index = (slots >= split).nonzero().squeeze(1)
+        """For the copy path: the device part's slots (see :meth:`_masks`) and the host part's
+        own pairs, compacted onto the host (None when no pair is there): one host sync."""
+        on_device, on_host = self._masks(table_ids, slots)
+        index = (on_host >= 0).nonzero().squeeze(1)
         if index.numel() == 0:
             return on_device, None
-        pairs = self._d2h(torch.stack((table_ids[index], slots[index] - split[index])))
+        pairs = self._d2h(torch.stack((table_ids[index], on_host[index])))
         return on_device, _HostPairs(index, pairs[0], pairs[1])
 
     def gather(
@@ -191,36 +258,42 @@ class GroupedRows:
         inverse: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1); with ``inverse``
-        (m,), the (m, width) rows of pairs ``inverse[i]``.
-
-        With host rows: the device part's rows gathered in place, the host part's own rows
-        gathered on the host (only them), copied over and placed by one index_copy; with
-        ``inverse``, those n rows are then expanded on the device (the host never sees the m)."""
-        on_device, host = self._split_pairs(table_ids, slots)
-        if host is None:
+        (m,), the (m, width) rows of pairs ``inverse[i]``: with host rows, the n rows are read
+        once (:meth:`_rows`) and expanded on the device (the host part never sees the m)."""
+        if not self.has_host:
             return lookup_ops.grouped_gather(
-                self.values, self.meta, table_ids, on_device, width, check=check, inverse=inverse
+                self.values, self.meta, table_ids, slots, width, check=check, inverse=inverse
             )
-        out = self._gather_split(table_ids, on_device, host, width, check)
+        out = self._rows(table_ids, slots, width, check)
         return out if inverse is None else out.index_select(0, inverse)
 
-    def _gather_split(
-        self,
-        table_ids: torch.Tensor,
-        on_device: torch.Tensor,
-        host: _HostPairs,
-        width: int,
-        check: bool,
+    def _rows(
+        self, table_ids: torch.Tensor, slots: torch.Tensor, width: int, check: bool
     ) -> torch.Tensor:
-        """(n, width) rows: the device part's gathered in place, the host part's own rows gathered
-        on the host, copied over and placed by one index_copy."""
+        """(n, width) rows of a group with host rows. Mapped host part: each part's gather on the
+        device, added (a row is in one part). Copy path: the device part's gather, the host
+        part's own rows gathered on the host, copied over and placed by one index_copy."""
+        if self._host_ops is not None:
+            host_values, host_meta = self._host_ops
+            on_device, on_host = self._masks(table_ids, slots)
+            out = lookup_ops.grouped_gather(
+                self.values, self.meta, table_ids, on_device, width, check=check
+            )
+            return out.add_(
+                lookup_ops.grouped_gather(
+                    host_values, host_meta, table_ids, on_host, width, check=check
+                )
+            )
+        on_device, host = self._split_pairs(table_ids, slots)
         out = lookup_ops.grouped_gather(
             self.values, self.meta, table_ids, on_device, width, check=check
         )
+        if host is None:
+            return out
         got = lookup_ops.grouped_gather(
             self.host_values, self.host_meta, host.table_ids, host.slots, width, check=check
         )
-        return out.index_copy_(0, host.index, self._h2d(got))
+        return out.index_copy_(0, host.positions, self._h2d(got))
 
     def _h2d(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the group's device: staged in pinned memory and copied without
@@ -247,8 +320,21 @@ class GroupedRows:
         *,
         check: bool = False,
     ) -> None:
-        """In place: ``rows[i]`` at ``(table_ids[i], slots[i])`` (slot -1 skipped); the host part
-        is sent only its own pairs' rows."""
+        """In place: ``rows[i]`` at ``(table_ids[i], slots[i])`` (slot -1 skipped), each row in
+        its own part (the copy path sends the host part only its own pairs' rows)."""
+        if not self.has_host:
+            lookup_ops.grouped_scatter(self.values, self.meta, table_ids, slots, rows, check=check)
+            return
+        if self._host_ops is not None:
+            host_values, host_meta = self._host_ops
+            on_device, on_host = self._masks(table_ids, slots)
+            lookup_ops.grouped_scatter(
+                self.values, self.meta, table_ids, on_device, rows, check=check
+            )
+            lookup_ops.grouped_scatter(
+                host_values, host_meta, table_ids, on_host, rows, check=check
+            )
+            return
         on_device, host = self._split_pairs(table_ids, slots)
         lookup_ops.grouped_scatter(self.values, self.meta, table_ids, on_device, rows, check=check)
         if host is not None:
@@ -257,7 +343,7 @@ class GroupedRows:
                 self.host_meta,
                 host.table_ids,
                 host.slots,
-                self._d2h(rows.index_select(0, host.index.to(rows.device))),
+                self._d2h(rows.index_select(0, host.positions.to(rows.device))),
                 check=check,
             )
 
@@ -276,16 +362,14 @@ class GroupedRows:
     ) -> torch.Tensor:
         """:func:`lookup_ops.grouped_pooled_gather` of the unique keys' rows.
 
-        With rows of the batch in the host part, the u unique rows are gathered first (the host
-        part's own rows on the host, then copied over) and pooled on the device, so the host
-        handles only its own rows; otherwise the device part is pooled in place.
+        With host rows, the u unique rows are read first (:meth:`_rows`) and pooled on the
+        device, so the host part sees each unique key once.
         """
         values, meta = self.values, self.meta
-        slots, host = self._split_pairs(table_ids, slots)
-        if host is not None:
+        if self.has_host:
             u = slots.numel()
             width = max(self.dims)
-            rows = self._gather_split(table_ids, slots, host, width, False)
+            rows = self._rows(table_ids, slots, width, False)
             values, meta = rows.reshape(-1), _shared_meta(u, width, self.dims, self.device)
             slots = torch.arange(u, device=self.device)
         return lookup_ops.grouped_pooled_gather(
@@ -423,28 +507,46 @@ class GroupedRows:
         """The fused optimizer on the rows at ``(table_ids, slots)`` (-1 skipped) with ``grads``
         (u, >= max dim), each part with only its own keys' gradients. ``keys``, ``optimizer``: as
         in :meth:`reduce_update`."""
-        on_device, host = self._split_pairs(table_ids, slots)
-        lookup_ops.grouped_update(
-            self.values,
-            _frozen(self.meta, frozen, self.dims, self.dtype),
-            table_ids,
-            on_device,
-            grads,
-            *optimizer,
-            check=False,
-            keys=keys,
-        )
-        if host is not None:
+        if not self.has_host:
             lookup_ops.grouped_update(
-                self.host_values,
-                _frozen(self.host_meta, frozen, self.dims, self.dtype),
-                host.table_ids,
-                host.slots,
-                self._d2h(grads.index_select(0, host.index)),
+                self.values,
+                _frozen(self.meta, frozen, self.dims, self.dtype),
+                table_ids,
+                slots,
+                grads,
                 *optimizer,
                 check=False,
+                keys=keys,
+            )
+            return
+        if self._host_ops is not None:
+            host_values, host_meta = self._host_ops
+            on_device, on_host = self._masks(table_ids, slots)
+            parts = [
+                (self.values, self.meta, table_ids, on_device, grads, keys),
+                (host_values, host_meta, table_ids, on_host, grads, keys),
+            ]
+        else:
+            on_device, host = self._split_pairs(table_ids, slots)
+            parts = [(self.values, self.meta, table_ids, on_device, grads, keys)]
+            if host is not None:
+                mine = self._d2h(grads.index_select(0, host.positions))
                 # the host pairs' keys, copied over only when they key a stochastic rounding
-                keys=self._d2h(keys.index_select(0, host.index)) if optimizer[-1] >= 0 else None,
+                rounding = optimizer[-1] >= 0
+                own = self._d2h(keys.index_select(0, host.positions)) if rounding else None
+                parts.append(
+                    (self.host_values, self.host_meta, host.table_ids, host.slots, mine, own)
+                )
+        for values, meta, tids, part_slots, part_grads, part_keys in parts:
+            lookup_ops.grouped_update(
+                values,
+                _frozen(meta, frozen, self.dims, self.dtype),
+                tids,
+                part_slots,
+                part_grads,
+                *optimizer,
+                check=False,
+                keys=part_keys,
             )
 
 

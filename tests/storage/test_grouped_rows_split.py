@@ -1,9 +1,11 @@
-"""GroupedRows with a host part against its all-device twin, op by op.
+"""GroupedRows with a host part against its all-device twin, op by op, on both paths.
 
 A group whose tables keep part of their rows (or all of them) in host memory must read, pool,
-write and update exactly as the same rows held in the device buffer, while the host part's
-kernels see only the pairs whose slot is in the host part (compacted), never the whole batch nor
-the sequence output's expanded ids.
+write and update exactly as the same rows held in the device buffer. On the mapped path (the
+group's kernels address the host part: a CPU group, or CUDA with the pinned buffer mapped) the
+host part's ops run on the group's device over the unique pairs, the other part's as -1; on the
+copy path the host part's kernels see only its own pairs, compacted. Neither ever sees the
+sequence output's expanded ids.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ SGD = (lookup_ops.OPTIMIZER_CODES["exact_sgd"], 0.1, 0.0, 0.0, 0.0, 0.0, 0, 1, -
 
 
 def _pair(
-    device: torch.device, widths: List[int], dims: List[int] = DIMS
+    device: torch.device, widths: List[int], dims: List[int] = DIMS, copy_host: bool = False
 ) -> Tuple[GroupedRows, GroupedRows]:
     """(split, twin): the same random rows, split between device and host, and all on device."""
-    split = GroupedRows(device, widths, dims, CAPS, DEVICE_ROWS)
+    split = GroupedRows(device, widths, dims, CAPS, DEVICE_ROWS, copy_host=copy_host)
+    assert (split._host_ops is None) == copy_host
+    if not copy_host:  # the kernels of the group's device address the host part (CUDA: mapped)
+        view = split._host_ops[0]
+        assert view.device.type == device.type and view.data_ptr() == split.host_values.data_ptr()
     twin = GroupedRows(device, widths, dims, CAPS)
     assert split.has_host and not twin.has_host
     g = torch.Generator().manual_seed(3)
@@ -90,18 +96,24 @@ def _bags(device: torch.device, table_ids: torch.Tensor, dims: List[int] = DIMS,
     return tuple(x.to(device) for x in (inv, offsets, feature_tables, d_offsets)) + (batch,)
 
 
+@pytest.fixture(params=[False, True], ids=["mapped", "copy"])
+def copy_host(request) -> bool:
+    return request.param
+
+
 @pytest.fixture
 def host_calls(monkeypatch):
-    """Counts of pairs that each row op on a host part got, by op name."""
+    """Per row op on a host part (by op name): (pairs it got, whether all were its own, the
+    device its pairs were on)."""
     seen: dict = {}
 
     def wrap(name):
         real = getattr(lookup_ops, name)
 
         def spy(values, meta, table_ids, slots, *args, **kwargs):
-            if not values.is_cuda and getattr(values, "_host_part", False):
-                seen.setdefault(name, []).append(int(slots.numel()))
-                assert bool((slots >= 0).all()), "the host part got pairs that are not its own"
+            if getattr(values, "_host_part", False):
+                own = bool((slots >= 0).all())
+                seen.setdefault(name, []).append((int(slots.numel()), own, slots.device.type))
             return real(values, meta, table_ids, slots, *args, **kwargs)
 
         monkeypatch.setattr(lookup_ops, name, spy)
@@ -112,7 +124,17 @@ def host_calls(monkeypatch):
 
 
 def _mark_host(rows: GroupedRows) -> None:
-    rows.host_values._host_part = True  # type: ignore[attr-defined]
+    """Tag the tensor the host part's ops run on (the pinned buffer, or its mapped view)."""
+    target = rows.host_values if rows._host_ops is None else rows._host_ops[0]
+    target._host_part = True  # type: ignore[attr-defined]
+
+
+def _expect(rows: GroupedRows, n: int, h: int, calls: int = 1) -> list:
+    """What the host part's ops get: the copy path its h own pairs on the host, the mapped path
+    the n unique pairs on the group's device (the others' slots -1)."""
+    if rows._host_ops is None:
+        return [(h, True, "cpu")] * calls if h else []
+    return [(n, h == n, rows.device.type)] * calls
 
 
 def _num_host(split: GroupedRows, table_ids: torch.Tensor, slots: torch.Tensor) -> int:
@@ -120,8 +142,8 @@ def _num_host(split: GroupedRows, table_ids: torch.Tensor, slots: torch.Tensor) 
     return int((slots >= limits).sum())
 
 
-def test_gather_and_sequence_output_match_the_device_twin(device, host_calls):
-    split, twin = _pair(device, DIMS)
+def test_gather_and_sequence_output_match_the_device_twin(device, copy_host, host_calls):
+    split, twin = _pair(device, DIMS, copy_host=copy_host)
     _mark_host(split)
     tids, slots = _unique_pairs(device)
     h = _num_host(split, tids, slots)
@@ -131,43 +153,45 @@ def test_gather_and_sequence_output_match_the_device_twin(device, host_calls):
     got = split.gather(tids, slots, 8, inverse=inverse)
     assert got.shape == (500, 8)
     torch.testing.assert_close(got, twin.gather(tids, slots, 8, inverse=inverse))
-    # the host part gathered its own unique pairs, not the 500 expanded ids
-    assert host_calls["grouped_gather"] == [h, h]
+    # the host part gathered the unique pairs, not the 500 expanded ids
+    assert host_calls["grouped_gather"] == _expect(split, tids.numel(), h, calls=2)
 
 
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
 @pytest.mark.parametrize("host_pairs", [True, False])
-def test_pooled_output_matches_the_device_twin(device, host_calls, mode, host_pairs):
-    split, twin = _pair(device, DIMS)
+def test_pooled_output_matches_the_device_twin(device, copy_host, host_calls, mode, host_pairs):
+    split, twin = _pair(device, DIMS, copy_host=copy_host)
     _mark_host(split)
     tids, slots = _unique_pairs(device, host_pairs)
     inverse, offsets, ft, d_off, B = _bags(device, tids)
     args = (tids, slots, inverse, offsets, None, ft, d_off, mode, B, sum(DIMS))
     torch.testing.assert_close(split.pooled_gather(*args), twin.pooled_gather(*args))
-    want = [_num_host(split, tids, slots)] if host_pairs else []
+    want = _expect(split, tids.numel(), _num_host(split, tids, slots))
     assert host_calls.get("grouped_gather", []) == want
 
 
-def test_scatter_writes_each_row_in_its_own_part(device, host_calls):
-    split, twin = _pair(device, DIMS)
+def test_scatter_writes_each_row_in_its_own_part(device, copy_host, host_calls):
+    split, twin = _pair(device, DIMS, copy_host=copy_host)
     _mark_host(split)
     tids, slots = _unique_pairs(device)
     rows = torch.randn(tids.numel(), 8).to(device)
     split.scatter(tids, slots, rows)
     twin.scatter(tids, slots, rows)
     _assert_same_rows(split, twin)
-    assert host_calls["grouped_scatter"] == [_num_host(split, tids, slots)]
+    assert host_calls["grouped_scatter"] == _expect(
+        split, tids.numel(), _num_host(split, tids, slots)
+    )
 
 
 @pytest.mark.parametrize("seed", [-1, 7], ids=["nearest", "seeded"])
 @pytest.mark.parametrize("pooling", ["none", "sum"])
-def test_reduce_update_matches_the_device_twin(device, host_calls, pooling, seed):
+def test_reduce_update_matches_the_device_twin(device, copy_host, host_calls, pooling, seed):
     """ADAM (rows carry state) through the backward's reduce_update: each part updates its own
     keys' rows, the host part with only its own keys' gradients. A sequence output has one dim.
-    With a rounding seed each part gets its own pairs' keys (the op checks them: one per slot, on
+    With a rounding seed each part gets its pairs' keys (the op checks them: one per slot, on
     its device; float32 rows are not rounded, so the rows stay the twin's)."""
     dims = [8, 8, 8] if pooling == "none" else DIMS
-    split, twin = _pair(device, [3 * d for d in dims], dims)
+    split, twin = _pair(device, [3 * d for d in dims], dims, copy_host)
     _mark_host(split)
     tids, slots = _unique_pairs(device)
     inverse, offsets, ft, d_off, B = _bags(device, tids, dims)
@@ -185,11 +209,13 @@ def test_reduce_update_matches_the_device_twin(device, host_calls, pooling, seed
             ADAM[:-1] + (seed,),
         )  # fmt: skip
     _assert_same_rows(split, twin)
-    assert host_calls["grouped_update"] == [_num_host(split, tids, slots)]
+    assert host_calls["grouped_update"] == _expect(
+        split, tids.numel(), _num_host(split, tids, slots)
+    )
 
 
-def test_update_with_no_host_pairs_leaves_the_host_part_alone(device, host_calls):
-    split, twin = _pair(device, DIMS)
+def test_update_with_no_host_pairs_leaves_the_host_part_alone(device, copy_host, host_calls):
+    split, twin = _pair(device, DIMS, copy_host=copy_host)
     _mark_host(split)
     tids, slots = _unique_pairs(device, host_pairs=False)
     grads = torch.randn(tids.numel(), max(DIMS)).to(device)
@@ -197,4 +223,4 @@ def test_update_with_no_host_pairs_leaves_the_host_part_alone(device, host_calls
     split.update(keys, tids, slots, grads, SGD)
     twin.update(keys, tids, slots, grads, SGD)
     _assert_same_rows(split, twin)
-    assert "grouped_update" not in host_calls
+    assert host_calls.get("grouped_update", []) == _expect(split, tids.numel(), 0)
