@@ -519,6 +519,10 @@ class GroupedRows:
                 keys=keys,
             )
             return
+        # per part: (values, meta, table ids, slots, gradients, keys)
+        parts: List[
+            Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]
+        ]
         if self._host_ops is not None:
             host_values, host_meta = self._host_ops
             on_device, on_host = self._masks(table_ids, slots)
