@@ -24,7 +24,7 @@ Run:
 
 Storage setups (``--setups``, upstream DynamicEmb's benchmark shape; on CPU every part is host
 memory and the peer FBGEMM's CPU TBE: a ``cacheF`` setup is the cache in front of a host table,
-``hybrid`` / ``host`` time the split rows' own work, their host part's path, against the same TBE):
+``hybrid`` times the split rows' own work against the same TBE, ``host`` is a plain CPU table):
     hbm        every value row in device memory; peer: TBE with ``EmbeddingLocation.DEVICE``.
     cacheF     10 % of the rows' bytes in device memory as a cache in front of host memory
                (``caching=True``); the batches draw their ids from ``F`` x the cache's rows (cache
