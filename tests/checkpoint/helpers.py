@@ -145,6 +145,14 @@ def assert_same_tables(
                 assert torch.equal(ra, rb), (name, k)
 
 
+def assert_same_rows_by_key(a: Dict[str, Snapshot], b: Dict[str, Snapshot]) -> None:
+    """Same keys with bit-identical rows, wherever each model placed them (slots not compared)."""
+    for name in a:
+        assert a[name].keys() == b[name].keys()
+        for k in a[name].keys():
+            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+
+
 # Overrides for a tiny table that evicts: 4 buckets of 16 slots.
 EVICTING = {"max_capacity": 64, "init_capacity": 64, "bucket_capacity": 16}
 RETAIN = EvictedItemMode.RETAIN_KEY

@@ -12,7 +12,7 @@ import torch
 
 from dynamicemb_core.checkpoint import CheckpointMismatchError, DynamicEmbDump, DynamicEmbLoad
 from dynamicemb_core.checkpoint.format import read_shard
-from tests.checkpoint.helpers import make_model, snapshot, train
+from tests.checkpoint.helpers import assert_same_rows_by_key, make_model, snapshot, train
 
 HALF = [torch.float16, torch.bfloat16]
 
@@ -65,11 +65,7 @@ def test_resumed_half_precision_training_equals_an_uninterrupted_run(tmp_path):
     resumed = make_model(**kw)
     DynamicEmbLoad(str(tmp_path), resumed, optim=True)
     train(resumed, 3, seed=2)
-    a, b = snapshot(whole), snapshot(resumed)
-    for name in a:
-        assert a[name].keys() == b[name].keys()
-        for k in a[name].keys():
-            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+    assert_same_rows_by_key(snapshot(whole), snapshot(resumed))
 
 
 @pytest.mark.parametrize(
@@ -135,11 +131,8 @@ def test_resumed_stochastic_rounding_equals_an_uninterrupted_run(tmp_path):
     DynamicEmbLoad(str(tmp_path), resumed, optim=True)
     assert resumed.ebc.stochastic_rounding_seed == 123
     train(resumed, 3, seed=2)
-    a, b = snapshot(whole), snapshot(resumed)
-    for name in a:
-        assert a[name].keys() == b[name].keys()
-        for k in a[name].keys():
-            assert torch.equal(a[name].rows[k], b[name].rows[k]), (name, k)
+    a = snapshot(whole)
+    assert_same_rows_by_key(a, snapshot(resumed))
     nearest = make_model(**kw)
     DynamicEmbLoad(str(tmp_path), nearest, optim=True)
     assert nearest.ebc.stochastic_rounding_seed is None

@@ -21,6 +21,12 @@ from dynamicemb_core.ops import lookup_ops
 from tests.lookup import oracle
 
 HALF = [torch.float16, torch.bfloat16]
+# the module-level tests' optimizers with their hyper-parameters
+MODULE_OPTIMIZERS = [
+    (EmbOptimType.EXACT_SGD, dict(learning_rate=0.01)),
+    (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.01, eps=1e-6)),
+    (EmbOptimType.ADAM, dict(learning_rate=0.001, eps=1e-8)),
+]
 ROWS, DIM = 256, 64
 START = 1.0
 
@@ -294,15 +300,7 @@ def test_stochastic_rounding_needs_the_keys(device, fused):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize(
-    "optimizer,hp",
-    [
-        (EmbOptimType.EXACT_SGD, dict(learning_rate=0.01)),
-        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.01, eps=1e-6)),
-        (EmbOptimType.ADAM, dict(learning_rate=0.001, eps=1e-8)),
-    ],
-    ids=lambda o: getattr(o, "name", ""),
-)
+@pytest.mark.parametrize("optimizer,hp", MODULE_OPTIMIZERS, ids=lambda o: getattr(o, "name", ""))
 def test_tables_that_place_keys_differently_round_alike(device, dtype, optimizer, hp):
     """Two modules with one seed whose tables hold the same keys at different slots (another
     capacity, the keys inserted first in another order) train to the same bits, read by key."""
@@ -352,15 +350,7 @@ def test_tables_that_place_keys_differently_round_alike(device, dtype, optimizer
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize(
-    "optimizer,hp",
-    [
-        (EmbOptimType.EXACT_SGD, dict(learning_rate=0.01)),
-        (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.01, eps=1e-6)),
-        (EmbOptimType.ADAM, dict(learning_rate=0.001, eps=1e-8)),
-    ],
-    ids=lambda o: getattr(o, "name", ""),
-)
+@pytest.mark.parametrize("optimizer,hp", MODULE_OPTIMIZERS, ids=lambda o: getattr(o, "name", ""))
 def test_cuda_rounds_as_the_cpu_for_one_seed(dtype, optimizer, hp):
     """Twin modules, one per device, one seed: the same rounding decisions, so the same rows
     (the update of a row's float32 value agrees to the bit on both devices, grouped.h), up to a
