@@ -5,9 +5,10 @@
 //
 // Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
 //   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
-//   table_find_rows.cuh  find_rows: find's probe, then each warp copies its 8 keys' rows
-//   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: keys sorted
-//                     by home bucket, one 4-thread tile per bucket, input order kept (deterministic)
+//   table_find_rows.cuh  find_rows: find's probe, then the same tile copies its key's row
+//   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: present keys
+//                     found and touched key-parallel, the rest sorted by home bucket, one 4-thread
+//                     tile per bucket, input order kept (deterministic)
 //   table_upsert_parallel.cuh  insert / find_or_insert / insert_and_evict with deterministic=false:
 //                     one tile per key, slots claimed lock-free by atomicOr on the protect bits
 //   table_export.cuh  export_if: two-pass stream compaction in slot order

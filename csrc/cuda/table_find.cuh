@@ -8,6 +8,11 @@
  * words are touched with atomics, which commute: a key that occurs c times in the call gains c
  * counts whatever the order, so the result is deterministic and equals the CPU kernel's. The words
  * reported are read by a second kernel, after every touch of the call.
+ *
+ * Cache use: a lookup of 1M keys in a 64M-slot table moves ~0.3 GB of random sectors, more than
+ * the L2 holds, so everything that is read or written once per key (the input keys and table ids,
+ * the matched key and words, the outputs) goes through the L2 evict-first (__ldcs / __stcs) and
+ * the digest lines, which every probe of a bucket reads again, keep the L2 for themselves.
  */
 #pragma once
 
@@ -25,6 +30,12 @@ namespace cg = cooperative_groups;
 // flight, not bandwidth, bound it).
 constexpr int kFindTile = 4;
 constexpr int kFindVec = 2;
+// Blocks per SM find is built for (__launch_bounds__): 8 x 256 threads fill an SM, so the compiler
+// keeps the plain lookup within 32 registers (no spills) and 512 keys per SM are in flight instead
+// of 384 at its natural 40; the touching lookup keeps its natural 48 registers (5 blocks: fewer
+// spill).
+template <bool kUpdate>
+constexpr int kFindBlocksPerSm = kUpdate ? 5 : 8;
 
 struct FindParams {
   const int64_t* keys;
@@ -69,33 +80,79 @@ __device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_
 }
 
 /**
+ * @brief The lookups' probe of [home.begin, home.end) for `key` by a tile of kFindTile threads:
+ * tile_probe's rule (digests first, the full key only where a digest matches), with two changes
+ * that only a read-only probe can make. Load v of thread r reads the 16 digests at
+ * base + 16 * (v * kFindTile + r), so each load instruction of the tile reads 64 contiguous bytes
+ * and the two ask for different 32-byte sectors (tile_probe's thread-contiguous layout asks for
+ * every sector twice, which its lowest-empty search needs and a lookup does not). And a digest
+ * match loads the key (and with `scores` its words) evict-first: they are read once per key, so
+ * they must not push the digest lines out of the L2. Every thread of the tile gets the answer.
+ */
+template <typename Tile>
+__device__ __forceinline__ Probe find_probe(const Tile& tile, const int64_t* table_keys,
+                                            const uint8_t* digests, int64_t key,
+                                            const KeyHome& home, const int64_t* scores) {
+  const int rank = tile.thread_rank();
+  constexpr int64_t kStep = 16 * kFindVec * kFindTile;
+  for (int64_t base = home.begin; base < home.end; base += kStep) {
+    uint32_t m[kFindVec];
+#pragma unroll
+    for (int v = 0; v < kFindVec; ++v) {
+      m[v] = 0;
+      const int64_t g = base + 16 * (v * kFindTile + rank);
+      uint32_t empty;
+      if (g < home.end) scan16(digests, g, home.end, home.digest, &m[v], &empty);
+    }
+    int64_t hit = -1;
+    longlong2 words = make_longlong2(0, 0);
+#pragma unroll
+    for (int v = 0; v < kFindVec; ++v) {
+      while (m[v] && hit < 0) {
+        const int64_t g = base + 16 * (v * kFindTile + rank) + __ffs(m[v]) - 1;
+        m[v] &= m[v] - 1;
+        if (scores != nullptr) words = __ldcs(reinterpret_cast<const longlong2*>(scores + 2 * g));
+        if (__ldcs(reinterpret_cast<const long long*>(table_keys + g)) == key) hit = g;
+      }
+    }
+    const unsigned hits = tile.ballot(hit >= 0);
+    if (hits) {
+      const int src = __ffs(hits) - 1;
+      return Probe{tile.shfl(hit, src), -1, tile.shfl(words.x, src), tile.shfl(words.y, src)};
+    }
+  }
+  return Probe{-1, -1, 0, 0};
+}
+
+/**
  * @brief One tile per key. Without kUpdate the probe loads the words beside the key (see
- * tile_probe), so a found key's words cost no extra round trip; with it they are read back after
+ * find_probe), so a found key's words cost no extra round trip; with it they are read back after
  * every touch of the call (read_scores_kernel).
  */
 template <bool kUpdate>
-__global__ void __launch_bounds__(kBlockThreads) find_kernel(FindParams p) {
+__global__ void __launch_bounds__(kBlockThreads, kFindBlocksPerSm<kUpdate>)
+    find_kernel(FindParams p) {
   auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kFindTile;
   if (i >= p.n) return;  // whole tiles leave together: i is the same for a tile
-  const int64_t key = p.keys[i];
-  const int64_t t = p.table_ids[i];
+  const int64_t key = __ldcs(reinterpret_cast<const long long*>(p.keys + i));
+  const int64_t t = __ldcs(reinterpret_cast<const long long*>(p.table_ids + i));
   KeyHome home;
   Probe r{-1, -1, 0, 0};
   if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-    r = tile_probe<kFindVec>(tile, p.table_keys, p.digests, key, home, false,
-                             kUpdate ? nullptr : p.scores);
+    r = find_probe(tile, p.table_keys, p.digests, key, home, kUpdate ? nullptr : p.scores);
   }
   if (tile.thread_rank() != 0) return;
   const int64_t g = r.hit;
-  p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
-  p.out_found[i] = g >= 0;
+  __stcs(reinterpret_cast<long long*>(p.out_slots + i),
+         static_cast<long long>(g >= 0 ? g - home.layout.offset : -1));
+  __stcs(reinterpret_cast<unsigned char*>(p.out_found + i), static_cast<unsigned char>(g >= 0));
   if (kUpdate) {
     p.out_global[i] = g;
     if (g >= 0) touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
     return;
   }
-  *reinterpret_cast<longlong2*>(p.out_scores + 2 * i) = make_longlong2(r.w0, r.w1);  // 0s: missing
+  __stcs(reinterpret_cast<longlong2*>(p.out_scores + 2 * i), make_longlong2(r.w0, r.w1));  // 0s: missing
 }
 
 /** @brief After the touches: the words each found key's slot now holds (zeros when missing). */

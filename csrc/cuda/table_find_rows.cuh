@@ -4,12 +4,14 @@
  * launcher, selector (STYLE rule 7).
  *
  * find then gather_rows runs two kernels one after the other: the probes (a chain of dependent
- * loads per key, latency-bound) and then the row copy (bandwidth-bound). Here each warp probes its
- * 8 keys (a tile of 4 threads per key, as find) and copies their rows itself, so while one warp
- * copies, others probe: the copy hides under the probes' latency instead of following them. For
- * the copy the warp's 32 lanes spread over the 8 rows' 16-byte (or narrower) vectors, lane by
- * lane, so consecutive lanes read consecutive bytes of one row (coalesced, as gather_rows), and a
- * lane issues kRowsUnroll loads before its first store.
+ * loads per key, latency-bound) and then the row copy (bandwidth-bound). Here the tile of 4
+ * threads that probes a key (as find) copies the key's row as soon as it has the slot, so while
+ * some tiles copy, others probe: the copy hides under the probes' latency instead of following
+ * them. The tile's 4 lanes take the row's 16-byte (or narrower) vectors in turn, kRowsUnroll loads
+ * each before the first store; a warp's 8 tiles copy 8 rows at once, 64 contiguous bytes of each
+ * per instruction (whole 32-byte sectors). The rows are read and written evict-first
+ * (__ldcs / __stcs), like everything a lookup touches once (table_find.cuh): at dim 64 they are
+ * ~0.5 GB per 1M keys, which would otherwise flush the digest lines from the L2 on every call.
  */
 #pragma once
 
@@ -24,8 +26,8 @@ namespace cuda_table {
 
 namespace cg = cooperative_groups;
 
-constexpr int kRowsUnroll = 4;                   // vectors a lane loads before it stores
-constexpr int kKeysPerWarp = 32 / kFindTile;     // 8 keys probed (and copied) per warp
+constexpr int kRowsUnroll = 4;            // vectors a lane loads before it stores
+constexpr int kFindRowsBlocksPerSm = 6;   // __launch_bounds__: at most 40 registers, 75% occupancy
 
 struct FindRowsParams {
   const int64_t* keys;
@@ -44,58 +46,51 @@ struct FindRowsParams {
   char* out_rows;      // (n, width)
 };
 
-/**
- * @brief One warp: 8 keys probed by tiles of 4 threads, then their rows copied by all 32 lanes.
- * No thread returns early: the copy's shuffles need every lane of the warp (lanes past n have no
- * key and copy nothing).
- */
+/** @brief One tile per key: the probe (find_probe), then the key's row copied by the tile. */
 template <typename V>
-__global__ void __launch_bounds__(kBlockThreads) find_rows_kernel(FindRowsParams p) {
+__global__ void __launch_bounds__(kBlockThreads, kFindRowsBlocksPerSm)
+    find_rows_kernel(FindRowsParams p) {
   const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
-  const int64_t thread = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
-  const int64_t i = thread / kFindTile;  // the same for a tile
-  int64_t local = -1;                    // every lane of a tile gets its key's answer
-  if (i < p.n) {
-    KeyHome home;
-    if (key_home(p.keys[i], p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-      const int64_t g =
-          tile_probe<kFindVec>(tile, p.table_keys, p.digests, p.keys[i], home, false).hit;
-      if (g >= 0) local = g - home.layout.offset;
-    }
-    if (tile.thread_rank() == 0) {
-      p.out_slots[i] = local;
-      p.out_found[i] = local >= 0;
-    }
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kFindTile;
+  if (i >= p.n) return;  // whole tiles leave together: i is the same for a tile
+  const int64_t key = __ldcs(reinterpret_cast<const long long*>(p.keys + i));
+  const int64_t t = __ldcs(reinterpret_cast<const long long*>(p.table_ids + i));
+  int64_t local = -1;  // every lane of the tile gets the answer
+  KeyHome home;
+  if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
+    const int64_t g = find_probe(tile, p.table_keys, p.digests, key, home, nullptr).hit;
+    if (g >= 0) local = g - home.layout.offset;
   }
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int64_t first = (thread - lane) / kFindTile;  // the warp's first key
-  const int total = kKeysPerWarp * p.vecs_per_row;    // vectors of the warp's 8 rows
-  const V* src = reinterpret_cast<const V*>(p.values);
-  V* dst = reinterpret_cast<V*>(p.out_rows);
-  for (int base = 0; base < total; base += 32 * kRowsUnroll) {  // the same trip count per lane
+  const int rank = tile.thread_rank();
+  if (rank == 0) {
+    __stcs(reinterpret_cast<long long*>(p.out_slots + i), static_cast<long long>(local));
+    __stcs(reinterpret_cast<unsigned char*>(p.out_found + i),
+           static_cast<unsigned char>(local >= 0));
+  }
+  const int vpr = p.vecs_per_row;
+  const bool has_row = local >= 0 && local < p.capacity;  // else a zero row
+  const V* src = reinterpret_cast<const V*>(p.values) + (has_row ? local : 0) * vpr;
+  V* dst = reinterpret_cast<V*>(p.out_rows) + i * vpr;
+  for (int c0 = 0; c0 < vpr; c0 += kFindTile * kRowsUnroll) {
     V v[kRowsUnroll];
-    int64_t to[kRowsUnroll];
 #pragma unroll
     for (int u = 0; u < kRowsUnroll; ++u) {
-      const int e = base + 32 * u + lane;
-      const int r = min(e / p.vecs_per_row, kKeysPerWarp - 1);  // row of the warp (clamped past the end)
-      const int c = e - r * p.vecs_per_row;
-      const int64_t s = __shfl_sync(0xffffffffu, local, r * kFindTile);
-      to[u] = (e < total && first + r < p.n) ? (first + r) * p.vecs_per_row + c : -1;
-      if (to[u] >= 0 && s >= 0 && s < p.capacity) {
-        v[u] = src[s * p.vecs_per_row + c];
+      const int c = c0 + kFindTile * u + rank;
+      if (has_row && c < vpr) {
+        v[u] = __ldcs(src + c);
       } else {
         memset(&v[u], 0, sizeof(V));
       }
     }
 #pragma unroll
     for (int u = 0; u < kRowsUnroll; ++u) {
-      if (to[u] >= 0) dst[to[u]] = v[u];
+      const int c = c0 + kFindTile * u + rank;
+      if (c < vpr) __stcs(dst + c, v[u]);
     }
   }
 }
 
-/** @brief Launcher: one warp per 8 keys, vectors of V bytes. */
+/** @brief Launcher: one tile per key, vectors of V bytes. */
 template <typename V>
 void launch_find_rows(const FindRowsParams& p, cudaStream_t stream) {
   find_rows_kernel<V>
@@ -110,9 +105,9 @@ void launch_find_rows(const FindRowsParams& p, cudaStream_t stream) {
 inline void select_find_rows(FindRowsParams p, int64_t row_bytes, cudaStream_t stream) {
   if (p.n == 0) return;
   const int vec = row_vector_bytes(row_bytes, p.values, p.out_rows);
-  DEMB_CHECK_VALUE(row_bytes / vec <= INT32_MAX / kKeysPerWarp,
-                   "dynamicemb.find_rows (CUDA): rows of at most 2^28 vectors, got ", row_bytes,
-                   " bytes");
+  DEMB_CHECK_VALUE(row_bytes / vec <= INT32_MAX - kFindTile * kRowsUnroll,
+                   "dynamicemb.find_rows (CUDA): rows of at most 2^31 - 17 vectors, got ",
+                   row_bytes, " bytes");
   p.vecs_per_row = static_cast<int>(row_bytes / vec);
   switch (vec) {
     case 16: launch_find_rows<uint4>(p, stream); break;

@@ -5,15 +5,21 @@
  *
  * Why grouped: the contract's outcome (docs/table_design.md, "Semantics shared by every inserting
  * op") depends on the order in which a bucket's new keys take its empty slots and victims. The
- * engine sorts the call's keys by home bucket with a stable radix sort, so each bucket's keys stay
- * in input order, and gives each bucket to one owner, which runs the contract's two passes over
- * its keys: (A) present keys keep their slots, are touched and protected; (B) new keys, in input
- * order, take the lowest empty slot, else the unprotected slot of lowest rank. One owner per bucket
- * means no locks, and the result is deterministic and slot-for-slot equal to the CPU kernels (so
- * DEMB_DETERMINISM_MODE needs nothing extra on CUDA). The owner is a tile of 4 threads (8 buckets
- * per warp, for memory-level parallelism: the work is a chain of dependent loads), which probes 128
- * digests per step with two 16-byte loads per thread; its rank-0 thread does the few scalar writes.
- * The first keys of a run are loaded once, in parallel, and handed to the passes by shuffles.
+ * contract runs two passes per bucket: (A) present keys keep their slots, are touched and
+ * protected; (B) new keys, in input order, take the lowest empty slot, else the unprotected slot
+ * of lowest rank. Pass A does not depend on the order: every probe of it sees the bucket as the
+ * call found it (pass A writes no key), and its touches commute (touch_atomic, as find's). So it
+ * runs key-parallel first, a tile of 4 threads per key (prepare_kernel), which also gives each key
+ * its sort key: its bucket's first global slot while the key still needs its bucket's owner, else
+ * a sentinel. A stable radix sort then groups the owners' keys by bucket in input order, and one
+ * owner per bucket runs what depends on the order: pass B over its new keys, the input words of
+ * its present keys (with input_scores the last occurrence wins), erase's frees, insert_at. One
+ * owner per bucket means no locks, and the result is deterministic and slot-for-slot equal to the
+ * CPU kernels (so DEMB_DETERMINISM_MODE needs nothing extra on CUDA). The owner is a tile of 4
+ * threads (8 buckets per warp, for memory-level parallelism: the work is a chain of dependent
+ * loads), which probes 128 digests per step with two 16-byte loads per thread; its rank-0 thread
+ * does the few scalar writes. The first keys of a run are loaded once, in parallel, and handed to
+ * the passes by shuffles.
  */
 #pragma once
 
@@ -21,6 +27,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "table_common.cuh"
+#include "table_find.cuh"
 
 namespace dynamicemb {
 namespace cuda_table {
@@ -69,24 +76,6 @@ struct UpsertParams {
   int64_t* ev_slots;            // (n,) local
   int64_t* ev_scores;           // (n, 2) internal order
 };
-
-/** @brief Sort key of each key: its bucket's first global slot, or `sentinel` (sorted last). */
-template <typename KeyT>
-__global__ void __launch_bounds__(kBlockThreads)
-    home_kernel(UpsertParams p, KeyT sentinel, KeyT* __restrict__ home_out,
-                int32_t* __restrict__ index_out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
-  if (i >= p.n) return;
-  KeyHome home;
-  if (key_home(p.keys[i], p.table_ids[i], p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-    home_out[i] = static_cast<KeyT>(home.begin);
-  } else {  // bad table id or bucketless table: missing / not placed, nothing written
-    home_out[i] = sentinel;
-    p.out_slots[i] = -1;
-    p.out_flag[i] = false;
-  }
-  index_out[i] = static_cast<int32_t>(i);
-}
 
 namespace cg = cooperative_groups;
 constexpr int kUpsertTile = 4;  // threads per bucket owner
@@ -173,29 +162,74 @@ __device__ __forceinline__ KeyHome home_for(const Segment& seg, int64_t key) {
   return h;
 }
 
-/** @brief Pass A for one key: present keys keep their slot (touched; or found, for erase). */
-__device__ __forceinline__ bool pass_present(const UpsertTile& tile, const UpsertParams& p,
-                                             const Segment& seg, int64_t i, int64_t key) {
-  const int64_t g =
-      tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home_for(seg, key), false).hit;
-  if (tile.thread_rank() == 0) {
-    if (p.mode == UpsertMode::kErase) {
-      p.out_flag[i] = g >= 0;
-      p.out_slots[i] = g;  // global, consumed by pass_erase
-    } else if (g >= 0) {
-      p.out_slots[i] = g - seg.home.layout.offset;
+/**
+ * @brief Pass A, key-parallel, a tile per key, and each key's sort key (its bucket's first global
+ * slot, or `sentinel`: sorted last, no owner work). Present keys keep their slot: protected, and
+ * touched with atomics (commutative, so the order of a duplicate's occurrences does not matter);
+ * with input_scores their words are left to the owner, which writes them in input order. Missing
+ * keys are marked kPending for pass B; erase records the global slot for the owner's free;
+ * insert_at only gets its sort key. A bad table id or a bucketless table: missing / not placed,
+ * nothing written.
+ */
+template <typename KeyT>
+__global__ void __launch_bounds__(kBlockThreads)
+    prepare_kernel(UpsertParams p, KeyT sentinel, KeyT* __restrict__ home_out,
+                   int32_t* __restrict__ index_out) {
+  const UpsertTile tile = cg::tiled_partition<kUpsertTile>(cg::this_thread_block());
+  const int64_t i =
+      (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kUpsertTile;
+  if (i >= p.n) return;  // whole tiles leave together: i is the same for a tile
+  const int64_t key = p.keys[i];
+  const int64_t t = p.table_ids[i];
+  KeyHome home;
+  if (!key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
+    if (tile.thread_rank() == 0) {
+      home_out[i] = sentinel;
+      index_out[i] = static_cast<int32_t>(i);
+      p.out_slots[i] = -1;
       p.out_flag[i] = false;
-      protect(p.protect_bits, g);
-      int64_t w[2];
-      load_words(p.scores, g, w);
-      touched_words(p, i, seg.policy, seg.now, w);
-      store_words(p.scores, g, w);
-    } else {
-      p.out_slots[i] = kPending;
+    }
+    return;  // the same for the whole tile
+  }
+  KeyT sort_key = static_cast<KeyT>(home.begin);
+  if (p.mode != UpsertMode::kInsertAt) {
+    const int64_t g =
+        tile_probe<kUpsertVec>(tile, p.table_keys, p.digests, key, home, false).hit;
+    if (tile.thread_rank() == 0) {
+      if (p.mode == UpsertMode::kErase) {
+        p.out_flag[i] = g >= 0;
+        p.out_slots[i] = g;  // global, consumed by pass_erase
+        if (g < 0) sort_key = sentinel;
+      } else if (g >= 0) {
+        p.out_slots[i] = g - home.layout.offset;
+        p.out_flag[i] = false;
+        protect(p.protect_bits, g);
+        if (p.input_scores == nullptr) {
+          touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+          sort_key = sentinel;
+        }
+      } else {
+        p.out_slots[i] = kPending;
+      }
     }
   }
+  if (tile.thread_rank() == 0) {
+    home_out[i] = sort_key;
+    index_out[i] = static_cast<int32_t>(i);
+  }
+}
+
+/**
+ * @brief A present key's input words (pass A with input_scores), written by the owner so that of
+ * a key's occurrences the last one in input order gives the words, as on CPU.
+ */
+__device__ __forceinline__ void pass_present_words(const UpsertTile& tile, const UpsertParams& p,
+                                                   const Segment& seg, int64_t i) {
+  if (tile.thread_rank() == 0) {
+    const int64_t w[2] = {p.input_scores[2 * i], p.input_scores[2 * i + 1]};
+    store_words(p.scores, seg.home.layout.offset + p.out_slots[i], w);
+  }
   tile.sync();
-  return g >= 0;
 }
 
 /**
@@ -301,8 +335,9 @@ __device__ __forceinline__ int64_t run_end(const UpsertTile& tile, const KeyT* s
 
 /**
  * @brief One tile per sorted position; the tile at the start of a run of equal homes (one bucket)
- * owns it: both passes over the bucket's keys in input order, then the size change, summed per
- * block in shared memory for the first tables.
+ * owns it: the order-dependent work of its keys in input order (pass B, present keys' input
+ * words, erase's frees, insert_at), then the size change, summed per block in shared memory for
+ * the first tables. Keys that prepare_kernel finished sort last (sentinel) and own nothing.
  */
 template <typename KeyT>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -327,16 +362,27 @@ __global__ void __launch_bounds__(kBlockThreads)
     seg.policy = p.policies[seg.table];
     seg.now = p.now != nullptr ? p.now[seg.table] : 0;
     seg.use_fn = p.has_fn != nullptr && p.has_fn[seg.table] != 0;
-    // The run's first kUpsertTile keys: thread r loads key w + r once; the passes shuffle them.
+    // Inserting runs hold present keys only with input_scores (else prepare_kernel finished them).
+    const bool mixed = p.input_scores != nullptr && p.mode != UpsertMode::kErase &&
+                       p.mode != UpsertMode::kInsertAt;
+    // The run's first kUpsertTile keys: thread r loads key w + r (and whether it is pending) once;
+    // the passes shuffle them.
     const int rank = tile.thread_rank();
-    const int64_t mine = w + rank < end ? order[w + rank] : 0;
-    const int64_t my_key = w + rank < end ? p.keys[mine] : 0;
-    bool my_found = false;  // pass A's answer for key w + rank
+    const bool mine_in_run = w + rank < end;
+    const int64_t mine = mine_in_run ? order[w + rank] : 0;
+    const int64_t my_key = mine_in_run && p.mode != UpsertMode::kErase ? p.keys[mine] : 0;
+    const bool my_pending = !mixed || (mine_in_run && p.out_slots[mine] == kPending);
     auto index_of = [&](int64_t j) {
       return j - w < kUpsertTile ? tile.shfl(mine, static_cast<int>(j - w)) : int64_t{order[j]};
     };
     auto key_of = [&](int64_t j, int64_t i) {
       return j - w < kUpsertTile ? tile.shfl(my_key, static_cast<int>(j - w)) : p.keys[i];
+    };
+    auto pending_of = [&](int64_t j, int64_t i) {
+      if (!mixed) return true;
+      return j - w < kUpsertTile
+                 ? tile.shfl(static_cast<int>(my_pending), static_cast<int>(j - w)) != 0
+                 : p.out_slots[i] == kPending;  // not written yet: no pass has reached key i
     };
     int64_t delta = 0;
     if (p.mode == UpsertMode::kInsertAt) {
@@ -344,23 +390,18 @@ __global__ void __launch_bounds__(kBlockThreads)
         const int64_t i = index_of(j);
         delta += pass_insert_at(tile, p, seg, i, key_of(j, i));
       }
+    } else if (p.mode == UpsertMode::kErase) {
+      for (int64_t j = w; j < end; ++j) delta += pass_erase(tile, p, index_of(j));
     } else {
+      // In input order: a present key's words commute with pass B (its slot is protected, so no
+      // new key takes, ranks or reads it), so the contract's "all of pass A first" still holds.
       for (int64_t j = w; j < end; ++j) {
         const int64_t i = index_of(j);
-        const bool found = pass_present(tile, p, seg, i, key_of(j, i));
-        if (j - w == rank) my_found = found;
-      }
-      for (int64_t j = w; j < end; ++j) {
-        const int64_t i = index_of(j);
-        if (p.mode == UpsertMode::kErase) {
-          delta += pass_erase(tile, p, i);
-          continue;
+        if (pending_of(j, i)) {
+          delta += pass_new(tile, p, seg, i, key_of(j, i));
+        } else {
+          pass_present_words(tile, p, seg, i);
         }
-        const bool found =
-            j - w < kUpsertTile
-                ? tile.shfl(static_cast<int>(my_found), static_cast<int>(j - w)) != 0
-                : p.out_slots[i] != kPending;
-        if (!found) delta += pass_new(tile, p, seg, i, key_of(j, i));
       }
     }
     if (tile.thread_rank() == 0 && delta != 0) {
@@ -431,7 +472,8 @@ inline int home_bits(int64_t total_slots) {
 }
 
 /**
- * @brief Launcher: homes, a stable radix sort of (home, input index), then the bucket owners.
+ * @brief Launcher: pass A and the sort keys, a stable radix sort of (sort key, input index), then
+ * the bucket owners.
  * Scratch comes from torch's caching allocator on the current stream.
  */
 template <typename KeyT>
@@ -447,7 +489,8 @@ void launch_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorO
   int32_t* index_in = index.data_ptr<int32_t>();
   int32_t* index_out = index_in + p.n;
 
-  home_kernel<KeyT><<<blocks_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(
+  const int64_t tiles_per_block = kBlockThreads / kUpsertTile;
+  prepare_kernel<KeyT><<<blocks_for(p.n, tiles_per_block), kBlockThreads, 0, stream>>>(
       p, sentinel, home_in, index_in);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
@@ -460,7 +503,6 @@ void launch_upsert(const UpsertParams& p, int64_t total_slots, const at::TensorO
                                                  index_in, index_out, static_cast<int>(p.n), 0,
                                                  bits, stream));
 
-  const int64_t tiles_per_block = kBlockThreads / kUpsertTile;
   upsert_kernel<KeyT><<<blocks_for(p.n, tiles_per_block), kBlockThreads, 0, stream>>>(
       p, home_out, index_out, sentinel);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
