@@ -245,22 +245,39 @@ struct PoolJob {
   float* out;
 };
 
-/// Prefetches, a fixed number of indices ahead of the pooling walk, the row that index reads;
-/// its cursor follows the bags (and so the tables) across bag boundaries.
+/// Prefetches, a fixed number of indices ahead of the pooling walk, the row that index reads.
+/// Its cursor follows the features (a feature's bags are one contiguous run of indices, all of
+/// one table), so finding an index's table costs one compare, not a division or a bag walk.
 template <typename E>
 struct RowPrefetcher {
   const PoolJob<E>& j;
-  int64_t last, bag;
+  int64_t last;          // first index past the walk's bags
+  int64_t feature;       // the feature of the indices the cursor is in
+  int64_t feature_end;   // first index past that feature's bags
+  const E* base;         // that feature's table: its rows, width, capacity, dim
+  int64_t width, cap, dim;
+
+  RowPrefetcher(const PoolJob<E>& job, int64_t first_bag, int64_t end_bag)
+      : j(job), last(job.b->off_p[end_bag]), feature(first_bag / job.b->B) {
+    enter(feature);
+  }
+  DEMB_ALWAYS_INLINE void enter(int64_t f) {
+    const Bags& b = *j.b;
+    feature = f;
+    feature_end = f + 1 < b.F ? b.off_p[(f + 1) * b.B] : b.n;
+    const int64_t t = b.ft_p[f];  // f < F: the walk ends at or before the last feature's end
+    base = j.values + j.mv->offset(t);
+    width = j.mv->width(t);
+    cap = j.mv->capacity(t);
+    dim = j.mv->dim(t);
+  }
   DEMB_ALWAYS_INLINE void at(int64_t ahead) {
     if (ahead >= last) return;
-    const Bags& b = *j.b;
-    while (b.off_p[bag + 1] <= ahead) ++bag;
-    const int64_t k = b.inv_p[ahead];
+    while (ahead >= feature_end) enter(feature + 1);
+    const int64_t k = j.b->inv_p[ahead];
     if (k < 0 || k >= j.u) return;
-    const int64_t t = b.ft_p[bag / b.B], s = j.slots[k];
-    if (s >= 0 && s < j.mv->capacity(t)) {
-      prefetch_row(j.values + j.mv->offset(t) + s * j.mv->width(t), j.mv->dim(t));
-    }
+    const int64_t s = j.slots[k];
+    if (s >= 0 && s < cap) prefetch_row(base + s * width, dim);
   }
 };
 
@@ -317,7 +334,7 @@ template <typename E, bool kWeighted>
 DEMB_ALWAYS_INLINE bool pool_bags(const PoolJob<E>& j, int64_t begin, int64_t end) {
   const Bags& b = *j.b;
   std::vector<float> scratch;
-  RowPrefetcher<E> pf{j, b.off_p[end], begin};
+  RowPrefetcher<E> pf(j, begin, end);
   bool bad = false;
   for (int64_t bag = begin; bag < end; ++bag) {
     const int64_t D = j.mv->dim(b.ft_p[bag / b.B]);
@@ -761,54 +778,87 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   });
 }
 
-// A unique pair and its number of occurrences (one cache line holds the fields a probe reads).
+// A unique pair and its number of occurrences. ``Count`` is int32 for batches below 2^31 ids
+// and fewer than 2^31 tables (16-byte pairs, four to a cache line), else int64.
+template <typename Count>
 struct UniquePair {
-  int64_t key, tid, count;
+  int64_t key;
+  Count tid, count;
 };
 
-// The open-addressing dedup of segmented_unique_cpu, in one serial pass in input order: probe slots
-// hold unique ids of type Index (32-bit for any batch below 2^31 ids: half the probe array), the
-// pairs themselves live in one array of UniquePair. A probe waits on two random reads, its probe
-// slot and then the pair that slot names, so both are prefetched: the probe slot 2 x kPrefetchAhead
-// positions ahead (its hash kept in a ring, computed once), the pair kPrefetchAhead ahead (its
-// slot then in cache; a slot that later takes a new pair only costs a wasted prefetch).
-template <typename Index>
-std::vector<UniquePair> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n, int64_t* inv,
-                                    int64_t* tc) {
-  int64_t cap = 16;
-  while (cap < 2 * n) cap <<= 1;
-  const uint64_t mask = static_cast<uint64_t>(cap - 1);
-  auto home = [&](int64_t i) {
-    return (hash_key(kp[i]) ^ (static_cast<uint64_t>(tp[i]) * 0x9E3779B97F4A7C15ULL)) & mask;
+/// Hash of a (table id, key) pair: the key's hash mixed with the table id times an odd constant.
+DEMB_ALWAYS_INLINE uint64_t pair_hash(int64_t key, int64_t tid) {
+  return hash_key(key) ^ (static_cast<uint64_t>(tid) * 0x9E3779B97F4A7C15ULL);
+}
+
+// The probe array's size for the next batch: twice the unique pairs the previous batch of this
+// thread found, plus a quarter (a training loop's batches are alike); a batch with more pairs
+// doubles the array as it fills. Only speed depends on it: the pairs, their order and the inverse
+// are the same whatever the array's size.
+thread_local int64_t t_last_unique = 0;
+
+// The open-addressing dedup of segmented_unique_cpu, in one serial pass in input order. Probe
+// slots hold pair ids of type Index (32-bit below 2^31 ids: half the bytes), the pairs live in one
+// array in order of first occurrence. The array is sized from the previous batch's pairs, not from
+// the batch (a batch repeats its hot keys, so its pairs are often a small part of its ids: an array
+// sized by the ids would be mostly empty lines, each probe a cache miss). A probe waits on two
+// random reads, its slot and then the pair that slot names, so both are prefetched: the slot
+// 2 x kPrefetchAhead positions ahead (its hash kept in a ring, computed once), the pair
+// kPrefetchAhead ahead. Table ids are checked as they are read (the outputs are new tensors:
+// raising midway leaves nothing written).
+template <typename Index, typename Count>
+std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n,
+                                           int64_t num_tables, int64_t* inv, int64_t* tc,
+                                           const char* op) {
+  using Pair = UniquePair<Count>;
+  int64_t cap = 1024;
+  const int64_t want = 2 * (t_last_unique + t_last_unique / 4);
+  while (cap < 2 * n && cap < want) cap <<= 1;
+  uint64_t mask = static_cast<uint64_t>(cap - 1);
+  std::vector<Index> slot_of(cap, Index(-1));
+  std::vector<Pair> pairs;
+  pairs.reserve(n);
+  int64_t size = 0;
+  // Half full: double the array and place the pairs found so far again.
+  auto grow = [&] {
+    cap *= 2;
+    mask = static_cast<uint64_t>(cap - 1);
+    slot_of.assign(cap, Index(-1));
+    for (int64_t id = 0; id < size; ++id) {
+      uint64_t h = pair_hash(pairs[id].key, pairs[id].tid) & mask;
+      while (slot_of[h] >= 0) h = (h + 1) & mask;
+      slot_of[h] = static_cast<Index>(id);
+    }
   };
   constexpr int64_t kFar = 2 * kPrefetchAhead, kRing = 4 * kPrefetchAhead;  // kRing: power of 2
   uint64_t ring[kRing];
-  for (int64_t i = 0; i < std::min(n, kFar); ++i) ring[i % kRing] = home(i);
-  std::vector<Index> slot_of(cap, Index(-1));
-  std::vector<UniquePair> pairs;
-  pairs.reserve(n);
+  for (int64_t i = 0; i < std::min(n, kFar); ++i) ring[i % kRing] = pair_hash(kp[i], tp[i]);
   for (int64_t i = 0; i < n; ++i) {
     if (i + kFar < n) {
-      const uint64_t h = home(i + kFar);
+      const uint64_t h = pair_hash(kp[i + kFar], tp[i + kFar]);
       ring[(i + kFar) % kRing] = h;
-      __builtin_prefetch(&slot_of[h], 0, 3);
+      __builtin_prefetch(&slot_of[h & mask], 0, 3);
     }
     if (i + kPrefetchAhead < n) {
-      const Index u = slot_of[ring[(i + kPrefetchAhead) % kRing]];
+      const Index u = slot_of[ring[(i + kPrefetchAhead) % kRing] & mask];
       if (u >= 0) __builtin_prefetch(&pairs.data()[u], 1, 3);
     }
     const int64_t key = kp[i], t = tp[i];
-    uint64_t h = ring[i % kRing];
+    DEMB_CHECK_INDEX(t >= 0 && t < num_tables, op, ": table_ids[", i, "]=", t,
+                     " out of range [0, ", num_tables, ")");
+    if (2 * (size + 1) > cap) grow();
+    uint64_t h = ring[i % kRing] & mask;
     while (true) {
       const Index u = slot_of[h];
       if (u < 0) {
-        slot_of[h] = static_cast<Index>(pairs.size());
-        inv[i] = static_cast<int64_t>(pairs.size());
-        pairs.push_back(UniquePair{key, t, 1});
+        slot_of[h] = static_cast<Index>(size);
+        inv[i] = size;
+        pairs.push_back(Pair{key, static_cast<Count>(t), 1});
+        ++size;
         ++tc[t];
         break;
       }
-      UniquePair& p = pairs[u];
+      Pair& p = pairs[u];
       if (p.key == key && p.tid == t) {
         inv[i] = u;
         ++p.count;
@@ -817,7 +867,20 @@ std::vector<UniquePair> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_
       h = (h + 1) & mask;
     }
   }
+  t_last_unique = size;
   return pairs;
+}
+
+/// The pairs into segmented_unique's (u,) keys, table ids and counts.
+template <typename Count>
+void write_pairs(const std::vector<UniquePair<Count>>& pairs, int64_t* ok, int64_t* ot,
+                 int64_t* oc) {
+  const int64_t m = static_cast<int64_t>(pairs.size());
+  for (int64_t u = 0; u < m; ++u) {
+    ok[u] = pairs[u].key;
+    ot[u] = pairs[u].tid;
+    oc[u] = pairs[u].count;
+  }
 }
 
 // Deduplicates (table id, key) pairs with an open-addressing hash set, in one serial pass: pairs
@@ -850,31 +913,24 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   const int64_t n = k.numel();
   const int64_t* kp = k.data_ptr<int64_t>();
   const int64_t* tp = tid.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    DEMB_CHECK_INDEX(tp[i] >= 0 && tp[i] < num_tables, op, ": table_ids[", i, "]=", tp[i],
-                     " out of range [0, ", num_tables, ")");
-  }
   auto inverse = at::empty({n}, k.options());
   auto table_counts = at::zeros({num_tables}, k.options());
-  std::vector<UniquePair> pairs;
-  if (n < std::numeric_limits<int32_t>::max()) {
-    pairs = dedup_pairs<int32_t>(kp, tp, n, inverse.data_ptr<int64_t>(),
-                                 table_counts.data_ptr<int64_t>());
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  int64_t* tc = table_counts.data_ptr<int64_t>();
+  constexpr int64_t kNarrow = std::numeric_limits<int32_t>::max();
+  at::Tensor out_keys, out_tids, out_counts;
+  auto emit = [&](const auto& pairs) {
+    const int64_t m = static_cast<int64_t>(pairs.size());
+    out_keys = at::empty({m}, k.options());
+    out_tids = at::empty({m}, k.options());
+    out_counts = at::empty({m}, k.options());
+    write_pairs(pairs, out_keys.data_ptr<int64_t>(), out_tids.data_ptr<int64_t>(),
+                out_counts.data_ptr<int64_t>());
+  };
+  if (n < kNarrow && num_tables < kNarrow) {
+    emit(dedup_pairs<int32_t, int32_t>(kp, tp, n, num_tables, inv, tc, op));
   } else {
-    pairs = dedup_pairs<int64_t>(kp, tp, n, inverse.data_ptr<int64_t>(),
-                                 table_counts.data_ptr<int64_t>());
-  }
-  const int64_t m = static_cast<int64_t>(pairs.size());
-  auto out_keys = at::empty({m}, k.options());
-  auto out_tids = at::empty({m}, k.options());
-  auto out_counts = at::empty({m}, k.options());
-  int64_t* ok = out_keys.data_ptr<int64_t>();
-  int64_t* ot = out_tids.data_ptr<int64_t>();
-  int64_t* oc = out_counts.data_ptr<int64_t>();
-  for (int64_t u = 0; u < m; ++u) {
-    ok[u] = pairs[u].key;
-    ot[u] = pairs[u].tid;
-    oc[u] = pairs[u].count;
+    emit(dedup_pairs<int64_t, int64_t>(kp, tp, n, num_tables, inv, tc, op));
   }
   at::Tensor order = with_order ? positions_by_key(inverse, out_counts) : k.new_empty({0});
   return {out_keys, out_tids, inverse, out_counts, table_counts, order};

@@ -138,6 +138,44 @@ def test_segmented_unique_cpu_keeps_first_occurrence_order():
     assert per_table.tolist() == [2, 2]
 
 
+def _first_occurrence_unique(keys: torch.Tensor, tids: torch.Tensor, num_tables: int):
+    """segmented_unique's CPU answer, written out in Python: pairs in order of first occurrence."""
+    ids: dict = {}
+    inverse, counts = [], []
+    for pair in zip(tids.tolist(), keys.tolist()):
+        if pair not in ids:
+            ids[pair] = len(ids)
+            counts.append(0)
+        inverse.append(ids[pair])
+        counts[ids[pair]] += 1
+    pairs = list(ids)
+    per_table = [sum(1 for t, _ in pairs if t == i) for i in range(num_tables)]
+    return [k for _, k in pairs], [t for t, _ in pairs], inverse, counts, per_table
+
+
+def test_segmented_unique_cpu_same_answer_after_any_batch():
+    """The CPU dedup sizes its probe array from the previous batch's pairs and doubles it when a
+    batch has more: the answer never depends on what came before (all pairs distinct right after
+    a tiny batch, a tiny batch after a large one, hot keys)."""
+    g = torch.Generator().manual_seed(3)
+    shapes = [(8, 4, 2), (6000, 10**9, 3), (40, 5, 1), (5000, 300, 4), (3000, 10**9, 2), (1, 1, 1)]
+    for n, key_space, num_tables in shapes:
+        keys = torch.randint(0, key_space, (n,), generator=g) - key_space // 2
+        tids = torch.randint(0, num_tables, (n,), generator=g)
+        uk, ut, inv, counts, per_table = lookup_ops.segmented_unique(keys, tids, num_tables)
+        want = _first_occurrence_unique(keys, tids, num_tables)
+        got = (uk.tolist(), ut.tolist(), inv.tolist(), counts.tolist(), per_table.tolist())
+        assert got == tuple(want), (n, key_space, num_tables)
+
+
+def test_segmented_unique_cpu_rejects_table_ids_out_of_range():
+    keys = torch.arange(6)
+    for bad in (-1, 2):
+        tids = torch.tensor([0, 1, 0, bad, 1, 0])
+        with pytest.raises(IndexError, match=r"table_ids\[3\]"):
+            lookup_ops.segmented_unique(keys, tids, 2)
+
+
 def test_segmented_unique_empty_and_bad_ids(device):
     empty = torch.empty(0, dtype=torch.int64, device=device)
     uk, ut, inv, counts, per_table = lookup_ops.segmented_unique(empty, empty, 2)
