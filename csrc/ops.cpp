@@ -119,6 +119,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("grouped_gather(Tensor values, Tensor meta, Tensor table_ids, Tensor slots, int width, bool check=True, Tensor? inverse=None) -> Tensor");
   // Write rows[i, :row_width(t)] at (table_ids[i], slots[i]); slot < 0 skipped; the last duplicate wins.
   m.def("grouped_scatter(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor rows, bool check=True) -> ()");
+  // New rows in place: row (table_ids[i], slots[i]) (slot < 0 skipped) gets its table's initializer
+  // (init (T, 8) float64, csrc/include/dynamicemb/row_init.h) in its embedding, keyed by (seed,
+  // table, keys[i], element), and init[t, 7] in its optimizer-state columns.
+  m.def("grouped_init_rows(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor keys, Tensor init, int seed, bool check=True) -> ()");
   // Pool bags of feature-major offsets (F*B+1,) over the unique keys' slots (u,): feature f reads
   // table feature_tables[f] and fills columns [d_offsets[f], d_offsets[f+1]) of the (B, total_dim)
   // output; mode 0 SUM, 1 MEAN.

@@ -178,6 +178,56 @@ void grouped_scatter_cpu(at::Tensor& values, const at::Tensor& meta, const at::T
   });
 }
 
+/// Raises unless every initializer row has a known mode (row_init.h).
+void check_init_modes(const double* init, int64_t T, const char* op) {
+  for (int64_t t = 0; t < T; ++t) {
+    const double mode = init[t * kInitColumns];
+    DEMB_CHECK_VALUE(mode == double(int64_t(mode)) && mode >= double(kInitConstant) &&
+                         mode <= double(kInitTruncatedNormal),
+                     op, ": init row ", t, " has no initializer mode (got ", mode, ")");
+  }
+}
+
+void grouped_init_rows_cpu(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
+                           const at::Tensor& slots, const at::Tensor& keys, const at::Tensor& init,
+                           int64_t seed, bool /*check: the CPU kernels always check*/) {
+  const char* op = "grouped_init_rows";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  const int64_t n = slots.numel();
+  check_init_args(keys, init, n, meta.size(0), values.device(), op);
+  const MetaView mv(meta, values.numel(), op, values.element_size());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto k = keys.contiguous();
+  const auto in = init.contiguous();
+  const int64_t* t_p = tid.data_ptr<int64_t>();
+  const int64_t* s_p = sl.data_ptr<int64_t>();
+  const int64_t* k_p = k.data_ptr<int64_t>();
+  const double* in_p = in.data_ptr<double>();
+  check_rows(mv, t_p, s_p, n, op);
+  check_init_modes(in_p, mv.T, op);
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    E* v = values.data_ptr<E>();
+    at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (s_p[i] < 0) continue;
+        const int64_t t = t_p[i], D = mv.dim(t), L = mv.lwidth(t);
+        const double* p = in_p + t * kInitColumns;
+        const uint64_t stream = init_stream(seed, t, k_p[i]);
+        E* row = v + mv.offset(t) + s_p[i] * mv.width(t);
+        for (int64_t d = 0; d < D; ++d) row[d] = to_row<E>(init_value(p, stream, k_p[i], d));
+        if constexpr (sizeof(E) != 4) {
+          if (emb_span<E>(D) > D) row[D] = E(0.0f);
+        }
+        float* state = state_of(row, D);
+        for (int64_t d = D; d < L; ++d) state[d - D] = float(p[kInitState]);
+      }
+    });
+  });
+}
+
 /// Raises unless the bags' offsets run from 0 to n without decreasing (O(bags), before any walk).
 void check_offsets(const int64_t* off, int64_t num_bags, int64_t n, const char* op) {
   DEMB_CHECK_VALUE(off[0] == 0 && off[num_bags] == n, op, ": offsets must start at 0 and end at n=",
@@ -987,6 +1037,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("placement_counts", &placement_counts_cpu);
   m.impl("grouped_gather", &grouped_gather_cpu);
   m.impl("grouped_scatter", &grouped_scatter_cpu);
+  m.impl("grouped_init_rows", &grouped_init_rows_cpu);
   m.impl("grouped_pooled_gather", &grouped_pooled_gather_cpu);
   m.impl("grouped_reduce_grads", &grouped_reduce_grads_cpu);
   m.impl("grouped_update", &grouped_update_cpu);

@@ -254,6 +254,71 @@ void grouped_scatter_cuda(at::Tensor& values, const at::Tensor& meta, const at::
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// ---- new rows: one warp per row, rows of pairs with slot < 0 skipped ----
+
+template <typename E>
+__global__ void init_rows_kernel(E* __restrict__ values, DeviceMeta meta,
+                                 const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
+                                 const int64_t* __restrict__ keys, const double* __restrict__ init,
+                                 int64_t n, int64_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
+  if (i >= n) return;
+  const int64_t t = tids[i], s = slots[i];
+  if (!meta.valid(t, s)) return;
+  const int64_t W = meta.width(t), D = meta.dim(t);
+  const int64_t L = logical_width<E>(W, D);
+  const double* p = init + t * kInitColumns;
+  const int64_t key = keys[i];
+  const uint64_t stream = init_stream(seed, t, key);
+  E* dst = values + meta.offset(t) + s * W;
+  float* state = state_of(dst, D);
+  const float fill = float(p[kInitState]);
+  for (int64_t d = threadIdx.x; d < L; d += kWarp) {
+    if (d < D) {
+      dst[d] = to_row<E>(init_value(p, stream, key, d));
+    } else {
+      state[d - D] = fill;
+    }
+  }
+  if (threadIdx.x == 0 && emb_span<E>(D) > D) dst[D] = to_row<E>(0.0f);
+}
+
+void grouped_init_rows_cuda(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
+                            const at::Tensor& slots, const at::Tensor& keys, const at::Tensor& init,
+                            int64_t seed, bool check) {
+  const char* op = "grouped_init_rows";
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  const int64_t n = slots.numel();
+  check_init_args(keys, init, n, meta.size(0), values.device(), op);
+  const at::cuda::CUDAGuard guard(values.device());
+  const auto tid = table_ids.contiguous();
+  const auto sl = slots.contiguous();
+  const auto k = keys.contiguous();
+  const auto in = init.contiguous();
+  if (check) {
+    check_layout_cuda(values, meta, op);
+    check_rows_cuda(meta, tid, sl, op);
+    const auto modes = in.select(1, 0).cpu();
+    const double* m = modes.data_ptr<double>();
+    for (int64_t t = 0; t < modes.numel(); ++t) {
+      DEMB_CHECK_VALUE(m[t] == double(int64_t(m[t])) && m[t] >= double(kInitConstant) &&
+                           m[t] <= double(kInitTruncatedNormal),
+                       op, ": init row ", t, " has no initializer mode (got ", m[t], ")");
+    }
+  }
+  if (n == 0) return;
+  dispatch_rows(values.scalar_type(), [&](auto tag) {
+    using E = decltype(tag);
+    init_rows_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
+                          at::cuda::getCurrentCUDAStream()>>>(
+        values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
+        tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), k.data_ptr<int64_t>(),
+        in.data_ptr<double>(), n, seed);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // ---- pooled gather: one warp per bag ----
 
 template <typename E>
@@ -1207,6 +1272,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("placement_counts", &placement_counts_cuda);
   m.impl("grouped_gather", &grouped_gather_cuda);
   m.impl("grouped_scatter", &grouped_scatter_cuda);
+  m.impl("grouped_init_rows", &grouped_init_rows_cuda);
   m.impl("grouped_pooled_gather", &grouped_pooled_gather_cuda);
   m.impl("grouped_reduce_grads", &grouped_reduce_grads_cuda);
   m.impl("grouped_update", &grouped_update_cuda);

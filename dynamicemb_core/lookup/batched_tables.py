@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dynamicemb_core.config import (
+    DynamicEmbCheckMode,
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
@@ -199,6 +200,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             [o.eval_initializer_args for o in opts],
             trains=[o.training for o in opts],
             admission=self._admission,
+            # IGNORE asks for no per-batch answer (its one warning comes when the placement's
+            # outcome is read, by the step's backward): the forward need not wait for it
+            defer_placement=all(o.safe_check_mode == DynamicEmbCheckMode.IGNORE for o in opts),
         )
         self.tables = [
             CachedTableView(storage, t) if storage.is_cached(t) else TableView(storage, t)
@@ -324,6 +328,12 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             self.table_names[t], self.table_options[t].safe_check_mode, failed, stacklevel=5
         )
 
+    def report_unplaced(self, unplaced: Optional[List[int]]) -> None:
+        """Apply each table's safe_check_mode to its count of keys that found no place."""
+        if unplaced is not None:
+            for t, count in enumerate(unplaced):
+                self._safe_check(t, count)
+
     def forward(
         self,
         indices: torch.Tensor,
@@ -377,9 +387,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         assert group is not None
         training = self.training and group.any_trains
         step, rows, slots, unplaced = group.lookup(indices, offsets, B, training, check)
-        if unplaced is not None:
-            for t, count in enumerate(unplaced):
-                self._safe_check(t, count)
+        self.report_unplaced(group.storage.take_unplaced())
+        self.report_unplaced(unplaced)
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:
             mode = lookup_ops.POOL_SUM

@@ -2,11 +2,13 @@
 
 Forward: table ids are expanded from the batch's feature offsets on the device, one segmented unique
 dedups ``(table id, key)`` pairs of every table, one find-or-insert places them in the group's one
-hash table, one scatter initialises the new rows, one pooled gather (or, for a sequence output, one
-gather) reads them. Backward: one op reduces the output gradient per unique key and applies the
-fused optimizer to the rows in place. The number of ops and of host synchronisations does not grow
-with the number of tables (three syncs in a training forward: the batch's offsets check, the unique
-count, the placement counts).
+hash table, one op initialises the new rows in place (masked by the insert's ``is_new``), one
+pooled gather (or, for a sequence output, one gather) reads them. Backward: one op reduces the
+output gradient per unique key and applies the fused optimizer to the rows in place. The number of
+ops and of host synchronisations does not grow with the number of tables: one sync in a training
+forward of device tables, the unique count (the offsets check's numbers and the previous step's
+placement outcome ride on it); tables whose safe check is ERROR or WARNING, cached tables and
+host rows the device cannot address read the placement outcome at once (a second sync).
 
 Tables that do not train (``training=False`` options, or every table in an eval forward) are read
 without inserting or touching scores; their missing keys read the eval initializer and get no
@@ -20,16 +22,16 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core.config import DynamicEmbInitializerArgs
 from dynamicemb_core.lookup.features import OffsetsCheck
-from dynamicemb_core.lookup.initializers import initialize_embeddings
+from dynamicemb_core.lookup.initializers import draw_seed, initial_rows, initializer_table
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
-from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage
+from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage, GroupInit
 from dynamicemb_core.storage.grouped_cache import PinnedPairs
 from dynamicemb_core.storage.grouped_rows import GroupedRows
 
@@ -75,21 +77,6 @@ class GroupStep:
     backed: Optional[torch.Tensor] = None
 
 
-def _initializer_groups(
-    args: Sequence[DynamicEmbInitializerArgs], device: torch.device
-) -> List[Tuple[DynamicEmbInitializerArgs, torch.Tensor]]:
-    """Tables sharing one initializer, so new rows take one initializer call per distinct one."""
-    groups: List[Tuple[DynamicEmbInitializerArgs, List[int]]] = []
-    for t, a in enumerate(args):
-        for known, tables in groups:
-            if known == a:
-                tables.append(t)
-                break
-        else:
-            groups.append((a, [t]))
-    return [(a, torch.tensor(ts, dtype=torch.int64, device=device)) for a, ts in groups]
-
-
 class TableGroup:
     """The tables of a batched module that share one :class:`GroupedDeviceStorage`.
 
@@ -104,6 +91,10 @@ class TableGroup:
             missing rows read in eval.
         trains: per table, whether it trains (its options' ``training``); default: all do.
         admission: per table, ``(strategy, counter)`` or None (every new key admitted).
+        defer_placement: a plain training forward does not wait for its placement's outcome
+            (``GroupedDeviceStorage.acquire_all(defer=True)``): its unplaced keys are reported
+            by the step's backward or the next forward (tables whose safe check asks for no
+            per-batch answer).
     """
 
     def __init__(
@@ -117,6 +108,7 @@ class TableGroup:
         eval_initializers: Sequence[DynamicEmbInitializerArgs],
         trains: Optional[Sequence[bool]] = None,
         admission: Optional[Sequence[Optional[Tuple[Any, Any]]]] = None,
+        defer_placement: bool = False,
     ) -> None:
         self.storage = storage
         device = storage.device
@@ -140,10 +132,12 @@ class TableGroup:
         self.d_offsets = torch.tensor(starts, dtype=torch.int64, device=device)
         self._dims_dev = torch.tensor(self.dims, dtype=torch.int64, device=device)
         self._cols = torch.arange(self.max_dim, device=device)
-        self._uniform_dims = all(d == self.max_dim for d in self.dims)
-        self._init = _initializer_groups(initializers, device)
-        self._eval_init = _initializer_groups(eval_initializers, device)
         self._initializers = list(initializers)
+        self._eval_init = initializer_table(eval_initializers, device)
+        # the training initializers' table per optimizer-state value (the optimizer's arguments
+        # may change between steps; the table is built once per value)
+        self._init_tables: Dict[float, torch.Tensor] = {}
+        self.defer_placement = defer_placement
         flags = [True] * self.num_tables if trains is None else [bool(t) for t in trains]
         self.trains = flags
         self._trains_dev = torch.tensor(flags, dtype=torch.bool, device=device)
@@ -159,37 +153,26 @@ class TableGroup:
 
     # ---- new rows ---------------------------------------------------------------------------------
     def _embeddings(
-        self,
-        groups: List[Tuple[DynamicEmbInitializerArgs, torch.Tensor]],
-        keys: torch.Tensor,
-        tids: torch.Tensor,
+        self, table: torch.Tensor, keys: torch.Tensor, tids: torch.Tensor
     ) -> torch.Tensor:
-        """(m, max_dim) initial embeddings, each row by its table's initializer."""
-        emb: Optional[torch.Tensor] = None
-        for args, tables in groups:
-            e = initialize_embeddings(args, keys, self.max_dim)
-            if emb is None:
-                emb = e
-            else:
-                emb = torch.where(torch.isin(tids, tables).unsqueeze(1), e, emb)
-        assert emb is not None
-        return emb
+        """(m, max_dim) initial embeddings, each row by its table's initializer in ``table``."""
+        return initial_rows(table, keys, tids, self.max_dim, self.dims, draw_seed())
+
+    def _row_init(self) -> GroupInit:
+        """The new rows of one placing call: the training initializers with the optimizer's
+        fresh state, and a seed drawn from torch's generator."""
+        state = float(initial_state_value(self.kind, self.optimizer_args()))
+        table = self._init_tables.get(state)
+        if table is None:
+            table = initializer_table(self._initializers, self.device, state)
+            self._init_tables[state] = table
+        return GroupInit(table, draw_seed())
 
     def new_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys: the embedding, then the fresh optimizer state."""
-        uniform = self._uniform_dims  # every table's embedding fills the first max_dim columns
-        if keys.numel() and uniform and self.storage.max_width == self.max_dim:
-            return self._embeddings(self._init, keys, tids)  # no optimizer state (SGD)
-        state_init = float(initial_state_value(self.kind, self.optimizer_args()))
-        rows = torch.full((keys.numel(), self.storage.max_width), state_init, device=self.device)
-        if keys.numel():
-            emb = self._embeddings(self._init, keys, tids)
-            if uniform:
-                rows[:, : self.max_dim] = emb
-            else:
-                inside = self._cols.unsqueeze(0) < self._dims_dev[tids].unsqueeze(1)
-                rows[:, : self.max_dim] = torch.where(inside, emb, state_init)
-        return rows
+        init = self._row_init()
+        width = self.storage.max_width
+        return initial_rows(init.table, keys, tids, width, self.dims, init.seed)
 
     # ---- forward --------------------------------------------------------------------------------
     def table_ids(self, offsets: torch.Tensor, n: int, batch_size: int) -> torch.Tensor:
@@ -235,7 +218,9 @@ class TableGroup:
             step = self._step(keys, utids, inverse, None, None, offsets, batch_size)
             return self._source(step, slots, slots, idx, rows) + (None,)
         if self._plain:
-            acquire = self.storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
+            acquire = self.storage.acquire_all(
+                keys, utids, counts.tolist(), self._row_init(), defer=self.defer_placement
+            )
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
             self._hold(step, acquire.backed)
             out = self._source(
@@ -313,7 +298,7 @@ class TableGroup:
         take = trained.nonzero().squeeze(1)
         take_tids = utids[take]
         table_counts = torch.bincount(take_tids, minlength=self.num_tables).tolist()
-        acquire = storage.acquire_all(keys[take], take_tids, table_counts, self.new_rows)
+        acquire = storage.acquire_all(keys[take], take_tids, table_counts, self._row_init())
         slots = torch.full_like(keys, -1)
         slots[take] = acquire.slots
         read = torch.where(trained, slots, stored)
@@ -386,7 +371,7 @@ class TableGroup:
             adm = self.admission[t]
             own = adm[0].get_initializer_args() if adm is not None else None
             args.append(own or self._initializers[t])
-        return self._embeddings(_initializer_groups(args, self.device), keys, tids)
+        return self._embeddings(initializer_table(args, self.device), keys, tids)
 
     def _step(
         self,
@@ -469,7 +454,7 @@ class TableGroup:
             idx = keep.nonzero().squeeze(1)
             keys, utids = keys[idx], utids[idx]
             counts = torch.bincount(utids, minlength=self.num_tables)
-        acquire = storage.acquire_all(keys, utids, counts.tolist(), self.new_rows)
+        acquire = storage.acquire_all(keys, utids, counts.tolist(), self._row_init())
         if cache is not None:
             mine = cache.cached_dev[utids] & (acquire.slots >= 0)
             pairs = mine.nonzero().squeeze(1)
@@ -611,5 +596,9 @@ class GroupedLookupFunction(torch.autograd.Function):
             step.weight_rows = None
         if step.slots is not None:
             group.apply_grads(step, grad_out, ctx.mode, ctx.module.step)
+            # the forward's placement outcome, when it was not waited for: its copy has long
+            # finished by now (the update is queued behind it), the host reads it for the
+            # tables' safe check
+            ctx.module.report_unplaced(group.storage.take_unplaced())
         ctx.step = None
         return None, grad_w, None, None, None, None, None

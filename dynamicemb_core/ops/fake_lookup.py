@@ -146,6 +146,19 @@ def _grouped_scatter_fake(
     torch._check(rows.dim() == 2, lambda: "grouped_scatter: rows must be (n, k)")
 
 
+def _grouped_init_rows_fake(
+    values: Tensor,
+    meta: Tensor,
+    table_ids: Tensor,
+    slots: Tensor,
+    keys: Tensor,
+    init: Tensor,
+    seed: int,
+    check: bool = True,
+) -> None:
+    torch._check(init.dim() == 2, lambda: "grouped_init_rows: init must be (T, 8)")
+
+
 def _grouped_pooled_gather_fake(
     values: Tensor,
     meta: Tensor,
@@ -258,6 +271,7 @@ FAKE_KERNELS = {
     "placement_counts": _placement_counts_fake,
     "grouped_gather": _grouped_gather_fake,
     "grouped_scatter": _grouped_scatter_fake,
+    "grouped_init_rows": _grouped_init_rows_fake,
     "grouped_pooled_gather": _grouped_pooled_gather_fake,
     "grouped_reduce_grads": _grouped_reduce_grads_fake,
     "grouped_update": _grouped_update_fake,

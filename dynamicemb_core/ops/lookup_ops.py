@@ -34,6 +34,7 @@ __all__ = [
     "adam_update",
     "bag_table_ids",
     "grouped_gather",
+    "grouped_init_rows",
     "grouped_pooled_gather",
     "grouped_reduce_grads",
     "grouped_reduce_update",
@@ -265,6 +266,27 @@ def grouped_gather(
     ``grouped_gather(values, meta, table_ids[inverse], slots[inverse], width)`` gives, without
     expanding the ids first."""
     return _ops().grouped_gather.default(values, meta, table_ids, slots, width, check, inverse)
+
+
+def grouped_init_rows(
+    values: torch.Tensor,
+    meta: torch.Tensor,
+    table_ids: torch.Tensor,
+    slots: torch.Tensor,
+    keys: torch.Tensor,
+    init: torch.Tensor,
+    seed: int,
+    *,
+    check: bool = True,
+) -> None:
+    """In place: new rows at ``(table_ids[i], slots[i])`` (slot -1 skipped), one launch.
+
+    Row ``i``'s embedding is its table's initializer (``init`` (T, 8) float64 on the values'
+    device, :func:`dynamicemb_core.lookup.initializers.initializer_table`'s layout) drawn from a
+    counter-based random stream of ``(seed, table id, keys[i], element)``: the same values on CPU
+    and CUDA, at any slot and in any batch; its optimizer-state columns get ``init[t, 7]``.
+    """
+    _ops().grouped_init_rows.default(values, meta, table_ids, slots, keys, init, seed, check)
 
 
 def grouped_scatter(

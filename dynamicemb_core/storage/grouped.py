@@ -16,8 +16,14 @@ code and the per-table views (:mod:`~dynamicemb_core.storage.table_views`) use.
 
 Host synchronisations: :meth:`acquire_all` decides growth from host-side sizes (exact after each
 of its own calls, read again only after another call changed the table) and the caller's per-table
-unique counts, inserts with no readback, and reads one small tensor back (new and unplaced counts,
-sizes after the insert) so that new rows are initialised and evictions counted without more syncs.
+unique counts (an upper bound of the keys each table gains), inserts with no readback, initialises
+the new rows in place on the device (one launch masked by the insert's ``is_new``), and copies
+one small tensor back (new and unplaced counts, sizes after the insert) for the counters, the
+eviction counts and the next call's sizes. A plain step (``defer=True``) does not wait for that
+copy: :meth:`settle` reads it when the next step needs the sizes, after that step's own unique
+readback has synchronised, so the step's table work adds no synchronisation. Groups with cached
+tables, or host rows the device cannot address, still read it at once (their rows are made
+before they are placed in the backing store or copied to the host).
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.lookup.initializers import initial_rows
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
@@ -44,8 +51,30 @@ __all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit"]
 _NO_CACHE_SLOTS = 16
 
 
-# init(keys (m,), table_ids (m,)) -> (m, max row_width) rows of new keys (embedding, fresh state).
-GroupInit = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+@dataclass
+class GroupInit:
+    """How a placing call makes the rows of new keys.
+
+    Attributes:
+        table: (T, 8) float64 on the device: each table's initializer and optimizer-state value
+            (:func:`~dynamicemb_core.lookup.initializers.initializer_table`).
+        seed: this call's random stream (:func:`~dynamicemb_core.lookup.initializers.draw_seed`).
+    """
+
+    table: torch.Tensor
+    seed: int
+
+
+@dataclass
+class _PendingPlacement:
+    """A deferred placement readback: the insert's per-table outcome and sizes on their way to
+    pinned host memory, read when the next step synchronises anyway (:meth:`settle`)."""
+
+    host: torch.Tensor  # (3T,) [placed, unplaced] per table, then the sizes after the insert
+    event: Optional[Any]  # the CUDA event after the copy (None on CPU)
+    table_counts: List[int]
+    sizes_before: List[int]
+    write_count: int
 
 
 @dataclass
@@ -153,6 +182,11 @@ class GroupedDeviceStorage(DeviceStorage):
         )
         self._sizes: List[int] = [0] * len(self.tables)
         self._sizes_at = self.table.write_count
+        # the last deferred placement readback (acquire_all(defer=True)), and the unplaced keys
+        # per table of the settled ones, for the caller's safe check (take_unplaced)
+        self._pending_placement: Optional[_PendingPlacement] = None
+        self._late_unplaced: Optional[List[int]] = None
+        self.table.counters.before_read = self.settle
         # pinned (table id, slot) pairs alive now: forwards in flight, outstanding prefetches
         self._live: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
         # forwards in flight whose slots the next placing call pins (see hold)
@@ -312,6 +346,7 @@ class GroupedDeviceStorage(DeviceStorage):
     # ---- the grouped step -------------------------------------------------------------------
     def _known_sizes(self) -> List[int]:
         """Exact sizes: kept from the last acquire_all, read again after any other call."""
+        self.settle()
         if self.table.write_count != self._sizes_at:
             self._sizes = [int(s) for s in self.table.state.sizes.tolist()]
             self._sizes_at = self.table.write_count
@@ -323,6 +358,8 @@ class GroupedDeviceStorage(DeviceStorage):
         table_ids: torch.Tensor,
         table_counts: Sequence[int],
         init: GroupInit,
+        *,
+        defer: bool = False,
     ) -> GroupAcquire:
         """Make unique ``(table id, key)`` pairs resident; new keys get ``init`` rows (keys of a
         cached table: their rows from the backing store when it holds them).
@@ -331,6 +368,12 @@ class GroupedDeviceStorage(DeviceStorage):
             keys, table_ids: (u,) int64 on the device, distinct pairs (segmented_unique's).
             table_counts: per table, how many of the pairs are its (host ints).
             init: the rows of new keys.
+            defer: where the rows are initialised in place (no cached tables, rows the device
+                addresses), do not wait for the placement's outcome: it is copied to the host
+                without waiting and read by :meth:`settle` (the next call that needs sizes or
+                counters, when the caller's next unique has synchronised anyway); the result's
+                ``unplaced`` is then 0 and ``unplaced_per_table`` None, and the unplaced counts
+                come later through :meth:`take_unplaced`. No host synchronisation.
 
         Raises:
             StorageTierError: a backing store failed; the cache placement was undone.
@@ -338,7 +381,54 @@ class GroupedDeviceStorage(DeviceStorage):
         self.pin_pending()
         if self.cache is not None and self.cache.any_direct:
             return self._acquire_with_direct(keys, table_ids, table_counts, init)
-        return self._acquire_placed(keys, table_ids, table_counts, init)
+        return self._acquire_placed(keys, table_ids, table_counts, init, defer)
+
+    def _fresh(self, init: GroupInit, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
+        """(m, max row_width) rows of new keys (embedding, fresh optimizer state) in a buffer."""
+        return initial_rows(init.table, keys, table_ids, self.max_width, self.dims, init.seed)
+
+    def settle(self) -> None:
+        """Read the deferred placement readback, if any (waits for its copy: by the time a
+        caller needs it, its next unique's readback has synchronised, so this does not block)."""
+        p = self._pending_placement
+        if p is None:
+            return
+        self._pending_placement = None
+        if p.event is not None:
+            p.event.synchronize()
+        unplaced = self._account(p.host.tolist(), p.table_counts, p.sizes_before, p.write_count)
+        if any(unplaced):
+            late = self._late_unplaced or [0] * len(self.tables)
+            self._late_unplaced = [a + b for a, b in zip(late, unplaced)]
+
+    def take_unplaced(self) -> Optional[List[int]]:
+        """Per table, the unplaced keys of the settled deferred placements not yet taken (None
+        when there were none); the caller applies its safe check to them."""
+        self.settle()
+        late, self._late_unplaced = self._late_unplaced, None
+        return late
+
+    def _account(
+        self,
+        host: List[int],
+        table_counts: Sequence[int],
+        sizes: Sequence[int],
+        write_count: int,
+    ) -> List[int]:
+        """Count one insert's outcome from its readback ``host`` (``[placed, unplaced]`` per table,
+        then the sizes after it): counters, evictions, and the sizes when nothing has written the
+        table since. Returns the unplaced keys per table."""
+        T = len(self.tables)
+        placed, unplaced_by_table, after = host[0 : 2 * T : 2], host[1 : 2 * T : 2], host[2 * T :]
+        # A table's size moves only by keys placed and keys evicted during the call.
+        evicted = [b + p - a for b, p, a in zip(sizes, placed, after)]
+        self.table.counters.add(table_counts, placed, evicted, unplaced_by_table)
+        for t in self._dropping:  # a cache's evictions are spills, not drops
+            self._evicted_counts[t] += evicted[t]
+        if self.table.write_count == write_count:
+            self._sizes = after
+            self._sizes_at = write_count
+        return unplaced_by_table
 
     def _acquire_placed(
         self,
@@ -346,6 +436,7 @@ class GroupedDeviceStorage(DeviceStorage):
         table_ids: torch.Tensor,
         table_counts: Sequence[int],
         init: GroupInit,
+        defer: bool = False,
     ) -> GroupAcquire:
         """``acquire_all`` of pairs that all go through the hash table."""
         cache = self.cache
@@ -355,19 +446,23 @@ class GroupedDeviceStorage(DeviceStorage):
             keys, table_ids, table_counts, sizes, report_evicted=self._retain or cache is not None
         )
         slots, is_new = res.slots, res.is_new
-        # The one readback of the step's table work: per table the keys placed new and the keys
-        # left unplaced (counted without hot atomics), and the sizes after the insert.
+        write_count = self.table.write_count
+        # The step's table work's outcome: per table the keys placed new and the keys left
+        # unplaced (counted without hot atomics), and the sizes after the insert.
         per_table = lookup_ops.placement_counts(table_ids, slots, is_new, T)
-        host = torch.cat([per_table.reshape(-1), self.table.state.sizes]).tolist()
-        placed, unplaced_by_table, after = host[0 : 2 * T : 2], host[1 : 2 * T : 2], host[2 * T :]
-        num_missing, unplaced = sum(placed), sum(unplaced_by_table)
-        # A table's size moves only by keys placed and keys evicted during the call.
-        evicted = [b + p - a for b, p, a in zip(sizes, placed, after)]
-        self.table.counters.add(table_counts, placed, evicted, unplaced_by_table)
-        for t in self._dropping:  # a cache's evictions are spills, not drops
-            self._evicted_counts[t] += evicted[t]
-        self._sizes = after
-        self._sizes_at = self.table.write_count
+        readback = torch.cat([per_table.reshape(-1), self.table.state.sizes])
+        if cache is None and self.rows.init_in_place:
+            # new rows made in place on the device, masked by is_new: no count needed first
+            self.rows.init(table_ids, torch.where(is_new, slots, -1), keys, init.table, init.seed)
+            if defer:
+                self._defer(readback, table_counts, sizes, write_count)
+                return GroupAcquire(slots, 0, slots[:0], None, None)
+            counted = self._account(readback.tolist(), table_counts, sizes, write_count)
+            unplaced = sum(counted)
+            return GroupAcquire(slots, unplaced, slots[:0], None, counted if unplaced else None)
+        host = readback.tolist()
+        unplaced_by_table = self._account(host, table_counts, sizes, write_count)
+        num_missing, unplaced = sum(host[0 : 2 * T : 2]), sum(unplaced_by_table)
         by_table = unplaced_by_table if unplaced else None
         # Keys that got a slot get initial rows (an unplaced key, slot -1, reads as zeros); so do
         # keys of cached tables without a slot (they live in the backing store for this step).
@@ -384,7 +479,7 @@ class GroupedDeviceStorage(DeviceStorage):
         else:
             idx = fill.nonzero().squeeze(1)
         fresh_tids = table_ids[idx]
-        fresh = init(keys[idx], fresh_tids)
+        fresh = self._fresh(init, keys[idx], fresh_tids)
         if cache is None:
             self.rows.scatter(fresh_tids, slots[idx], fresh)
             return GroupAcquire(slots, unplaced, idx, fresh, by_table)
@@ -398,6 +493,27 @@ class GroupedDeviceStorage(DeviceStorage):
             raise
         self.rows.scatter(fresh_tids, slots[idx], fresh)
         return self._cached_result(table_ids, slots, backed, homeless, idx, fresh)
+
+    def _defer(
+        self,
+        readback: torch.Tensor,
+        table_counts: Sequence[int],
+        sizes: Sequence[int],
+        write_count: int,
+    ) -> None:
+        """Start the placement readback's copy to pinned memory without waiting (:meth:`settle`
+        reads it)."""
+        self.settle()  # at most one in flight (there is none: acquire read the sizes first)
+        event: Optional[Any] = None
+        host = readback
+        if readback.device.type == "cuda":
+            host = torch.empty(readback.shape, dtype=readback.dtype, pin_memory=True)
+            host.copy_(readback, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(readback.device))
+        self._pending_placement = _PendingPlacement(
+            host, event, list(table_counts), list(sizes), write_count
+        )
 
     def _cached_result(
         self,
@@ -459,7 +575,7 @@ class GroupedDeviceStorage(DeviceStorage):
             found, rows, _ = cache.backing.find(okeys, otids)
             new = (~found).nonzero().squeeze(1)
             if new.numel():
-                fresh = init(okeys[new], otids[new])
+                fresh = self._fresh(init, okeys[new], otids[new])
                 rows[new] = fresh[:, : rows.shape[1]]
                 cache.backing.insert(
                     okeys[new],
@@ -529,6 +645,7 @@ class GroupedDeviceStorage(DeviceStorage):
     def evictions(self, table_id: int) -> int:
         """Keys dropped by the table's last tier (a cached table's: its backing store's)."""
         if not self._cached[table_id]:
+            self.settle()
             return self._evicted_counts[table_id]
         assert self.cache is not None
         counter = getattr(self.cache.backing.store(table_id), "evictions", None)

@@ -347,6 +347,37 @@ class GroupedRows:
                 check=check,
             )
 
+    @property
+    def init_in_place(self) -> bool:
+        """Whether :meth:`init` runs on the device with no host synchronisation (no host part, or
+        a host part the group's kernels address directly)."""
+        return not self.has_host or self._host_ops is not None
+
+    def init(
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        init: torch.Tensor,
+        seed: int,
+    ) -> None:
+        """In place: new rows for ``keys`` at ``(table_ids, slots)`` (slot -1 skipped), each part
+        its own pairs (:func:`lookup_ops.grouped_init_rows`; needs :attr:`init_in_place`)."""
+        if not self.has_host:
+            lookup_ops.grouped_init_rows(
+                self.values, self.meta, table_ids, slots, keys, init, seed, check=False
+            )
+            return
+        assert self._host_ops is not None, "GroupedRows.init: the host part is not addressable"
+        host_values, host_meta = self._host_ops
+        on_device, on_host = self._masks(table_ids, slots)
+        lookup_ops.grouped_init_rows(
+            self.values, self.meta, table_ids, on_device, keys, init, seed, check=False
+        )
+        lookup_ops.grouped_init_rows(
+            host_values, host_meta, table_ids, on_host, keys, init, seed, check=False
+        )
+
     def pooled_gather(
         self,
         table_ids: torch.Tensor,

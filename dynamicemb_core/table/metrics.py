@@ -23,7 +23,7 @@ counts are kept on the host beside the device ones and summed when read.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -42,6 +42,9 @@ class PlacementCounters:
         # counts added as host ints (:meth:`add`), summed with ``counts`` when read
         self._host = [[0] * len(METRIC_NAMES) for _ in range(num_tables)]
         self._pending: List[Tuple[Sequence[int], ...]] = []
+        # called before the counters are read: an owner whose outcomes arrive late (a deferred
+        # placement readback) adds them first
+        self.before_read: Optional[Callable[[], None]] = None
 
     def add(
         self,
@@ -59,6 +62,8 @@ class PlacementCounters:
 
     def _fold(self) -> None:
         """Sum the outcomes :meth:`add` kept into the host counts."""
+        if self.before_read is not None:
+            self.before_read()
         for looked_up, placed, evicted, unplaced in self._pending:
             for t, mine in enumerate(self._host):
                 p, u = int(placed[t]), int(unplaced[t])

@@ -13,6 +13,7 @@
 #include "dynamicemb/bag_checks.h"
 #include "dynamicemb/check.h"
 #include "dynamicemb/grouped.h"
+#include "dynamicemb/row_init.h"
 
 namespace dynamicemb {
 
@@ -88,6 +89,21 @@ inline void check_update_keys(const std::optional<at::Tensor>& keys, int64_t n,
   DEMB_CHECK_VALUE(keys->dim() == 1 && keys->numel() == n, op, ": keys must be (", n,
                    ",), one per slot, got ", keys->sizes());
   check_on_device(*keys, device, "keys", op);
+}
+
+/// grouped_init_rows' ``keys`` (n,) int64 and ``init`` (T, 8) float64 (row_init.h), on ``device``.
+inline void check_init_args(const at::Tensor& keys, const at::Tensor& init, int64_t n, int64_t T,
+                            const at::Device& device, const char* op) {
+  DEMB_CHECK_TYPE(keys.scalar_type() == at::kLong, op, ": keys must be int64, got ",
+                  keys.scalar_type());
+  DEMB_CHECK_VALUE(keys.dim() == 1 && keys.numel() == n, op, ": keys must be (", n,
+                   ",), one per slot, got ", keys.sizes());
+  DEMB_CHECK_TYPE(init.scalar_type() == at::kDouble, op, ": init must be float64, got ",
+                  init.scalar_type());
+  DEMB_CHECK_VALUE(init.dim() == 2 && init.size(0) == T && init.size(1) == grouped::kInitColumns,
+                   op, ": init must be (", T, ", ", grouped::kInitColumns, "), got ", init.sizes());
+  check_on_device(keys, device, "keys", op);
+  check_on_device(init, device, "init", op);
 }
 
 /// The bag layout: ``offsets`` (F*B+1,) feature-major, ``feature_tables`` (F,), ``d_offsets``
