@@ -108,8 +108,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   // in input order (what the reduction's sort computes; the CUDA sort gives it for free); else (0,).
   m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables, bool with_order=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // (n,) int64 table of each index of a feature-major batch: feature_tables[f] for the indices of
-  // feature f's bags [offsets[f*B], offsets[(f+1)*B]) (offsets trusted: checked by the caller).
-  m.def("bag_table_ids(Tensor offsets, Tensor feature_tables, int batch_size, int n) -> Tensor");
+  // feature f's bags [offsets[f*B], offsets[(f+1)*B]) (offsets trusted: checked by the caller),
+  // and (3,) int64 on the offsets' device: [offsets[0], offsets[-1], bags whose offsets decrease],
+  // the numbers the caller's offsets check reads (computed in the same pass).
+  m.def("bag_table_ids(Tensor offsets, Tensor feature_tables, int batch_size, int n) -> (Tensor, Tensor)");
   // (T, 2) int64 per table on the ids' device: [keys placed new (is_new and slot >= 0), keys left
   // unplaced (slot < 0)] of one placing call; ids outside [0, T) are not counted.
   m.def("placement_counts(Tensor table_ids, Tensor slots, Tensor is_new, int num_tables) -> Tensor");

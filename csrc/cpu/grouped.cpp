@@ -11,6 +11,7 @@
 #include <atomic>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "dynamicemb/check.h"
@@ -986,8 +987,9 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   return {out_keys, out_tids, inverse, out_counts, table_counts, order};
 }
 
-at::Tensor bag_table_ids_cpu(const at::Tensor& offsets, const at::Tensor& feature_tables,
-                             int64_t batch_size, int64_t n) {
+std::tuple<at::Tensor, at::Tensor> bag_table_ids_cpu(const at::Tensor& offsets,
+                                                     const at::Tensor& feature_tables,
+                                                     int64_t batch_size, int64_t n) {
   const char* op = "bag_table_ids";
   check_bag_table_ids(offsets, feature_tables, batch_size, n, op);
   const auto off = offsets.contiguous();
@@ -995,7 +997,8 @@ at::Tensor bag_table_ids_cpu(const at::Tensor& offsets, const at::Tensor& featur
   const int64_t F = ft.numel();
   const int64_t* o = off.data_ptr<int64_t>();
   const int64_t* f = ft.data_ptr<int64_t>();
-  auto out = at::empty({n}, off.options());
+  // zeros first: indices no feature's range covers (only with bad offsets) get table 0
+  auto out = at::zeros({n}, off.options());
   int64_t* t = out.data_ptr<int64_t>();
   for (int64_t j = 0; j < F; ++j) {
     // Clamped to [0, n]: the offsets are the caller's to check; nothing is written out of bounds.
@@ -1003,7 +1006,15 @@ at::Tensor bag_table_ids_cpu(const at::Tensor& offsets, const at::Tensor& featur
     const int64_t hi = std::clamp<int64_t>(o[(j + 1) * batch_size], lo, n);
     std::fill(t + lo, t + hi, f[j]);
   }
-  return out;
+  const int64_t bags = off.numel() - 1;
+  int64_t decreasing = 0;
+  for (int64_t b = 0; b < bags; ++b) decreasing += o[b + 1] < o[b] ? 1 : 0;
+  auto flags = at::empty({3}, off.options());
+  int64_t* fl = flags.data_ptr<int64_t>();
+  fl[0] = o[0];
+  fl[1] = o[bags];
+  fl[2] = decreasing;
+  return {out, flags};
 }
 
 at::Tensor placement_counts_cpu(const at::Tensor& table_ids, const at::Tensor& slots,

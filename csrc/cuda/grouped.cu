@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <tuple>
 
 #include "dynamicemb/check.h"
 #include "dynamicemb/grouped.h"
@@ -1173,8 +1174,15 @@ UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& tab
 
 __global__ void bag_table_ids_kernel(const int64_t* __restrict__ offsets,
                                      const int64_t* __restrict__ ft, int64_t F, int64_t B, int64_t n,
-                                     int64_t* __restrict__ out) {
+                                     int64_t num_bags, int64_t* __restrict__ out,
+                                     unsigned long long* __restrict__ flags) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The offsets check's numbers (flags[2] zeroed before the launch): first, last, decreases.
+  if (i == 0) {
+    flags[0] = static_cast<unsigned long long>(offsets[0]);
+    flags[1] = static_cast<unsigned long long>(offsets[num_bags]);
+  }
+  if (i < num_bags && offsets[i + 1] < offsets[i]) atomicAdd(&flags[2], 1ULL);
   if (i >= n) return;
   // The last feature whose first index is <= i (features with no index share their start with
   // the next one, so the search passes over them).
@@ -1190,25 +1198,28 @@ __global__ void bag_table_ids_kernel(const int64_t* __restrict__ offsets,
   out[i] = ft[lo];
 }
 
-at::Tensor bag_table_ids_cuda(const at::Tensor& offsets, const at::Tensor& feature_tables,
-                              int64_t batch_size, int64_t n) {
+std::tuple<at::Tensor, at::Tensor> bag_table_ids_cuda(const at::Tensor& offsets,
+                                                      const at::Tensor& feature_tables,
+                                                      int64_t batch_size, int64_t n) {
   const char* op = "bag_table_ids";
   check_bag_table_ids(offsets, feature_tables, batch_size, n, op);
   const at::cuda::CUDAGuard guard(offsets.device());
   const auto off = offsets.contiguous();
   const auto ft = feature_tables.contiguous();
   auto out = at::empty({n}, off.options());
+  auto flags = at::zeros({3}, off.options());
   // With no feature or no bag there is no index to label (n must then be 0: the caller's check).
-  if (n == 0) return out;
-  DEMB_CHECK_VALUE(ft.numel() > 0 && batch_size > 0, op, ": ", n,
+  DEMB_CHECK_VALUE(n == 0 || (ft.numel() > 0 && batch_size > 0), op, ": ", n,
                    " indices but no bag (F=", ft.numel(), ", B=", batch_size, ")");
+  const int64_t num_bags = off.numel() - 1;
+  const int64_t threads_needed = std::max<int64_t>({n, num_bags, 1});
   const int threads = 256;
-  bag_table_ids_kernel<<<(n + threads - 1) / threads, threads, 0,
+  bag_table_ids_kernel<<<(threads_needed + threads - 1) / threads, threads, 0,
                          at::cuda::getCurrentCUDAStream()>>>(
-      off.data_ptr<int64_t>(), ft.data_ptr<int64_t>(), ft.numel(), batch_size, n,
-      out.data_ptr<int64_t>());
+      off.data_ptr<int64_t>(), ft.data_ptr<int64_t>(), ft.numel(), batch_size, n, num_bags,
+      out.data_ptr<int64_t>(), reinterpret_cast<unsigned long long*>(flags.data_ptr<int64_t>()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+  return {out, flags};
 }
 
 // ---- per-table placement counts: shared-memory counts per block, one global add per table ----

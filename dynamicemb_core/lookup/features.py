@@ -110,17 +110,25 @@ def validate_batch(
 class OffsetsCheck:
     """The offsets' data check of one batch: they start at 0, end at ``n`` and never decrease.
 
-    The three numbers it needs are computed on the device and copied to (pinned) host memory
-    without waiting; :meth:`verify` reads them, waiting only when the copy has not finished (a
-    caller that verifies after one of its own readbacks never waits: the copy came first on the
-    stream).
+    The three numbers it needs (first, last, decreasing bags) come from the device: on CUDA the
+    grouped step's ``bag_table_ids`` computes them in the pass that labels the indices and
+    :meth:`attach` copies them to pinned host memory without waiting; :meth:`verify` reads them,
+    waiting only when the copy has not finished (a caller that verifies after one of its own
+    readbacks never waits: the copy came first on the stream). A check verified with nothing
+    attached computes its numbers itself.
     """
 
     def __init__(self, offsets: torch.Tensor, n: int, num_features: int) -> None:
         self.offsets, self.n, self.num_features = offsets, n, num_features
-        decreasing = (offsets[1:] < offsets[:-1]).sum()
-        flags = torch.stack([offsets[0], offsets[-1], decreasing])
         self._event: Optional[Any] = None
+        self._host: Optional[torch.Tensor] = None
+        self._done = False
+
+    def attach(self, flags: torch.Tensor) -> None:
+        """The batch's numbers, (3,) int64 ``[offsets[0], offsets[-1], decreasing bags]`` on the
+        offsets' device (``lookup_ops.bag_table_ids``'s second output)."""
+        if self._done:
+            return
         if flags.device.type == "cuda":
             self._host = torch.empty(3, dtype=torch.int64, pin_memory=True)
             self._host.copy_(flags, non_blocking=True)
@@ -128,7 +136,11 @@ class OffsetsCheck:
             self._event.record()
         else:
             self._host = flags
-        self._done = False
+
+    def _own_flags(self) -> torch.Tensor:
+        offsets = self.offsets
+        decreasing = (offsets[1:] < offsets[:-1]).sum()
+        return torch.stack([offsets[0], offsets[-1], decreasing])
 
     def verify(self) -> None:
         """Raise ValueError when the offsets do not describe the batch (once; later calls return).
@@ -139,6 +151,9 @@ class OffsetsCheck:
         """
         if self._done:
             return
+        if self._host is None:
+            self.attach(self._own_flags())
+        assert self._host is not None
         if self._event is not None and not self._event.query():
             self._event.synchronize()
         first, last, num_decreasing = self._host.tolist()

@@ -175,11 +175,21 @@ class TableGroup:
         return initial_rows(init.table, keys, tids, width, self.dims, init.seed)
 
     # ---- forward --------------------------------------------------------------------------------
-    def table_ids(self, offsets: torch.Tensor, n: int, batch_size: int) -> torch.Tensor:
-        """(n,) table of each index, from the feature-major offsets (on the device, no sync)."""
+    def table_ids(
+        self,
+        offsets: torch.Tensor,
+        n: int,
+        batch_size: int,
+        check: Optional[OffsetsCheck] = None,
+    ) -> torch.Tensor:
+        """(n,) table of each index, from the feature-major offsets (on the device, no sync);
+        the same pass counts the numbers ``check`` verifies later."""
         if batch_size == 0 or n == 0:
             return torch.zeros(n, dtype=torch.int64, device=self.device)
-        return lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
+        tids, flags = lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
+        if check is not None:
+            check.attach(flags)
+        return tids
 
     def lookup(
         self,
@@ -198,7 +208,7 @@ class TableGroup:
         none). ``check``: the batch's pending offsets check, verified after the unique's
         readback and before anything is written (the two share one synchronisation).
         """
-        tids = self.table_ids(offsets, indices.numel(), batch_size)
+        tids = self.table_ids(offsets, indices.numel(), batch_size, check)
         training = training and self.any_trains
         order = None
         if training and self.device.type == "cuda":
@@ -431,7 +441,7 @@ class TableGroup:
                 check.verify()
             return
         storage, cache = self.storage, self.storage.cache
-        tids = self.table_ids(offsets, indices.numel(), batch_size)
+        tids = self.table_ids(offsets, indices.numel(), batch_size, check)
         keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, self.num_tables)
         if check is not None:
             check.verify()

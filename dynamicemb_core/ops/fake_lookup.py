@@ -109,9 +109,11 @@ def _segmented_unique_fake(
     )
 
 
-def _bag_table_ids_fake(offsets: Tensor, feature_tables: Tensor, batch_size: int, n: int) -> Tensor:
+def _bag_table_ids_fake(
+    offsets: Tensor, feature_tables: Tensor, batch_size: int, n: int
+) -> Tuple[Tensor, Tensor]:
     torch._check(offsets.dim() == 1, lambda: "bag_table_ids: offsets must be 1-D")
-    return offsets.new_empty(n)
+    return offsets.new_empty(n), offsets.new_empty(3)
 
 
 def _placement_counts_fake(

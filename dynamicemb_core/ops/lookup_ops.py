@@ -231,12 +231,16 @@ def segmented_unique_ordered(
 
 def bag_table_ids(
     offsets: torch.Tensor, feature_tables: torch.Tensor, batch_size: int, n: int
-) -> torch.Tensor:
-    """(n,) int64 table of each index of a feature-major batch (one launch, no host sync).
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(n,) int64 table of each index of a feature-major batch, and the batch's offsets-check
+    numbers (one launch, no host sync).
 
     Index ``i`` of feature ``f``'s bags ``[offsets[f*B], offsets[(f+1)*B])`` gets
     ``feature_tables[f]``: ``repeat_interleave(feature_tables, offsets[::B].diff())`` without its
-    passes. ``offsets`` (F*B+1,) are trusted (non-decreasing, from 0 to n: the caller checked them).
+    passes. ``offsets`` (F*B+1,) are not trusted to be valid (the ids stay in range whatever they
+    are); the second output, (3,) int64 on their device, is ``[offsets[0], offsets[-1], number of
+    bags whose end is below their start]``, which :class:`~dynamicemb_core.lookup.features.OffsetsCheck`
+    reads to check them.
     """
     return _ops().bag_table_ids.default(offsets, feature_tables, batch_size, n)
 

@@ -211,13 +211,30 @@ def test_bag_table_ids_match_repeat_interleave(device, batch):
     lengths.view(F, batch)[-1] = 0  # the last one too
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     n = int(offsets[-1])
-    got = lookup_ops.bag_table_ids(offsets.to(device), feature_tables.to(device), batch, n)
+    got, flags = lookup_ops.bag_table_ids(offsets.to(device), feature_tables.to(device), batch, n)
     expected = torch.repeat_interleave(feature_tables, lengths.view(F, batch).sum(1))
     assert torch.equal(got.cpu(), expected)
+    assert flags.device == got.device and flags.tolist() == [0, n, 0]
     none = torch.zeros(F * batch + 1, dtype=torch.int64, device=device)
-    assert lookup_ops.bag_table_ids(none, feature_tables.to(device), batch, 0).numel() == 0
+    got, flags = lookup_ops.bag_table_ids(none, feature_tables.to(device), batch, 0)
+    assert got.numel() == 0 and flags.tolist() == [0, 0, 0]
     with pytest.raises(ValueError, match="F\\*B\\+1"):
         lookup_ops.bag_table_ids(offsets[:-1].to(device), feature_tables.to(device), batch, n)
+
+
+def test_bag_table_ids_count_the_offsets_check_numbers(device):
+    """The second output: offsets[0], offsets[-1] and how many bags' offsets decrease (the
+    batch's offsets check reads them; the table ids of bad offsets are still in range)."""
+    feature_tables = torch.tensor([1, 0], device=device)
+    offsets = torch.tensor([2, 5, 3, 4, 1], device=device)  # F=2, B=2: two decreases
+    got, flags = lookup_ops.bag_table_ids(offsets, feature_tables, 2, 6)
+    assert flags.tolist() == [2, 1, 2]
+    assert bool(((got == 0) | (got == 1)).all())  # in range, whatever the offsets
+    # many more bags than indices: every bag is checked
+    offsets = torch.zeros(2 * 300 + 1, dtype=torch.int64, device=device)
+    offsets[-1] = 3
+    offsets[-2] = 5
+    assert lookup_ops.bag_table_ids(offsets, feature_tables, 300, 3)[1].tolist() == [0, 3, 1]
 
 
 def test_placement_counts_match_python(device):
