@@ -415,12 +415,29 @@ __global__ void chunk_counts_kernel(const int64_t* __restrict__ counts, int64_t 
   if (k < num_unique) chunks[k] = (counts[k] + (kChunk - 1)) / kChunk;
 }
 
-/// The key of each chunk of positions (one thread per key writes its chunks' entries).
-__global__ void chunk_key_kernel(const int64_t* __restrict__ chunk_start, int64_t num_unique,
-                                 int64_t* __restrict__ chunk_key) {
+/// Each chunk of positions' key and span (one thread per key writes its chunks' entries):
+/// ``chunk_key[c] = k`` and ``chunk_span[c] = lo << 8 | len << 1 | (k has this chunk only)``, its
+/// positions being ``[lo, lo + len)`` of the key-grouped order; chunk ids past the real count (up to
+/// the grid's bound ``max_chunks``) get key -1. The chunk pass then reads two words at its own
+/// index (coalesced, both at once) instead of following key -> chunk_start, starts.
+__global__ void chunk_key_kernel(const int64_t* __restrict__ chunk_start,
+                                 const int64_t* __restrict__ starts, int64_t num_unique,
+                                 int64_t max_chunks, int64_t* __restrict__ chunk_key,
+                                 int64_t* __restrict__ chunk_span) {
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= num_unique) return;
-  for (int64_t c = chunk_start[k]; c < chunk_start[k + 1]; ++c) chunk_key[c] = k;
+  if (k < num_unique) {
+    const int64_t c0 = chunk_start[k], c1 = chunk_start[k + 1];
+    const int64_t s0 = starts[k], s1 = starts[k + 1];
+    const int64_t only = c1 - c0 == 1 ? 1 : 0;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t lo = s0 + (c - c0) * kChunk;
+      const int64_t len = s1 - lo < kChunk ? s1 - lo : kChunk;
+      chunk_key[c] = k;
+      chunk_span[c] = (lo << 8) | (len << 1) | only;
+    }
+  }
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t c = chunk_start[num_unique] + k; c < max_chunks; c += stride) chunk_key[c] = -1;
 }
 
 __device__ inline bool aligned16(const void* p) {
@@ -476,7 +493,9 @@ __device__ inline const float* grad_source(const float* grad, int64_t gs0, int64
   }
 }
 
-/// One warp per chunk of up to kChunk positions of one key: the chunk's sum, in position order.
+/// ``kLanes`` lanes (a warp, or a half-warp: two chunks a warp, whose dependent loads overlap) per
+/// chunk of up to kChunk positions of one key: the chunk's sum, in position order. The chunk's key
+/// and span come from chunk_key_kernel (key -1: past the last chunk).
 /// With ``vec`` (width a multiple of 4, grad_out's columns adjacent or all one value) each lane
 /// sums 4 adjacent columns with 16-byte loads (or one load, broadcast), so a row of dim <= 128
 /// takes one pass over the chunk's positions.
@@ -486,23 +505,28 @@ __device__ inline const float* grad_source(const float* grad, int64_t gs0, int64
 /// ids reads no bag at all.
 /// With ``fused.values`` a key's only chunk updates the key's row directly; the arithmetic is
 /// key_update_kernel's (``0 + sum``, then the same element update), so the rows are the same.
-template <bool kPooled>
+template <bool kPooled, int kLanes>
 __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, int64_t gs1,
                                   DeviceMeta meta, const int64_t* __restrict__ perm,
-                                  const int64_t* __restrict__ starts,
-                                  const int64_t* __restrict__ chunk_start,
                                   const int64_t* __restrict__ chunk_key,
+                                  const int64_t* __restrict__ chunk_span,
                                   const int64_t* __restrict__ key_tids,
                                   const int64_t* __restrict__ bag_of, const int64_t* __restrict__ offsets,
                                   const float* __restrict__ weights, const int64_t* __restrict__ ft,
-                                  const int64_t* __restrict__ dofs, int64_t B, int64_t num_unique,
+                                  const int64_t* __restrict__ dofs, int64_t B,
                                   int64_t max_chunks, int64_t width, int64_t mode, bool vec,
                                   float* __restrict__ partial, FusedUpdate fused) {
-  const int64_t c = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
-  if (c >= max_chunks || c >= chunk_start[num_unique]) return;
+  constexpr int kPerWarp = kWarp / kLanes;
+  const int lane = int(threadIdx.x) % kLanes;
+  const int64_t c =
+      (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y) * kPerWarp + threadIdx.x / kLanes;
+  if (c >= max_chunks) return;
   const int64_t k = chunk_key[c];
-  const int64_t lo = starts[k] + (c - chunk_start[k]) * kChunk;
-  const int64_t hi = min(starts[k + 1], lo + kChunk);
+  const int64_t span = chunk_span[c];  // read with the key (unset past the last chunk: unused)
+  if (k < 0) return;
+  const int64_t lo = span >> 8;
+  const int64_t hi = lo + ((span >> 1) & 127);
+  const bool only_chunk = (span & 1) != 0;
   int64_t D = 0;
   if (key_tids != nullptr) {
     const int64_t t = key_tids[k];
@@ -514,14 +538,14 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
   // The key's row when this chunk is its only one (fused update), else null (write the partial).
   float* row = nullptr;
   int64_t row_dim = 0;
-  if (fused.values != nullptr && chunk_start[k + 1] - chunk_start[k] == 1) {
+  if (fused.values != nullptr && only_chunk) {
     const int64_t t = fused.tids[k], s = fused.slots[k];
     if (!meta.valid(t, s)) return;  // no row to update (key_update_kernel skips it as well)
     row_dim = meta.dim(t);
     row = fused.values + meta.offset(t) + s * meta.width(t);
   }
   if (vec) {
-    for (int64_t d = threadIdx.x * 4; d < width; d += kWarp * 4) {
+    for (int64_t d = lane * 4; d < width; d += kLanes * 4) {
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (d < D) {
         for (int64_t j = lo; j < hi; ++j) {
@@ -563,7 +587,7 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
     }
     return;
   }
-  for (int64_t d = threadIdx.x; d < width; d += kWarp) {
+  for (int64_t d = lane; d < width; d += kLanes) {
     float acc = 0.0f;
     if (d < D) {
       for (int64_t j = lo; j < hi; ++j) {
@@ -680,6 +704,7 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
   // bound and chunk ids past the real count find no key (chunk_key is -1 there).
   const int64_t max_chunks = n / kChunk + num_unique;
   auto chunk_key = at::empty({max_chunks}, inv.options());
+  auto chunk_span = at::empty({max_chunks}, inv.options());
   auto partial = at::empty({max_chunks, width}, g.options());
   // The bag of each position: pooled outputs read the gradient by bag; a sequence output needs
   // it only for the keys' dims when their table ids are not given.
@@ -692,26 +717,36 @@ Partials reduce_partials(const at::Tensor& grad_out, const at::Tensor& meta,
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   chunk_key_kernel<<<(num_unique + threads - 1) / threads, threads, 0, stream>>>(
-      chunk_start.data_ptr<int64_t>(), num_unique, chunk_key.data_ptr<int64_t>());
+      chunk_start.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), num_unique, max_chunks,
+      chunk_key.data_ptr<int64_t>(), chunk_span.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // The real number of chunks stays on the device (chunk_start[u]); warps past it return.
+  // The real number of chunks stays on the device (chunk_start[u]); chunks past it have key -1.
   // 4 columns a lane when a row's columns are adjacent, or all one value (an expanded gradient)
   const bool vec = width % 4 == 0 && (g.stride(1) == 1 || g.stride(1) == 0);
-  const auto launch = [&](auto kernel) {
-    kernel<<<blocks_for(max_chunks), dim3(kWarp, kRowsPerBlock), 0, stream>>>(
+  // A row of <= 128 columns takes a half-warp two 16-byte passes: two chunks a warp, so twice
+  // the chunks' dependent loads (key, table, slot, row) are in flight.
+  const bool half = vec && width <= 128;
+  const auto launch = [&](auto kernel, int per_warp) {
+    const int64_t per_block = int64_t(kRowsPerBlock) * per_warp;
+    kernel<<<(max_chunks + per_block - 1) / per_block, dim3(kWarp, kRowsPerBlock), 0, stream>>>(
         g.data_ptr<float>(), g.stride(0), g.stride(1),
         DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)}, perm.data_ptr<int64_t>(),
-        starts.data_ptr<int64_t>(), chunk_start.data_ptr<int64_t>(),
-        chunk_key.data_ptr<int64_t>(), key_tids,
+        chunk_key.data_ptr<int64_t>(), chunk_span.data_ptr<int64_t>(), key_tids,
         bag_of.defined() ? bag_of.data_ptr<int64_t>() : nullptr, off.data_ptr<int64_t>(),
         w.defined() ? w.data_ptr<float>() : nullptr, ft.data_ptr<int64_t>(),
-        dofs.data_ptr<int64_t>(), batch_size, num_unique, max_chunks, width, mode, vec,
+        dofs.data_ptr<int64_t>(), batch_size, max_chunks, width, mode, vec,
         partial.data_ptr<float>(), fused);
   };
   if (pooled) {
-    launch(chunk_sums_kernel<true>);
+    if (half) {
+      launch(chunk_sums_kernel<true, kWarp / 2>, 2);
+    } else {
+      launch(chunk_sums_kernel<true, kWarp>, 1);
+    }
+  } else if (half) {
+    launch(chunk_sums_kernel<false, kWarp / 2>, 2);
   } else {
-    launch(chunk_sums_kernel<false>);
+    launch(chunk_sums_kernel<false, kWarp>, 1);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {partial, chunk_start, false};
