@@ -89,6 +89,16 @@ HKV.update(
         (1.0, 32, "insert_and_evict"): 0.82,
     }
 )
+# Every op the bench times, in its order (--ops picks some).
+OPS = (
+    "find",
+    "find+gather",
+    "find_rows",
+    "insert",
+    "find_or_insert",
+    "insert_and_evict",
+    "export_if",
+)
 # Targets of issue 3, as multiples of HKV's figure.
 TARGET = {
     "find": 1.0,
@@ -283,6 +293,8 @@ def bench_dim(
     rows = []
     cases = cases_for(f, values, new_rows, exported, args.checked, args.engines)
     for name, engine, fn, before in cases:
+        if args.ops and name not in args.ops:
+            continue
         ms = time_ms(fn, args.repeats, before)
         n = exported[0] if name == "export_if" else keys
         bkv = n / (ms * 1e-3) / GIB
@@ -330,6 +342,8 @@ def profile(args: argparse.Namespace) -> str:
     for name, engine, fn, before in cases_for(
         f, values, torch.ones(args.keys, dim, device="cuda"), [0], args.checked, args.engines
     ):
+        if args.ops and name not in args.ops:
+            continue
         for _ in range(2):
             if before is not None:
                 before()
@@ -403,6 +417,13 @@ def main() -> None:
         choices=["parallel", "deterministic"],
         default=["parallel", "deterministic"],
         help="CUDA insert engines to time the inserting ops on (lookups have one)",
+    )
+    p.add_argument(
+        "--ops",
+        nargs="+",
+        choices=OPS,
+        default=[],
+        help="time only these ops (default: every op)",
     )
     p.add_argument(
         "--checked",

@@ -148,13 +148,14 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   Tensor protect_bits;
   UpsertParams p = upsert_params(mode, keys, table_ids, s, protect_bits);
   p.pins = pin_counts;
-  Tensor scratch;  // the key-parallel engine's leader map (-1 filled) and pending list
+  Tensor scratch, pending;  // the key-parallel engine's leader map (-1 filled) and pending list
   if (!deterministic && n > 0) {
     const int64_t map_words = dedup_words(n);
-    scratch = at::empty({map_words + n}, opts.dtype(at::kInt));
+    scratch = at::empty({map_words}, opts.dtype(at::kInt));
     p.dedup = scratch.data_ptr<int32_t>();
     p.dedup_mask = map_words - 1;
-    p.pending = p.dedup + map_words;
+    pending = at::empty({n, 2}, opts);
+    p.pending = pending.data_ptr<int64_t>();
     C10_CUDA_CHECK(cudaMemsetAsync(p.dedup, 0xff, map_words * sizeof(int32_t), stream));
   }
   const Tensor now = resolve_now_cuda(policies, cur_scores);

@@ -20,15 +20,18 @@
  *     words there, but not its digest: a probe of this pass never matches a key placed in it, so
  *     every occurrence of a key sees the same table. A leader that finds no free empty slot is
  *     appended to the call's pending list (listed per block in shared memory, then one atomicAdd
- *     per block reserves its place).
- *  2. evict pass (a warp per pending leader, grid-stride over the list, as many warps as fit on the
- *     GPU at once): a leader of an evicting table takes the victim, the occupied slot of lowest
- *     rank (then lowest slot) that is neither protected nor pinned. Each lane reads 4 adjacent
- *     slots (their digests, protect bits, pins and score words: the warp's word loads are one
- *     contiguous 2 KB run for a 128-slot bucket, all in flight at once), then a warp reduction
- *     picks the victim, lane 0 claims it, reports it (insert_and_evict: the words it read) and
- *     writes key, words and digest. Every present key of the call was protected by the end of
- *     pass 1, so no key of the call is a victim.
+ *     per block reserves its place), as its key and its index | table << 32: everything the next
+ *     pass needs about it in one 16-byte entry.
+ *  2. evict pass (a tile of 16 threads per pending leader, grid-stride over the list, as many
+ *     tiles as fit on the GPU at once): a leader of an evicting table takes the victim, the
+ *     occupied slot of lowest rank (then lowest slot) that is neither protected nor pinned. Each
+ *     thread reads 8 slots (digests, pins and rank words, all loads in flight at once), a tile
+ *     reduction picks the lowest, rank 0 claims it, reports it (insert_and_evict) and writes key,
+ *     words and digest. In a bucket of up to 128 slots the protect bits are not read at all: a
+ *     claim of a protected slot fails like one lost to another key, and the word its atomicOr
+ *     returns drops every protected or claimed slot it covers from the candidates, which stay in
+ *     registers. Every present key of the call was protected by the end of pass 1, so no key of
+ *     the call is a victim.
  *  3. finish pass (a thread per key): leaders placed in empty slots write their digests; followers
  *     take their leader's slot and flag and touch its words (atomics: c occurrences add c counts).
  *
@@ -155,13 +158,14 @@ __device__ __forceinline__ int64_t claim_empty(const Tile& tile, const UpsertPar
  * @brief What one block of the present pass gathers before it writes to global memory once: its
  * new keys per table (added to `sizes`) and its pending leaders (appended to the call's list with
  * one atomicAdd on the count per block, not one per key: a single counter that every new key of an
- * evicting call hit would serialise them at L2).
+ * evicting call hit would serialise them at L2). A pending entry is the key and its index | table
+ * << 32, so the evict pass reads everything it needs about the key with one 16-byte load.
  */
 struct PresentBlock {
   unsigned long long delta[kSharedSizeTables];
-  int pending;                                  // leaders listed in `list`
-  int base;                                     // where they go in the call's list
-  int32_t list[kBlockThreads / kPresentTile];   // one key per tile at most
+  int pending;                                     // leaders listed in `list`
+  int base;                                        // where they go in the call's list
+  longlong2 list[kBlockThreads / kPresentTile];    // one key per tile at most
 };
 
 /**
@@ -209,7 +213,7 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   if (!lead) return;
   if (e < 0) {
     p.out_slots[i] = kPending;
-    block.list[atomicAdd(&block.pending, 1)] = static_cast<int32_t>(i);
+    block.list[atomicAdd(&block.pending, 1)] = make_longlong2(key, i | (t << 32));
     return;
   }
   int64_t w[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
@@ -249,125 +253,267 @@ __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) 
               block.delta[threadIdx.x]);
   }
   __syncthreads();
-  if (threadIdx.x < block.pending) p.pending[block.base + threadIdx.x] = block.list[threadIdx.x];
+  if (threadIdx.x < block.pending) {
+    reinterpret_cast<longlong2*>(p.pending)[block.base + threadIdx.x] = block.list[threadIdx.x];
+  }
 }
 
 /**
- * @brief Bit k set where slot g0 + k (k < kEvictSlots) lies before `end` and is occupied,
- * unprotected and unpinned; `w[k]` gets its score words (with `use_fn`: the score-function rank's
- * bits in w[k].x). All loads are issued before any is used. The usual case (8 aligned slots inside
- * the bucket) reads the 8 digests with one 8-byte load and the protect bits with one word.
+ * @brief A victim candidate of the evict pass as one lexicographic order: (hi, lo, global slot),
+ * lowest evicted first. hi / lo are the slot's rank (ranks_below / fn_ranks_below of
+ * score_policy.h recast as integers, see rank_at); "no candidate" is all INT64_MAX, after every
+ * slot: one plain comparison, whatever the policy.
  */
-__device__ __forceinline__ uint32_t victim_candidates(const UpsertParams& p, int64_t g0,
-                                                      int64_t end, bool use_fn,
-                                                      longlong2 (&w)[kEvictSlots]) {
-  static_assert(kEvictSlots == 8, "the fast path reads 8 digests and one byte of protect bits");
-  uint32_t ok = 0;
-  if (g0 + kEvictSlots <= end && (g0 & 7) == 0) {
-    const uint2 d = *reinterpret_cast<const uint2*>(p.digests + g0);
-    const uint32_t bits = __ldcg(p.protect_bits + (g0 >> 5));
-    const longlong2* words = reinterpret_cast<const longlong2*>(p.scores + 2 * g0);
-#pragma unroll
-    for (int k = 0; k < kEvictSlots; ++k) {
-      w[k] = use_fn ? make_longlong2(__double_as_longlong(p.fn_scores[g0 + k]), 0) : words[k];
-    }
-    const uint32_t empty = byte_matches(d.x ^ 0x01010101u, 1) | (byte_matches(d.y ^ 0x01010101u, 1) << 4);
-    ok = ~empty & ~(bits >> (g0 & 31)) & 0xffu;
+struct Victim {
+  int64_t hi, lo, g;
+};
+
+constexpr Victim kNoVictim{INT64_MAX, INT64_MAX, INT64_MAX};
+
+__device__ __forceinline__ bool before(const Victim& a, const Victim& b) {
+  if (a.hi != b.hi) return a.hi < b.hi;
+  if (a.lo != b.lo) return a.lo < b.lo;
+  return a.g < b.g;
+}
+
+/** @brief The arrays a victim scan reads. */
+struct ScanView {
+  const uint8_t* digests;
+  const int64_t* scores;
+  const double* fn_scores;
+  const int32_t* pins;
+  uint32_t* protect_bits;
+};
+
+/** @brief What ranks a table's slots for eviction (score_policy.h): how the evict pass reads it. */
+enum class RankBy : int {
+  kWord0 = 0,  ///< score word 0 alone (every policy but COMPOUND)
+  kPair = 1,   ///< (word 0, word 1): COMPOUND's count, then timestamp
+  kFn = 2,     ///< the score function's result (fn_scores)
+};
+
+/**
+ * @brief Slot k's rank as (hi, lo), ordered like the deterministic engine's evicts_before. kFn: the
+ * double as an integer whose order is fn_ranks_below's (NaN lowest, -0.0 equal to 0.0, then
+ * ascending).
+ */
+template <RankBy kRank>
+__device__ __forceinline__ void rank_at(const int64_t* words, const double* fn, int k, int64_t* hi,
+                                        int64_t* lo) {
+  if constexpr (kRank == RankBy::kFn) {
+    double f = fn[k];
+    if (f == 0.0) f = 0.0;  // one zero
+    int64_t b = __double_as_longlong(f);
+    if (b < 0) b ^= INT64_MAX;  // negative doubles: larger magnitude, lower
+    *hi = f != f ? INT64_MIN : b;
+    *lo = 0;
+  } else if constexpr (kRank == RankBy::kPair) {
+    const longlong2 w = reinterpret_cast<const longlong2*>(words)[k];
+    *hi = w.x;
+    *lo = w.y;
   } else {
+    *hi = words[2 * k];  // word 0 only: half the registers of the pair
+    *lo = 0;
+  }
+}
+
+/**
+ * @brief The thread's best candidate of one step of the evict pass: its kEvictSlots adjacent
+ * slots s0 + k. All loads are issued before any is used, with immediate offsets from base
+ * pointers (measured on the H200 against a layout where the tile's k-th loads are 16 adjacent
+ * slots: no clear difference, docs/benchmarks.md). A slot is a candidate when it lies before `end` and is occupied, unprotected (its bit
+ * read through L2) and unpinned.
+ */
+template <RankBy kRank>
+__device__ __forceinline__ Victim read_candidates(const ScanView& p, int64_t s0,
+                                                  int64_t end) {
+  const int64_t lim = end - s0;  // slot k lies in the bucket when k < lim
+  const uint8_t* dp = p.digests + s0;
+  const int64_t* wp = p.scores + 2 * s0;
+  const double* fp = kRank == RankBy::kFn ? p.fn_scores + s0 : nullptr;
+  const uint32_t* bp = p.protect_bits + (s0 >> 5);
+  const int r = static_cast<int>(s0 & 31);
+  uint32_t d[kEvictSlots], bits[kEvictSlots];
+  int64_t hi[kEvictSlots], lo[kEvictSlots];
 #pragma unroll
-    for (int k = 0; k < kEvictSlots; ++k) {
-      const int64_t g = g0 + k;
-      w[k] = make_longlong2(0, 0);
-      if (g >= end) continue;
-      if (p.digests[g] != 0 && !is_protected(p.protect_bits, g)) ok |= 1u << k;
-      w[k] = use_fn ? make_longlong2(__double_as_longlong(p.fn_scores[g]), 0)
-                    : *reinterpret_cast<const longlong2*>(p.scores + 2 * g);
-    }
+  for (int k = 0; k < kEvictSlots; ++k) {
+    d[k] = 0;
+    bits[k] = 0;
+    hi[k] = lo[k] = 0;
+    if (k >= lim) continue;
+    d[k] = dp[k];
+    bits[k] = __ldcg(bp + ((r + k) >> 5)) >> ((r + k) & 31);
+    rank_at<kRank>(wp, fp, k, &hi[k], &lo[k]);
+  }
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < kEvictSlots; ++k) {
+    if (d[k] != 0 && (bits[k] & 1u) == 0) m |= 1u << k;
   }
   if (p.pins != nullptr) {
+    const int32_t* pp = p.pins + s0;
 #pragma unroll
     for (int k = 0; k < kEvictSlots; ++k) {
-      if (((ok >> k) & 1u) != 0 && p.pins[g0 + k] > 0) ok &= ~(1u << k);
+      if (((m >> k) & 1u) != 0 && pp[k] > 0) m &= ~(1u << k);
     }
   }
-  return ok;
+  Victim best = kNoVictim;
+#pragma unroll
+  for (int k = 0; k < kEvictSlots; ++k) {
+    const Victim c{hi[k], lo[k], s0 + k};
+    if (((m >> k) & 1u) != 0 && before(c, best)) best = c;
+  }
+  return best;
 }
 
 /**
- * @brief The victim of a pending key's bucket, claimed for the tile (its slot and the words read
- * for it), or slot -1 when every occupied slot is protected or pinned. Each thread
- * reads kEvictSlots adjacent slots a step (digest, protect bit through L2, pin, score words or
- * score-function rank), all loads issued before any is used (a tile's word loads are one
- * contiguous 2 KB run for a 128-slot bucket), then the tile reduces and rank 0 claims; a lost
- * claim scans again. Words of unclaimed slots do not change during the pass (only a claimer
- * writes a slot); a slot claimed meanwhile may be read half-written, but then its claim fails. A
- * digest read stale is harmless: a victim's digest changes from one key's to another's, and a
- * slot that reads empty was claimed in pass 1 (a leader is pending only when every empty slot of
- * its bucket was claimed), so it is no candidate either way. With a score function the rank's
- * bits ride in the first word's register (one set of registers for either kind of rank).
+ * @brief read_candidates for a bucket of one step, without the protect bits: bit k of the result
+ * set where slot s0 + k lies before `end` and is occupied and unpinned, its rank in
+ * hi[k] / lo[k]. Protected slots are found by the claims instead (claim_victim).
  */
+template <RankBy kRank>
+__device__ __forceinline__ uint32_t occupied_ranks(const ScanView& p, int64_t s0, int64_t end,
+                                                   int64_t (&hi)[kEvictSlots],
+                                                   int64_t (&lo)[kEvictSlots]) {
+  const int64_t lim = end - s0;
+  const uint8_t* dp = p.digests + s0;
+  const int64_t* wp = p.scores + 2 * s0;
+  const double* fp = kRank == RankBy::kFn ? p.fn_scores + s0 : nullptr;
+  uint32_t d[kEvictSlots];
+#pragma unroll
+  for (int k = 0; k < kEvictSlots; ++k) {
+    d[k] = 0;
+    hi[k] = lo[k] = 0;
+    if (k >= lim) continue;
+    d[k] = dp[k];
+    rank_at<kRank>(wp, fp, k, &hi[k], &lo[k]);
+  }
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < kEvictSlots; ++k) m |= static_cast<uint32_t>(d[k] != 0) << k;
+  if (p.pins != nullptr) {
+    const int32_t* pp = p.pins + s0;
+#pragma unroll
+    for (int k = 0; k < kEvictSlots; ++k) {
+      if (((m >> k) & 1u) != 0 && pp[k] > 0) m &= ~(1u << k);
+    }
+  }
+  return m;
+}
+
+/** @brief The tile's best of its threads' candidates; every thread gets it. */
 template <typename Tile>
-__device__ __forceinline__ Candidate claim_victim(const Tile& tile, const UpsertParams& p,
-                                                  const KeyHome& home, int64_t policy,
-                                                  bool use_fn) {
+__device__ __forceinline__ Victim tile_best(const Tile& tile, Victim best) {
+#pragma unroll
+  for (int o = kEvictTile / 2; o > 0; o >>= 1) {
+    Victim other;
+    other.hi = tile.shfl_xor(best.hi, o);
+    other.lo = tile.shfl_xor(best.lo, o);
+    other.g = tile.shfl_xor(best.g, o);
+    if (before(other, best)) best = other;
+  }
+  return best;
+}
+
+/**
+ * @brief The victim of a pending key's bucket, claimed for the tile: its global slot, or -1 when
+ * every occupied slot is protected or pinned. Each thread reads kEvictSlots slots a step
+ * (read_candidates), the tile reduces and rank 0 claims. Words of unclaimed slots do not change
+ * during the pass (only a claimer writes a slot); a slot claimed meanwhile may be read
+ * half-written, but then its claim fails. A digest read stale is harmless: a victim's digest
+ * changes from one key's to another's, and a slot that reads empty was claimed in pass 1 (a leader
+ * is pending only when every empty slot of its bucket was claimed), so it is no candidate either
+ * way.
+ *
+ * A lost claim scans again (the bucket's lines are in L2 by then); claims are never undone, so a
+ * won claim is the lowest candidate still unclaimed at that moment.
+ */
+template <RankBy kRank, typename Tile>
+__device__ __forceinline__ int64_t claim_victim(const Tile& tile, const ScanView& p,
+                                                const KeyHome& home) {
   const int rank = tile.thread_rank();
-  for (;;) {
-    Candidate best{-1, 0, 0, 0.0};
-    for (int64_t base = home.begin; base < home.end; base += kEvictTile * kEvictSlots) {
-      const int64_t g0 = base + kEvictSlots * rank;
-      longlong2 w[kEvictSlots];
-      const uint32_t ok = victim_candidates(p, g0, home.end, use_fn, w);
+  constexpr int64_t kStep = static_cast<int64_t>(kEvictTile) * kEvictSlots;
+  const int64_t first = kEvictSlots * rank;  // this thread's first slot of a step
+  if (home.end - home.begin <= kStep) {
+    // One step: the candidates stay in registers and the protect bits are not read; a claim
+    // (atomicOr) finds out whether its slot was free, and the word it returns marks every
+    // protected or claimed slot it covers, which leave the candidates. Slots only ever leave
+    // (bits are never cleared), so a won claim is the lowest slot still free at that moment.
+    const int64_t s0 = home.begin + first;
+    int64_t hi[kEvictSlots], lo[kEvictSlots];
+    uint32_t m = occupied_ranks<kRank>(p, s0, home.end, hi, lo);
+    for (;;) {
+      Victim mine = kNoVictim;
 #pragma unroll
       for (int k = 0; k < kEvictSlots; ++k) {
-        if (((ok >> k) & 1u) == 0) continue;
-        const Candidate c = use_fn ? Candidate{g0 + k, 0, 0, __longlong_as_double(w[k].x)}
-                                   : Candidate{g0 + k, w[k].x, w[k].y, 0.0};
-        if (evicts_before(c, best, policy, use_fn)) best = c;
+        const Victim c{hi[k], lo[k], s0 + k};
+        if (((m >> k) & 1u) != 0 && before(c, mine)) mine = c;
+      }
+      const Victim best = tile_best(tile, mine);
+      if (best.g == INT64_MAX) return -1;
+      uint32_t word = 0;
+      if (rank == 0) word = claim_word(p.protect_bits, best.g);
+      word = tile.shfl(word, 0);
+      if (((word >> (best.g & 31)) & 1u) == 0) return best.g;
+      const int64_t word_slot = best.g & ~int64_t{31};
+#pragma unroll
+      for (int k = 0; k < kEvictSlots; ++k) {
+        const int64_t d = s0 + k - word_slot;
+        if (d >= 0 && d < 32 && ((word >> d) & 1u) != 0) m &= ~(1u << k);
       }
     }
-    for (int o = kEvictTile / 2; o > 0; o >>= 1) {
-      Candidate other;
-      other.g = tile.shfl_xor(best.g, o);
-      other.w0 = tile.shfl_xor(best.w0, o);
-      other.w1 = tile.shfl_xor(best.w1, o);
-      other.f = tile.shfl_xor(best.f, o);
-      if (evicts_before(other, best, policy, use_fn)) best = other;
+  }
+  for (;;) {
+    Victim best = kNoVictim;
+    for (int64_t base = home.begin; base < home.end; base += kStep) {
+      const Victim c = read_candidates<kRank>(p, base + first, home.end);
+      if (before(c, best)) best = c;
     }
-    if (best.g < 0) return best;
+    best = tile_best(tile, best);
+    if (best.g == INT64_MAX) return -1;
     int won = 0;
     if (rank == 0) won = claim(p.protect_bits, best.g) ? 1 : 0;
-    if (tile.shfl(won, 0) != 0) return best;
+    if (tile.shfl(won, 0) != 0) return best.g;
   }
 }
 
 /**
  * @brief Pass 2: a tile of kEvictTile threads per pending leader, grid-stride over the pending
- * list (its length is read here, on the device: no synchronisation). A leader of an evicting
+ * list (its length is read here, on the device: no synchronisation; each entry carries the key
+ * and its table, so a tile goes from the entry straight to the bucket). A leader of an evicting
  * table takes a victim; otherwise (NO_EVICTION, or nothing left to evict) slot -1.
  */
-__global__ void __launch_bounds__(kBlockThreads, 4) evict_kernel(UpsertParams p) {
+__global__ void __launch_bounds__(kBlockThreads, 3) evict_kernel(UpsertParams p) {
   const auto tile = cg::tiled_partition<kEvictTile>(cg::this_thread_block());
   const int64_t tiles = static_cast<int64_t>(gridDim.x) * (kBlockThreads / kEvictTile);
   const int64_t count = *p.pending_count;
   for (int64_t w = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kEvictTile;
        w < count; w += tiles) {
-    const int64_t i = p.pending[w];
-    const int64_t key = p.keys[i];
-    const int64_t t = p.table_ids[i];
+    const longlong2 entry = reinterpret_cast<const longlong2*>(p.pending)[w];
+    const int64_t key = entry.x;
+    const int64_t i = entry.y & 0xffffffffll;
+    const int64_t t = entry.y >> 32;
     KeyHome home;
     key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home);  // pass 1 placed it
     const int64_t policy = p.policies[t];
     const bool use_fn = p.has_fn != nullptr && p.has_fn[t] != 0;
-    Candidate victim{-1, 0, 0, 0.0};
-    if (policy_can_evict(policy)) victim = claim_victim(tile, p, home, policy, use_fn);
-    const int64_t g = victim.g;
+    int64_t g = -1;
+    const ScanView view{p.digests, p.scores, p.fn_scores, p.pins, p.protect_bits};
+    if (!policy_can_evict(policy)) {
+    } else if (use_fn) {
+      g = claim_victim<RankBy::kFn>(tile, view, home);
+    } else if (policy == kCompound) {
+      g = claim_victim<RankBy::kPair>(tile, view, home);
+    } else {  // TIMESTAMP, STEP, LFU, CUSTOMIZED
+      g = claim_victim<RankBy::kWord0>(tile, view, home);
+    }
     if (tile.thread_rank() != 0) continue;
     p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
     p.out_flag[i] = g >= 0;
     if (g < 0) continue;
     if (p.mode == UpsertMode::kInsertAndEvict) {
-      int64_t old[2] = {victim.w0, victim.w1};  // read in the scan; unchanged until this write
-      if (use_fn) load_words(p.scores, g, old);
+      int64_t old[2];  // the words it had: unchanged since the scan, only the claimer writes
+      load_words(p.scores, g, old);
       p.ev_flag[i] = true;
       p.ev_keys[i] = p.table_keys[g];
       p.ev_slots[i] = g - home.layout.offset;
@@ -423,8 +569,7 @@ inline int evict_grid(int64_t n) {
                           // recomputes it
   if (per_sm == 0) {
     int blocks = 0;
-    C10_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, evict_kernel, kBlockThreads, 0));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, evict_kernel, kBlockThreads, 0));
     per_sm = std::max(blocks, 1);
   }
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -434,7 +579,7 @@ inline int evict_grid(int64_t n) {
 
 /**
  * @brief Launcher: present, evict, finish. `p.protect_bits` must be zeroed, `p.pending_count`
- * zeroed, `p.pending` hold n words, `p.dedup` filled with -1 (dedup_words(n) words); `p.now` set
+ * zeroed, `p.pending` hold 2n words, `p.dedup` filled with -1 (dedup_words(n) words); `p.now` set
  * (the ops resolve it for every inserting call).
  */
 inline void launch_upsert_parallel(const UpsertParams& p, cudaStream_t stream) {
