@@ -387,7 +387,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         assert group is not None
         training = self.training and group.any_trains
         step, rows, slots, unplaced = group.lookup(indices, offsets, B, training, check)
-        self.report_unplaced(group.storage.take_unplaced())
+        # earlier steps' deferred outcomes (this step's placement is read later: by its backward,
+        # the next step or a counter read)
+        self.report_unplaced(group.storage.take_unplaced(settle=False))
         self.report_unplaced(unplaced)
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:

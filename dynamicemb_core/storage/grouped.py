@@ -401,10 +401,12 @@ class GroupedDeviceStorage(DeviceStorage):
             late = self._late_unplaced or [0] * len(self.tables)
             self._late_unplaced = [a + b for a, b in zip(late, unplaced)]
 
-    def take_unplaced(self) -> Optional[List[int]]:
+    def take_unplaced(self, settle: bool = True) -> Optional[List[int]]:
         """Per table, the unplaced keys of the settled deferred placements not yet taken (None
-        when there were none); the caller applies its safe check to them."""
-        self.settle()
+        when there were none); the caller applies its safe check to them. ``settle=False``: only
+        those already settled (a forward must not wait for its own placement's copy)."""
+        if settle:
+            self.settle()
         late, self._late_unplaced = self._late_unplaced, None
         return late
 

@@ -228,3 +228,31 @@ def test_pinned_keys_riding_along_are_not_counted_as_hits(device):
     m(own, torch.tensor([0, 4], device=device))
     got = m.metrics()["t"]
     assert (got["hits"], got["misses"]) == (1, 3)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("backward", [True, False])
+def test_deferred_placement_readback_counts_as_the_immediate_one(device, kind, backward):
+    """IGNORE tables do not wait for the placement's outcome in the forward (it is read when the
+    next step, a counter read or the backward needs it); WARNING tables read it at once. Both see
+    the same outputs, contents and counters, with or without a backward between forwards."""
+    late = _module(device, DynamicEmbCheckMode.IGNORE, **KINDS[kind])
+    now = _module(device, DynamicEmbCheckMode.WARNING, **KINDS[kind])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DynamicEmbWarning)
+        for step in range(5):
+            indices, offsets, _ = _batch(step, device)
+            torch.manual_seed(step)
+            out_late = late(indices, offsets)
+            assert late._group.storage._pending_placement is not None  # not waited for
+            torch.manual_seed(step)
+            out_now = now(indices, offsets)
+            assert now._group.storage._pending_placement is None
+            assert torch.equal(out_late, out_now)
+            if backward:
+                out_late.sum().backward()
+                out_now.sum().backward()
+                assert late._group.storage._pending_placement is None  # the backward read it
+    assert late.metrics() == now.metrics()
+    for t in range(len(TABLES)):
+        assert _stored(late, t) == _stored(now, t)
