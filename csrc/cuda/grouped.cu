@@ -255,33 +255,46 @@ void grouped_scatter_cuda(at::Tensor& values, const at::Tensor& meta, const at::
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// ---- new rows: one warp per row, rows of pairs with slot < 0 skipped ----
+// ---- new rows: a warp looks at 32 pairs, then writes the rows of those with a slot ----
 
+/// Most pairs of a training step have no new row (their slot is -1 in the mask): each warp reads
+/// the slots of 32 pairs at once (one coalesced load) and only the pairs with a slot cost a
+/// row's writes, one pair after another, the warp's lanes over the row's columns.
 template <typename E>
 __global__ void init_rows_kernel(E* __restrict__ values, DeviceMeta meta,
                                  const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                                  const int64_t* __restrict__ keys, const double* __restrict__ init,
                                  int64_t n, int64_t seed) {
-  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y;
-  if (i >= n) return;
-  const int64_t t = tids[i], s = slots[i];
-  if (!meta.valid(t, s)) return;
-  const int64_t W = meta.width(t), D = meta.dim(t);
-  const int64_t L = logical_width<E>(W, D);
-  const double* p = init + t * kInitColumns;
-  const int64_t key = keys[i];
-  const uint64_t stream = init_stream(seed, t, key);
-  E* dst = values + meta.offset(t) + s * W;
-  float* state = state_of(dst, D);
-  const float fill = float(p[kInitState]);
-  for (int64_t d = threadIdx.x; d < L; d += kWarp) {
-    if (d < D) {
-      dst[d] = to_row<E>(init_value(p, stream, key, d));
-    } else {
-      state[d - D] = fill;
-    }
+  const int64_t base = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y) * kWarp;
+  const int64_t mine = base + threadIdx.x;
+  long long t = -1, s = -1;
+  if (mine < n) {
+    s = slots[mine];
+    if (s >= 0) t = tids[mine];
   }
-  if (threadIdx.x == 0 && emb_span<E>(D) > D) dst[D] = to_row<E>(0.0f);
+  const bool ok = s >= 0 && meta.valid(t, s);
+  unsigned todo = __ballot_sync(0xffffffffu, ok);
+  while (todo != 0) {
+    const int j = __ffs(todo) - 1;
+    todo &= todo - 1;
+    const int64_t tj = __shfl_sync(0xffffffffu, t, j), sj = __shfl_sync(0xffffffffu, s, j);
+    const int64_t key = keys[base + j];
+    const int64_t W = meta.width(tj), D = meta.dim(tj);
+    const int64_t L = logical_width<E>(W, D);
+    const double* p = init + tj * kInitColumns;
+    const uint64_t stream = init_stream(seed, tj, key);
+    E* dst = values + meta.offset(tj) + sj * W;
+    float* state = state_of(dst, D);
+    const float fill = float(p[kInitState]);
+    for (int64_t d = threadIdx.x; d < L; d += kWarp) {
+      if (d < D) {
+        dst[d] = to_row<E>(init_value(p, stream, key, d));
+      } else {
+        state[d - D] = fill;
+      }
+    }
+    if (threadIdx.x == 0 && emb_span<E>(D) > D) dst[D] = to_row<E>(0.0f);
+  }
 }
 
 void grouped_init_rows_cuda(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
@@ -311,7 +324,8 @@ void grouped_init_rows_cuda(at::Tensor& values, const at::Tensor& meta, const at
   if (n == 0) return;
   dispatch_rows(values.scalar_type(), [&](auto tag) {
     using E = decltype(tag);
-    init_rows_kernel<E><<<blocks_for(n), dim3(kWarp, kRowsPerBlock), 0,
+    const int64_t per_block = int64_t(kRowsPerBlock) * kWarp;
+    init_rows_kernel<E><<<(n + per_block - 1) / per_block, dim3(kWarp, kRowsPerBlock), 0,
                           at::cuda::getCurrentCUDAStream()>>>(
         values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
         tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), k.data_ptr<int64_t>(),
