@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -518,13 +519,14 @@ template <bool kScaled, typename Keep, typename Ahead, typename Sink>
 DEMB_ALWAYS_INLINE void key_sums(const KeySums& ks, int64_t begin, int64_t end, Keep& keep,
                                  Ahead& ahead, Sink& sink) {
   const int64_t M = ks.max_dim;
-  std::vector<float> buf(kKeyBlock * M);
+  // Uninitialised: a key's sum is written before its sink reads it (skipped keys are not read).
+  const std::unique_ptr<float[]> buf(new float[kKeyBlock * M]);
   for (int64_t kb = begin; kb < end; kb += kKeyBlock) {
     const int64_t ke = std::min(end, kb + kKeyBlock);
     for (int64_t k = kb; k < ke; ++k) {
       if (ks.start[k] == ks.start[k + 1] || !keep(k)) continue;
       const int64_t D = ks.mv->dim(ks.key_table[k]);
-      float* a = buf.data() + (k - kb) * M;
+      float* a = buf.get() + (k - kb) * M;
       const int64_t limit = ks.start[ke];
       switch (D) {
         case 16: sum_key<16, kScaled>(ks, k, D, limit, a); break;
@@ -538,7 +540,7 @@ DEMB_ALWAYS_INLINE void key_sums(const KeySums& ks, int64_t begin, int64_t end, 
     for (int64_t k = kb; k < ke; ++k) {
       if (k + kRowsAhead < ke) ahead(k + kRowsAhead);
       if (ks.start[k] == ks.start[k + 1] || !keep(k)) continue;
-      sink(k, static_cast<const float*>(buf.data() + (k - kb) * M), ks.mv->dim(ks.key_table[k]));
+      sink(k, static_cast<const float*>(buf.get() + (k - kb) * M), ks.mv->dim(ks.key_table[k]));
     }
   }
 }
@@ -621,8 +623,10 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   // sort, stable: a key's positions stay in input order, so the sums are deterministic). Unit
   // scales (SUM without weights) are not stored: the sums add the rows as they are.
   const bool scaled = b.w_p != nullptr || mode == kPoolMean;
-  std::vector<int64_t> src(b.n), fill(start.begin(), start.end() - 1);
-  std::vector<float> scale(scaled ? b.n : 0);
+  // src and scale are filled below, every position once: no zero fill first (n elements each).
+  const std::unique_ptr<int64_t[]> src(new int64_t[b.n]);
+  const std::unique_ptr<float[]> scale(new float[scaled ? b.n : 0]);
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
   for (int64_t bag = 0; bag < b.num_bags; ++bag) {
     const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
     const float mean = mode == kPoolMean && hi > lo ? float(hi - lo) : 1.0f;
@@ -639,7 +643,7 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   }
   int64_t max_dim = 0;
   for (int64_t t = 0; t < mv.T; ++t) max_dim = std::max(max_dim, mv.dim(t));
-  const KeySums ks{&mv, start.data(), src.data(), scaled ? scale.data() : nullptr, g_p,
+  const KeySums ks{&mv, start.data(), src.get(), scaled ? scale.get() : nullptr, g_p,
                    key_table, max_dim};
   at::parallel_for(0, num_unique, kKeyBlock, [&](int64_t begin, int64_t end) {
 #ifdef DEMB_CPU_AVX2
