@@ -32,6 +32,8 @@ __all__ = ["METRIC_NAMES", "PlacementCounters"]
 
 METRIC_NAMES = ("hits", "misses", "placed", "evicted", "unplaced")
 HITS, MISSES, PLACED, EVICTED, UNPLACED = range(len(METRIC_NAMES))
+# Outcomes PlacementCounters.add keeps before summing them into its host counts.
+_MAX_PENDING = 256
 
 
 class PlacementCounters:
@@ -56,14 +58,21 @@ class PlacementCounters:
         """Add one lookup's outcome known on the host, per table: the keys looked up (hits are
         the rest after ``placed`` and ``unplaced``), placed new, evicted and left unplaced.
 
-        Kept as given and summed when the counters are read: the lookup calls this once per step
-        and its host time is on the step's critical path."""
+        Kept as given and summed when the counters are read (the lookup calls this once per step
+        and its host time is on the step's critical path), or once ``_MAX_PENDING`` have piled up:
+        a loop that never reads its metrics keeps a bounded list."""
         self._pending.append((looked_up, placed, evicted, unplaced))
+        if len(self._pending) >= _MAX_PENDING:
+            self._sum_pending()  # not _fold: an owner's late outcomes wait for a real read
 
     def _fold(self) -> None:
-        """Sum the outcomes :meth:`add` kept into the host counts."""
+        """Add the owner's late outcomes, then sum every kept outcome into the host counts."""
         if self.before_read is not None:
             self.before_read()
+        self._sum_pending()
+
+    def _sum_pending(self) -> None:
+        """Sum the outcomes :meth:`add` kept into the host counts."""
         for looked_up, placed, evicted, unplaced in self._pending:
             for t, mine in enumerate(self._host):
                 p, u = int(placed[t]), int(unplaced[t])

@@ -256,3 +256,33 @@ def test_deferred_placement_readback_counts_as_the_immediate_one(device, kind, b
     assert late.metrics() == now.metrics()
     for t in range(len(TABLES)):
         assert _stored(late, t) == _stored(now, t)
+
+
+def test_host_counts_added_every_step_stay_bounded_and_sum_right():
+    """The grouped lookup adds its per-step outcome as host ints; a loop that never reads the
+    metrics must not keep every step's outcome (they are summed in batches), and the totals read
+    later are the sums of every step."""
+    from dynamicemb_core.table.metrics import PlacementCounters
+
+    counters = PlacementCounters(2, torch.device("cpu"))
+    steps = 1000
+    for s in range(steps):
+        counters.add([5, 1 + s % 3], [2, 0], [1, 0], [0, s % 2])
+        assert len(counters._pending) < 300
+    got = counters.read()
+    odd = steps // 2
+    assert got[0] == {
+        "hits": 3 * steps,
+        "misses": 2 * steps,
+        "placed": 2 * steps,
+        "evicted": steps,
+        "unplaced": 0,
+    }
+    looked_up_1 = sum(1 + s % 3 for s in range(steps))
+    assert got[1] == {
+        "hits": looked_up_1 - odd,
+        "misses": odd,
+        "placed": 0,
+        "evicted": 0,
+        "unplaced": odd,
+    }
