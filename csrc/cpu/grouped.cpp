@@ -1001,8 +1001,13 @@ std::tuple<at::Tensor, at::Tensor> bag_table_ids_cpu(const at::Tensor& offsets,
   const int64_t F = ft.numel();
   const int64_t* o = off.data_ptr<int64_t>();
   const int64_t* f = ft.data_ptr<int64_t>();
-  // zeros first: indices no feature's range covers (only with bad offsets) get table 0
-  auto out = at::zeros({n}, off.options());
+  const int64_t bags = off.numel() - 1;
+  int64_t decreasing = 0;
+  for (int64_t b = 0; b < bags; ++b) decreasing += o[b + 1] < o[b] ? 1 : 0;
+  // Offsets from 0 to n that never decrease: the features' ranges tile [0, n), every index is
+  // written below. Otherwise zeros first: indices no feature's range covers get table 0.
+  const bool tiled = o[0] == 0 && o[bags] == n && decreasing == 0;
+  auto out = tiled ? at::empty({n}, off.options()) : at::zeros({n}, off.options());
   int64_t* t = out.data_ptr<int64_t>();
   for (int64_t j = 0; j < F; ++j) {
     // Clamped to [0, n]: the offsets are the caller's to check; nothing is written out of bounds.
@@ -1010,9 +1015,6 @@ std::tuple<at::Tensor, at::Tensor> bag_table_ids_cpu(const at::Tensor& offsets,
     const int64_t hi = std::clamp<int64_t>(o[(j + 1) * batch_size], lo, n);
     std::fill(t + lo, t + hi, f[j]);
   }
-  const int64_t bags = off.numel() - 1;
-  int64_t decreasing = 0;
-  for (int64_t b = 0; b < bags; ++b) decreasing += o[b + 1] < o[b] ? 1 : 0;
   auto flags = at::empty({3}, off.options());
   int64_t* fl = flags.data_ptr<int64_t>();
   fl[0] = o[0];

@@ -454,8 +454,13 @@ class GroupedDeviceStorage(DeviceStorage):
         per_table = lookup_ops.placement_counts(table_ids, slots, is_new, T)
         readback = torch.cat([per_table.reshape(-1), self.table.state.sizes])
         if cache is None and self.rows.init_in_place:
-            # new rows made in place on the device, masked by is_new: no count needed first
-            self.rows.init(table_ids, torch.where(is_new, slots, -1), keys, init.table, init.seed)
+            # new rows made in place on the device, masked by is_new: no count needed first (on
+            # the host, where reading is_new costs no sync, skipped when no key is new: the
+            # steady state of a warm table)
+            if self.device.type == "cuda" or bool(is_new.any()):
+                self.rows.init(
+                    table_ids, torch.where(is_new, slots, -1), keys, init.table, init.seed
+                )
             if defer:
                 self._defer(readback, table_counts, sizes, write_count)
                 return GroupAcquire(slots, 0, slots[:0], None, None)
