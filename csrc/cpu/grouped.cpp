@@ -588,8 +588,21 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
                      ": grad_out must be (B, d_offsets[-1]) = (", b.B, ", ", b.dofs_p[b.F],
                      "), got ", grad_out.sizes());
   }
-  const auto g = grad_out.contiguous();
-  const int64_t G = g.size(1);
+  // Rows are read at their own stride: a gradient whose columns are contiguous is read in place,
+  // an expanded one (stride 0 over rows, as the gradient of ``out.sum()``) from its one row; only
+  // other layouts are copied first.
+  const int64_t G = grad_out.size(1);
+  at::Tensor g;
+  int64_t row_stride = G;
+  if (grad_out.stride(1) == 1 || G <= 1) {
+    g = grad_out;
+    row_stride = grad_out.stride(0);
+  } else if (grad_out.stride(0) == 0 && grad_out.size(0) > 0) {
+    g = grad_out.select(0, 0).contiguous();
+    row_stride = 0;
+  } else {
+    g = grad_out.contiguous();
+  }
   const float* g_p = g.data_ptr<float>();
   for (int64_t f = 0; mode == kPoolNone && f < b.F; ++f) {
     DEMB_CHECK_VALUE(mv.dim(b.ft_p[f]) <= G, op, ": grad_out has ", G, " columns, table ",
@@ -630,7 +643,7 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   for (int64_t bag = 0; bag < b.num_bags; ++bag) {
     const int64_t lo = b.off_p[bag], hi = b.off_p[bag + 1];
     const float mean = mode == kPoolMean && hi > lo ? float(hi - lo) : 1.0f;
-    const int64_t row = (bag % b.B) * G + b.dofs_p[bag / b.B];
+    const int64_t row = (bag % b.B) * row_stride + b.dofs_p[bag / b.B];
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t j = fill[b.inv_p[i]]++;
       if (scaled) {
@@ -638,7 +651,7 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
         if (mode == kPoolMean) sc /= mean;
         scale[j] = sc;
       }
-      src[j] = mode == kPoolNone ? i * G : row;
+      src[j] = mode == kPoolNone ? i * row_stride : row;
     }
   }
   int64_t max_dim = 0;

@@ -296,7 +296,8 @@ def _hot_batch(device, seed, batch=8, feature_tables=(0, 1, 2, 0)):
 def test_grouped_reduce_update_with_key_order_and_strided_grads(device, optimizer, mode):
     """Hot keys (several chunks) and keys seen once (their row updated inside the chunk pass on
     CUDA): the fused op equals reduce + update bit for bit, given the dedup's key order or not,
-    and with the output gradient contiguous, transposed in memory or expanded from a scalar."""
+    and with the output gradient contiguous, transposed in memory, expanded from a scalar or a row,
+    or a column slice of a wider one (the CPU kernel reads the last three without a full copy)."""
     slots, utids, inverse, offsets, weights, ft, d_offsets, B, counts, order = _hot_batch(
         device, seed=11 + optimizer
     )
@@ -310,6 +311,8 @@ def test_grouped_reduce_update_with_key_order_and_strided_grads(device, optimize
         "contiguous": dense,
         "transposed": dense.t().contiguous().t(),
         "expanded": torch.full((1, 1), 0.25, device=device).expand(rows, cols),
+        "one row expanded": dense[:1].expand(rows, cols),
+        "column slice": torch.randn(rows, cols + 5, device=device)[:, 2 : 2 + cols],
     }
     base, meta = _group(device, optimizer, seed=2)
     for name, grad_out in grads_of.items():
