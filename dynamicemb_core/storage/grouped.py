@@ -316,10 +316,6 @@ class GroupedDeviceStorage(DeviceStorage):
         """Slots of table ``table_id`` whose rows live in device memory."""
         return self.rows.device_rows[table_id]
 
-    def table_rows(self, table_id: int) -> torch.Tensor:
-        """Table ``table_id``'s (device rows, row_width) device rows, a view (replaced on growth)."""
-        return self.rows.blocks(table_id)[0][0]
-
     # ---- DeviceStorage rows ---------------------------------------------------------------------
     def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         tids = torch.full_like(slots, table_id)

@@ -120,12 +120,6 @@ class PlacementCounters:
             per_table[:, EVICTED] = per_table[:, PLACED] - (sizes_after - sizes_before)
         self.counts += per_table
 
-    def discount_hits(self, table_id: int, n: int) -> None:
-        """Take back ``n`` hits of table ``table_id``: keys a caller added to a lookup only to
-        protect them (a cache's pinned keys), which were not looked up."""
-        if n:
-            self.counts[table_id, HITS] -= n
-
     def read(self, table_id: Optional[int] = None) -> List[Dict[str, int]]:
         """The counters as ints (one device-to-host copy): every table, or the one given."""
         self._fold()
