@@ -612,3 +612,47 @@ def test_nox_keeps_envs_outside_clone_and_reuses_them():
 
     assert noxfile.nox.options.reuse_venv == "yes"
     assert REPO not in Path(noxfile.nox.options.envdir).parents
+
+
+_IMPORT_EACH_FIRST = r"""
+import os, pkgutil, sys
+import torch  # noqa: F401  (loaded once, before the forks: the slow part of every import)
+import dynamicemb_core as pkg
+# ops.fake registers fake kernels for ops that must already exist: the loader imports it right
+# after loading the library (csrc/ops.cpp names it), never before.
+after_load = {"dynamicemb_core.ops.fake"}
+names = sorted(
+    m.name for m in pkgutil.walk_packages(pkg.__path__, "dynamicemb_core.") if m.name not in after_load
+)
+for mod in list(sys.modules):  # the children start from a package that is not imported yet
+    if mod == "dynamicemb_core" or mod.startswith("dynamicemb_core."):
+        del sys.modules[mod]
+failed = []
+for name in names:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            __import__(name)
+        except BaseException as e:
+            print(f"{name}: {type(e).__name__}: {e}", flush=True)
+            os._exit(1)
+        os._exit(0)
+    if os.waitpid(pid, 0)[1] != 0:
+        failed.append(name)
+print(f"{len(names)} modules, failed: {failed}")
+sys.exit(1 if failed else 0)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_every_module_imports_as_the_first_one():
+    """Each module of the package imports in an interpreter where nothing of the package was
+    imported yet: an import cycle between layers (storage importing from lookup, which imports
+    storage) shows only when the lower module comes first, e.g. a test file run on its own."""
+    res = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH_FIRST],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]

@@ -21,7 +21,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from dynamicemb_core.config import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
-from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.ops.lookup_ops import initial_rows
 
 __all__ = [
     "DEBUG_MODULUS",
@@ -116,30 +116,6 @@ def draw_seed(generator: Optional[torch.Generator] = None) -> int:
     ``torch.manual_seed`` decides the values; drawing from it needs no device sync)."""
     device = generator.device if generator is not None else torch.device("cpu")
     return int(torch.randint(0, 2**62, (1,), generator=generator, device=device).item())
-
-
-def initial_rows(
-    init: torch.Tensor,
-    keys: torch.Tensor,
-    table_ids: torch.Tensor,
-    width: int,
-    dims: Sequence[int],
-    seed: int,
-) -> torch.Tensor:
-    """(n, width) float32 new rows of ``keys`` of tables ``table_ids`` (int64 on ``keys.device``):
-    table ``t``'s first ``dims[t]`` columns its initializer's (``init``, :func:`initializer_table`),
-    the others the state value. The values grouped_init_rows writes into a group's rows in place,
-    written here into a fresh buffer (one launch)."""
-    n = keys.numel()
-    out = torch.zeros(n * width, dtype=torch.float32, device=keys.device)
-    if n == 0:
-        return out.view(0, width)
-    meta = torch.tensor([[0, width, n, int(d)] for d in dims], dtype=torch.int64)
-    slots = torch.arange(n, device=keys.device)
-    lookup_ops.grouped_init_rows(
-        out, meta.to(keys.device), table_ids, slots, keys, init, seed, check=False
-    )
-    return out.view(n, width)
 
 
 def initialize_embeddings(

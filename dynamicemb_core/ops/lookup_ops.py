@@ -21,7 +21,7 @@ bag kernels do not bound inverse or offsets. CPU kernels always check (it costs 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,6 +35,7 @@ __all__ = [
     "bag_table_ids",
     "grouped_gather",
     "grouped_init_rows",
+    "initial_rows",
     "grouped_pooled_gather",
     "grouped_reduce_grads",
     "grouped_reduce_update",
@@ -291,6 +292,29 @@ def grouped_init_rows(
     and CUDA, at any slot and in any batch; its optimizer-state columns get ``init[t, 7]``.
     """
     _ops().grouped_init_rows.default(values, meta, table_ids, slots, keys, init, seed, check)
+
+
+def initial_rows(
+    init: torch.Tensor,
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    width: int,
+    dims: Sequence[int],
+    seed: int,
+) -> torch.Tensor:
+    """(n, width) float32 new rows of ``keys`` of tables ``table_ids`` (int64 on ``keys.device``):
+    table ``t``'s first ``dims[t]`` columns its initializer's (``init``, as for
+    :func:`grouped_init_rows`), the others the state value. The values grouped_init_rows writes
+    into a group's rows in place, written here into a fresh buffer (one launch). It lives beside
+    the op because both the storage and the lookup layers need it."""
+    n = keys.numel()
+    out = torch.zeros(n * width, dtype=torch.float32, device=keys.device)
+    if n == 0:
+        return out.view(0, width)
+    meta = torch.tensor([[0, width, n, int(d)] for d in dims], dtype=torch.int64)
+    slots = torch.arange(n, device=keys.device)
+    grouped_init_rows(out, meta.to(keys.device), table_ids, slots, keys, init, seed, check=False)
+    return out.view(n, width)
 
 
 def grouped_scatter(

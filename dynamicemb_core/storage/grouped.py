@@ -36,7 +36,6 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
-from dynamicemb_core.lookup.initializers import initial_rows
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
@@ -381,7 +380,9 @@ class GroupedDeviceStorage(DeviceStorage):
 
     def _fresh(self, init: GroupInit, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys (embedding, fresh optimizer state) in a buffer."""
-        return initial_rows(init.table, keys, table_ids, self.max_width, self.dims, init.seed)
+        return lookup_ops.initial_rows(
+            init.table, keys, table_ids, self.max_width, self.dims, init.seed
+        )
 
     def settle(self) -> None:
         """Read the deferred placement readback, if any (waits for its copy: by the time a
