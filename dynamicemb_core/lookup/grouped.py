@@ -33,7 +33,7 @@ from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage, GroupInit
 from dynamicemb_core.storage.grouped_cache import PinnedPairs
-from dynamicemb_core.storage.grouped_rows import GroupedRows
+from dynamicemb_core.storage.grouped_rows import GroupedRows, StagedRows
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
 
@@ -60,6 +60,8 @@ class GroupStep:
         order, key_counts: (n,) the positions grouped by unique pair and (u,) each pair's count,
             from the dedup's sort (CUDA training forwards), so the backward does not sort again;
             None elsewhere.
+        staged: the host part's rows of the pairs as the forward read them, for the backward
+            to update on the device (``GroupedRows.stage``), or None.
     """
 
     keys: torch.Tensor
@@ -75,6 +77,7 @@ class GroupStep:
     key_counts: Optional[torch.Tensor] = None
     pins: Optional[PinnedPairs] = None
     backed: Optional[torch.Tensor] = None
+    staged: Optional[StagedRows] = None
 
 
 class TableGroup:
@@ -473,9 +476,14 @@ class TableGroup:
     def output(
         self, step: GroupStep, rows: GroupedRows, slots: torch.Tensor, mode: Optional[int]
     ) -> torch.Tensor:
-        """The pooled (B, total_dim) or sequence (n, D) output."""
+        """The pooled (B, total_dim) or sequence (n, D) output. A training forward over host
+        rows stages them for its backward (``GroupedRows.stage``) and reads them from there."""
+        if step.slots is not None and rows.stages:
+            step.staged = rows.stage(step.table_ids, slots)
         if mode is None:
-            return rows.gather(step.table_ids, slots, self.dims[0], inverse=step.inverse)
+            return rows.gather(
+                step.table_ids, slots, self.dims[0], inverse=step.inverse, staged=step.staged
+            )
         return rows.pooled_gather(
             step.table_ids,
             slots,
@@ -487,6 +495,7 @@ class TableGroup:
             mode,
             step.batch_size,
             self.total_dim,
+            staged=step.staged,
         )
 
     # ---- backward -------------------------------------------------------------------------------
@@ -499,6 +508,7 @@ class TableGroup:
         try:
             self._update(step, grad_out.float(), mode, it)
         finally:
+            step.staged = None
             if step.pins is not None:
                 storage.unpin(step.pins)
 
@@ -543,6 +553,7 @@ class TableGroup:
                 frozen=self._frozen,
                 order=step.order,
                 key_counts=step.key_counts,
+                staged=step.staged,
             )
             return
         grads = storage.rows.reduce_grads(
@@ -553,7 +564,9 @@ class TableGroup:
         b = step.backed
         # the backing store first: when it fails, no row of this update has been written
         cache.update_backed(step.keys[b], step.table_ids[b], grads[b], hyper, self.dims)
-        storage.rows.update(step.keys, step.table_ids, step.slots, grads, hyper, self._frozen)
+        storage.rows.update(
+            step.keys, step.table_ids, step.slots, grads, hyper, self._frozen, step.staged
+        )
 
     def weight_grads(self, step: GroupStep, grad_out: torch.Tensor) -> torch.Tensor:
         """(n,) gradient of each per-sample weight: its row (as read) dotted with its bag's
@@ -592,7 +605,7 @@ class GroupedLookupFunction(torch.autograd.Function):
         out = group.output(step, rows, slots, mode)
         if weights is not None:
             # the rows as this forward read them (the backward's update changes them in place)
-            step.weight_rows = rows.gather(step.table_ids, slots, group.max_dim)
+            step.weight_rows = rows.gather(step.table_ids, slots, group.max_dim, staged=step.staged)
         ctx.group, ctx.step, ctx.mode, ctx.module = group, step, mode, module
         ctx.weights_meta = None if weights is None else weights.dtype
         return out

@@ -17,6 +17,13 @@ them on the device, a pooled output pools the unique rows on the device, and the
 the gradient per unique key on the device, then updates each part's rows in place. A group with
 no host rows (every table within its device budget) runs each op once, on the device buffer.
 
+A training step on CUDA reads each host row once (:class:`StagedRows`): its forward reads the host
+part's rows of its pairs at full width (embedding and optimizer state) into a device buffer, the
+output reads their embeddings from there, and its backward updates that buffer on the device and
+writes it back: the host rows cross the bus twice a step (read, then written) instead of three
+times (read by the forward, read and written by the update). Where anything else wrote the rows
+between the two, the backward updates the host part in place as usual.
+
 Row dtype: float32, or float16 / bfloat16 for half-precision tables: the embedding is stored in that
 type and the optimizer state stays float32 in the same row (grouped.h: the embedding, padded to an
 even count, then the state's float32 words as pairs of 2-byte elements). ``widths`` are always the
@@ -36,9 +43,31 @@ from dynamicemb_core.optim.layout import stored_width
 from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.types import MemoryType
 
-__all__ = ["GroupedRows"]
+__all__ = ["GroupedRows", "StagedRows"]
 
 _CPU = torch.device("cpu")
+
+
+def _stage_pays(device: torch.device) -> bool:
+    """Whether training forwards stage their host rows (:class:`StagedRows`): on CUDA, where the
+    host part is read across the bus, the staging saves the update's read; on a CPU group both
+    parts are the same memory and a staged copy would only add work."""
+    return device.type == "cuda"
+
+
+class StagedRows(NamedTuple):
+    """A training forward's host rows, read once onto the device for its backward.
+
+    ``rows`` (u, max row width) float32 on the group's device: row i is pair i's whole logical row
+    (embedding and optimizer state) where the pair's slot is in the host part, zeros elsewhere. The
+    backward's :meth:`GroupedRows.update` updates them there and writes them back (one pass over
+    the bus instead of a read and a write) when nothing wrote the rows since: ``token`` names the
+    rows object (growth replaces it) and ``writes`` its write count when they were read.
+    """
+
+    rows: torch.Tensor
+    token: object
+    writes: int
 
 
 class _HostPairs(NamedTuple):
@@ -153,6 +182,11 @@ class GroupedRows:
             mapped = _addressable(self.host_values, device)
             if mapped is not None:
                 self._host_ops = (mapped, self.host_meta.to(device))
+        self._token = object()
+        self._writes = 0  # host-part writes other than new rows' (see StagedRows)
+        # float32 rows only: a half-precision update rounds into the stored dtype, which a float32
+        # staging buffer would not
+        self.stages = self._host_ops is not None and dtype == torch.float32 and _stage_pays(device)
 
     @classmethod
     def shared(
@@ -176,6 +210,7 @@ class GroupedRows:
         self.host_meta = torch.tensor(self.host_meta_host, dtype=torch.int64)
         self._split = torch.zeros(0, dtype=torch.int64, device=values.device)
         self._host_ops = None
+        self._token, self._writes, self.stages = object(), 0, False
         return self
 
     def to_host(self) -> "GroupedRows":
@@ -191,6 +226,7 @@ class GroupedRows:
         staged.meta = self.meta.to(_CPU)
         staged._split = self._split.to(_CPU)
         staged._host_ops = (self.host_values, self.host_meta)  # the CPU kernels address it
+        staged.stages = False
         return staged
 
     @staticmethod
@@ -201,8 +237,10 @@ class GroupedRows:
     def blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
         """``[(device rows, 0), (host rows, device_rows)]`` of table ``table_id`` (views), the host
         block only when it has rows. The views are the stored rows: ``(rows, stored width)`` of the
-        row dtype, whose first ``dim`` columns are the embeddings."""
+        row dtype, whose first ``dim`` columns are the embeddings. The caller may write them: rows
+        staged before are not used after."""
         self._settle()
+        self._writes += 1
         off, width, cap, _ = self.meta_host[table_id]
         out = [(self.values[off : off + cap * width].view(cap, width), 0)]
         hoff, _, hcap, _ = self.host_meta_host[table_id]
@@ -256,29 +294,58 @@ class GroupedRows:
         *,
         check: bool = False,
         inverse: Optional[torch.Tensor] = None,
+        staged: Optional[StagedRows] = None,
     ) -> torch.Tensor:
         """(n, width) float32 rows at ``(table_ids, slots)`` (zeros for slot -1); with ``inverse``
         (m,), the (m, width) rows of pairs ``inverse[i]``: with host rows, the n rows are read
-        once (:meth:`_rows`) and expanded on the device (the host part never sees the m)."""
+        once (:meth:`_rows`) and expanded on the device (the host part never sees the m).
+        ``staged``: :meth:`stage`'s rows of these pairs, read instead of the host part."""
         if not self.has_host:
             return lookup_ops.grouped_gather(
                 self.values, self.meta, table_ids, slots, width, check=check, inverse=inverse
             )
-        out = self._rows(table_ids, slots, width, check)
+        out = self._rows(table_ids, slots, width, check, staged)
         return out if inverse is None else out.index_select(0, inverse)
 
+    def stage(self, table_ids: torch.Tensor, slots: torch.Tensor) -> Optional[StagedRows]:
+        """The host part's whole rows of the pairs on the device (:class:`StagedRows`), for a
+        training forward to read its output from and its backward to update; None where this
+        group does not stage (:attr:`stages`: a mapped float32 host part on CUDA)."""
+        if not self.stages:
+            return None
+        assert self._host_ops is not None
+        host_values, host_meta = self._host_ops
+        _, on_host = self._masks(table_ids, slots)
+        rows = lookup_ops.grouped_gather(
+            host_values, host_meta, table_ids, on_host, max(self.widths), check=False
+        )
+        return StagedRows(rows, self._token, self._writes)
+
+    def _current(self, staged: Optional[StagedRows]) -> bool:
+        """Whether ``staged`` still holds this group's host rows (nothing wrote them since)."""
+        return staged is not None and staged.token is self._token and staged.writes == self._writes
+
     def _rows(
-        self, table_ids: torch.Tensor, slots: torch.Tensor, width: int, check: bool
+        self,
+        table_ids: torch.Tensor,
+        slots: torch.Tensor,
+        width: int,
+        check: bool,
+        staged: Optional[StagedRows] = None,
     ) -> torch.Tensor:
         """(n, width) rows of a group with host rows. Mapped host part: each part's gather on the
-        device, added (a row is in one part). Copy path: the device part's gather, the host
-        part's own rows gathered on the host, copied over and placed by one index_copy."""
+        device, added (a row is in one part), the host part's from ``staged`` when given. Copy
+        path: the device part's gather, the host part's own rows gathered on the host, copied
+        over and placed by one index_copy."""
         if self._host_ops is not None:
             host_values, host_meta = self._host_ops
             on_device, on_host = self._masks(table_ids, slots)
             out = lookup_ops.grouped_gather(
                 self.values, self.meta, table_ids, on_device, width, check=check
             )
+            if self._current(staged):
+                assert staged is not None
+                return out.add_(staged.rows[:, :width])
             return out.add_(
                 lookup_ops.grouped_gather(
                     host_values, host_meta, table_ids, on_host, width, check=check
@@ -325,6 +392,7 @@ class GroupedRows:
         if not self.has_host:
             lookup_ops.grouped_scatter(self.values, self.meta, table_ids, slots, rows, check=check)
             return
+        self._writes += 1
         if self._host_ops is not None:
             host_values, host_meta = self._host_ops
             on_device, on_host = self._masks(table_ids, slots)
@@ -369,6 +437,9 @@ class GroupedRows:
             )
             return
         assert self._host_ops is not None, "GroupedRows.init: the host part is not addressable"
+        # no write count: new rows go to slots no forward in flight holds (their slots are
+        # pinned), so rows staged by those forwards stay current (a prefetch between a forward
+        # and its backward keeps the staging)
         host_values, host_meta = self._host_ops
         on_device, on_host = self._masks(table_ids, slots)
         lookup_ops.grouped_init_rows(
@@ -390,17 +461,19 @@ class GroupedRows:
         mode: int,
         batch_size: int,
         total_dim: int,
+        staged: Optional[StagedRows] = None,
     ) -> torch.Tensor:
         """:func:`lookup_ops.grouped_pooled_gather` of the unique keys' rows.
 
-        With host rows, the u unique rows are read first (:meth:`_rows`) and pooled on the
-        device, so the host part sees each unique key once.
+        With host rows, the u unique rows are read first (:meth:`_rows`; the host part's from
+        ``staged`` when given) and pooled on the device, so the host part sees each unique key
+        once.
         """
         values, meta = self.values, self.meta
         if self.has_host:
             u = slots.numel()
             width = max(self.dims)
-            rows = self._rows(table_ids, slots, width, False)
+            rows = self._rows(table_ids, slots, width, False, staged)
             values, meta = rows.reshape(-1), _shared_meta(u, width, self.dims, self.device)
             slots = torch.arange(u, device=self.device)
         return lookup_ops.grouped_pooled_gather(
@@ -436,6 +509,7 @@ class GroupedRows:
         frozen: Sequence[int] = (),
         order: Optional[torch.Tensor] = None,
         key_counts: Optional[torch.Tensor] = None,
+        staged: Optional[StagedRows] = None,
     ) -> None:
         """The backward's fused update of the unique keys' rows (slots -1 skipped).
 
@@ -448,6 +522,7 @@ class GroupedRows:
         lives, on the device or the host part). ``frozen``: tables
         that hold no optimizer state (their slots must be -1). ``order`` / ``key_counts``: the
         dedup's grouping of the positions by key (see :func:`lookup_ops.grouped_reduce_update`).
+        ``staged``: the forward's :meth:`stage` (see :meth:`update`).
         """
         code, lr, eps, beta1, beta2, weight_decay, weight_decay_mode, step, seed = optimizer
         hyper = (
@@ -495,7 +570,7 @@ class GroupedRows:
             slots.numel(),
             max_dim,
         )
-        self.update(keys, table_ids, slots, grads, hyper, frozen)
+        self.update(keys, table_ids, slots, grads, hyper, frozen, staged)
 
     def reduce_grads(
         self,
@@ -534,10 +609,13 @@ class GroupedRows:
         grads: torch.Tensor,
         optimizer: Tuple[Any, ...],
         frozen: Sequence[int] = (),
+        staged: Optional[StagedRows] = None,
     ) -> None:
         """The fused optimizer on the rows at ``(table_ids, slots)`` (-1 skipped) with ``grads``
         (u, >= max dim), each part with only its own keys' gradients. ``keys``, ``optimizer``: as
-        in :meth:`reduce_update`."""
+        in :meth:`reduce_update`. ``staged``: the forward's :meth:`stage` of these pairs; while
+        current (nothing wrote the rows since), the host part's rows are updated in it on the
+        device and written back whole, without being read again; else in place."""
         if not self.has_host:
             lookup_ops.grouped_update(
                 self.values,
@@ -554,13 +632,25 @@ class GroupedRows:
         parts: List[
             Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any]
         ]
+        write_back: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         if self._host_ops is not None:
             host_values, host_meta = self._host_ops
             on_device, on_host = self._masks(table_ids, slots)
-            parts = [
-                (self.values, self.meta, table_ids, on_device, grads, keys),
-                (host_values, host_meta, table_ids, on_host, grads, keys),
-            ]
+            host_part = (host_values, host_meta, table_ids, on_host, grads, keys)
+            if self._current(staged):
+                assert staged is not None
+                u, width = staged.rows.shape
+                mine = torch.arange(u, device=slots.device)
+                host_part = (
+                    staged.rows.reshape(-1),
+                    _shared_meta(u, width, self.dims, self.device),
+                    table_ids,
+                    torch.where(on_host >= 0, mine, -1),
+                    grads,
+                    keys,
+                )
+                write_back = (on_host, staged.rows)
+            parts = [(self.values, self.meta, table_ids, on_device, grads, keys), host_part]
         else:
             on_device, host = self._split_pairs(table_ids, slots)
             parts = [(self.values, self.meta, table_ids, on_device, grads, keys)]
@@ -583,6 +673,14 @@ class GroupedRows:
                 check=False,
                 keys=part_keys,
             )
+        if write_back is not None:
+            assert self._host_ops is not None
+            on_host, rows = write_back
+            host_values, host_meta = self._host_ops
+            lookup_ops.grouped_scatter(
+                host_values, host_meta, table_ids, on_host, rows, check=False
+            )
+        self._writes += 1
 
 
 def _shared_meta(u: int, width: int, dims: Sequence[int], device: torch.device) -> torch.Tensor:

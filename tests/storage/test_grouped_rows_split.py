@@ -224,3 +224,123 @@ def test_update_with_no_host_pairs_leaves_the_host_part_alone(device, copy_host,
     twin.update(keys, tids, slots, grads, SGD)
     _assert_same_rows(split, twin)
     assert host_calls.get("grouped_update", []) == _expect(split, tids.numel(), 0)
+
+
+# ---- staged host rows: a training step reads each host row once, then writes it back ----------
+
+
+def test_staging_is_for_mapped_float32_host_parts_on_cuda(device, copy_host):
+    split, twin = _pair(device, DIMS, copy_host=copy_host)
+    assert split.stages == (device.type == "cuda" and not copy_host)
+    assert not twin.stages  # no host part
+    half = GroupedRows(device, DIMS, DIMS, CAPS, DEVICE_ROWS, torch.float16, copy_host=copy_host)
+    assert not half.stages  # a float32 buffer would not round the update into float16
+    if not split.stages:
+        tids, slots = _unique_pairs(device)
+        assert split.stage(tids, slots) is None
+
+
+def _staged_pair(device, pooling):
+    """A mapped split group that stages (forced on CPU) and its twin, ADAM rows, a batch."""
+    dims = [8, 8, 8] if pooling == "none" else DIMS
+    split, twin = _pair(device, [3 * d for d in dims], dims)
+    split.stages = True  # the policy stages on CUDA only; the mechanism is the same on CPU
+    tids, slots = _unique_pairs(device)
+    inverse, offsets, ft, d_off, B = _bags(device, tids, dims)
+    g = torch.Generator().manual_seed(1)
+    if pooling == "none":
+        mode = lookup_ops.POOL_NONE
+        grad_out = torch.randn(inverse.numel(), 8, generator=g).to(device)
+    else:
+        mode = lookup_ops.POOL_SUM
+        grad_out = torch.randn(B, sum(dims), generator=g).to(device)
+    keys = torch.arange(tids.numel(), device=device) * 31 + 5
+    bags = (grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims), ADAM)
+    return split, twin, dims, (keys, tids, slots), bags
+
+
+@pytest.mark.parametrize("pooling", ["none", "sum"])
+def test_staged_step_reads_each_host_row_once_and_matches_the_twin(device, host_calls, pooling):
+    """Forward: the host part is read once, at full width (embedding and ADAM state), and the
+    output comes from the staged rows; backward: the host part's rows are updated on the device
+    and written back (no update over the host part itself); rows and outputs are the twin's."""
+    split, twin, dims, (keys, tids, slots), bags = _staged_pair(device, pooling)
+    _mark_host(split)
+    n, h = tids.numel(), _num_host(split, tids, slots)
+    staged = split.stage(tids, slots)
+    assert staged is not None and staged.rows.shape == (n, 3 * max(dims))
+    assert staged.rows.device.type == device.type
+    inverse, offsets, ft, d_off = bags[1], bags[2], bags[4], bags[5]
+    if pooling == "none":
+        got = split.gather(tids, slots, 8, inverse=inverse, staged=staged)
+        want = twin.gather(tids, slots, 8, inverse=inverse)
+    else:
+        args = (tids, slots, inverse, offsets, None, ft, d_off, bags[6], bags[7], sum(dims))
+        got, want = split.pooled_gather(*args, staged=staged), twin.pooled_gather(*args)
+    torch.testing.assert_close(got, want)
+    assert host_calls["grouped_gather"] == [(n, h == n, device.type)]  # the stage's one read
+    split.reduce_update(keys, tids, slots, *bags, staged=staged)
+    twin.reduce_update(keys, tids, slots, *bags)
+    _assert_same_rows(split, twin)
+    assert "grouped_update" not in host_calls  # updated in the staged rows, on the device
+    assert host_calls["grouped_scatter"] == [(n, h == n, device.type)]  # written back once
+
+
+@pytest.mark.parametrize("write", ["scatter", "blocks", "update", "growth"])
+def test_staged_rows_are_not_used_after_the_rows_were_written(device, host_calls, write):
+    """Anything that writes the rows between a stage and its update (a scatter, a caller holding
+    the blocks, another update, a regrown rows object) makes the update run in place on the
+    current rows: still the twin's result."""
+    split, twin, dims, (keys, tids, slots), bags = _staged_pair(device, "sum")
+    staged = split.stage(tids, slots)
+    if write == "scatter":
+        rows = torch.rand(tids.numel(), 3 * max(dims)).to(device)  # ADAM state >= 0
+        for r in (split, twin):
+            r.scatter(tids, slots, rows)
+    elif write == "blocks":
+        for r in (split, twin):
+            for t in range(len(dims)):
+                for block, _ in r.blocks(t):
+                    block.mul_(0.5)
+    elif write == "update":
+        grads = torch.randn(tids.numel(), max(dims)).to(device)
+        for r in (split, twin):
+            r.update(keys, tids, slots, grads, SGD)
+    else:  # growth replaces the rows object: a stage of the old one names another object
+        old = split
+        split = GroupedRows(device, old.widths, dims, CAPS, DEVICE_ROWS)
+        for t in range(len(dims)):
+            for (dst, _), (src, _) in zip(split.blocks(t), old.blocks(t)):
+                dst.copy_(src)
+        split.stages = True
+    _mark_host(split)
+    split.reduce_update(keys, tids, slots, *bags, staged=staged)
+    twin.reduce_update(keys, tids, slots, *bags)
+    _assert_same_rows(split, twin)
+    assert host_calls["grouped_update"] == _expect(
+        split, tids.numel(), _num_host(split, tids, slots)
+    )
+
+
+def test_new_rows_between_a_stage_and_its_update_keep_the_staging(device, host_calls):
+    """New rows (a prefetch or a later forward placing new keys) go to slots the staged pairs do
+    not hold: the update still uses the staged rows, and the new rows stay as written."""
+    split, twin, dims, (keys, tids, slots), bags = _staged_pair(device, "sum")
+    staged = split.stage(tids, slots)
+    taken = set(zip(tids.tolist(), slots.tolist()))
+    free = [(t, s) for t in range(len(dims)) for s in range(CAPS[t]) if (t, s) not in taken]
+    new_t = torch.tensor([t for t, _ in free[::5]], device=device)
+    new_s = torch.tensor([s for _, s in free[::5]], device=device)
+    assert int((new_s >= torch.tensor(DEVICE_ROWS, device=device)[new_t]).sum()) > 0
+    init = torch.zeros(len(dims), 8, dtype=torch.float64)
+    init[:, 0] = 0  # the constant initializer (mode column), its value in column 1
+    init[:, 1] = 0.25
+    init = init.to(device)
+    new_keys = torch.arange(new_t.numel(), device=device) + 1000
+    for r in (split, twin):
+        r.init(new_t, new_s, new_keys, init, 3)
+    _mark_host(split)
+    split.reduce_update(keys, tids, slots, *bags, staged=staged)
+    twin.reduce_update(keys, tids, slots, *bags)
+    _assert_same_rows(split, twin)
+    assert "grouped_update" not in host_calls
