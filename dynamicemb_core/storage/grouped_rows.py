@@ -17,12 +17,12 @@ them on the device, a pooled output pools the unique rows on the device, and the
 the gradient per unique key on the device, then updates each part's rows in place. A group with
 no host rows (every table within its device budget) runs each op once, on the device buffer.
 
-A training step on CUDA reads each host row once (:class:`StagedRows`): its forward reads the host
-part's rows of its pairs at full width (embedding and optimizer state) into a device buffer, the
-output reads their embeddings from there, and its backward updates that buffer on the device and
-writes it back: the host rows cross the bus twice a step (read, then written) instead of three
-times (read by the forward, read and written by the update). Where anything else wrote the rows
-between the two, the backward updates the host part in place as usual.
+A training step on CUDA over rows without optimizer state (SGD) reads each host row once
+(:class:`StagedRows`): its forward reads the host part's rows of its pairs into a device buffer,
+the output reads them from there, and its backward updates that buffer on the device and writes it
+back: the host rows cross the bus twice a step (read, then written) instead of three times (read by
+the forward, read and written by the update). Where anything else wrote the rows between the two,
+the backward updates the host part in place as usual.
 
 Row dtype: float32, or float16 / bfloat16 for half-precision tables: the embedding is stored in that
 type and the optimizer state stays float32 in the same row (grouped.h: the embedding, padded to an
@@ -184,9 +184,18 @@ class GroupedRows:
                 self._host_ops = (mapped, self.host_meta.to(device))
         self._token = object()
         self._writes = 0  # host-part writes other than new rows' (see StagedRows)
-        # float32 rows only: a half-precision update rounds into the stored dtype, which a float32
-        # staging buffer would not
-        self.stages = self._host_ops is not None and dtype == torch.float32 and _stage_pays(device)
+        self._dims_dev = torch.tensor(self.dims, dtype=torch.int64).to(device)
+        # Float32 rows only: a half-precision update rounds into the stored dtype, which a float32
+        # staging buffer would not. Rows without optimizer state only (SGD): the stage then reads
+        # what the forward reads anyway; a row with state would be read whole by the forward (3x
+        # the bytes for ADAM) to save the update's read, which the bus carries at the same time
+        # as the update's writes (the two directions are apart): a loss.
+        self.stages = (
+            self._host_ops is not None
+            and dtype == torch.float32
+            and self.widths == self.dims
+            and _stage_pays(device)
+        )
 
     @classmethod
     def shared(
@@ -211,6 +220,7 @@ class GroupedRows:
         self._split = torch.zeros(0, dtype=torch.int64, device=values.device)
         self._host_ops = None
         self._token, self._writes, self.stages = object(), 0, False
+        self._dims_dev = torch.tensor(self.dims, dtype=torch.int64).to(values.device)
         return self
 
     def to_host(self) -> "GroupedRows":
@@ -310,7 +320,8 @@ class GroupedRows:
     def stage(self, table_ids: torch.Tensor, slots: torch.Tensor) -> Optional[StagedRows]:
         """The host part's whole rows of the pairs on the device (:class:`StagedRows`), for a
         training forward to read its output from and its backward to update; None where this
-        group does not stage (:attr:`stages`: a mapped float32 host part on CUDA)."""
+        group does not stage (:attr:`stages`: a mapped host part of float32 rows without
+        optimizer state, on CUDA)."""
         if not self.stages:
             return None
         assert self._host_ops is not None
@@ -474,7 +485,7 @@ class GroupedRows:
             u = slots.numel()
             width = max(self.dims)
             rows = self._rows(table_ids, slots, width, False, staged)
-            values, meta = rows.reshape(-1), _shared_meta(u, width, self.dims, self.device)
+            values, meta = rows.reshape(-1), _shared_meta(u, width, self._dims_dev)
             slots = torch.arange(u, device=self.device)
         return lookup_ops.grouped_pooled_gather(
             values,
@@ -643,7 +654,7 @@ class GroupedRows:
                 mine = torch.arange(u, device=slots.device)
                 host_part = (
                     staged.rows.reshape(-1),
-                    _shared_meta(u, width, self.dims, self.device),
+                    _shared_meta(u, width, self._dims_dev),
                     table_ids,
                     torch.where(on_host >= 0, mine, -1),
                     grads,
@@ -683,9 +694,15 @@ class GroupedRows:
         self._writes += 1
 
 
-def _shared_meta(u: int, width: int, dims: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Meta of ``u`` rows of ``width`` that every table's slots address (slot i = row i)."""
-    return torch.tensor([[0, width, u, d] for d in dims], dtype=torch.int64).to(device)
+def _shared_meta(u: int, width: int, dims: torch.Tensor) -> torch.Tensor:
+    """Meta of ``u`` rows of ``width`` that every table's slots address (slot i = row i), built
+    where ``dims`` (the tables' dims) lives: no copy from pageable memory, which CUDA may make
+    the host wait for."""
+    meta = torch.zeros(dims.numel(), 4, dtype=torch.int64, device=dims.device)
+    meta[:, 1] = width
+    meta[:, 2] = u
+    meta[:, 3] = dims
+    return meta
 
 
 def _frozen(

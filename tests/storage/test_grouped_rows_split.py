@@ -235,16 +235,20 @@ def test_staging_is_for_mapped_float32_host_parts_on_cuda(device, copy_host):
     assert not twin.stages  # no host part
     half = GroupedRows(device, DIMS, DIMS, CAPS, DEVICE_ROWS, torch.float16, copy_host=copy_host)
     assert not half.stages  # a float32 buffer would not round the update into float16
+    adam = GroupedRows(device, [3 * d for d in DIMS], DIMS, CAPS, DEVICE_ROWS, copy_host=copy_host)
+    assert not adam.stages  # the forward would read the state too: more bytes than it saves
     if not split.stages:
         tids, slots = _unique_pairs(device)
         assert split.stage(tids, slots) is None
 
 
 def _staged_pair(device, pooling):
-    """A mapped split group that stages (forced on CPU) and its twin, ADAM rows, a batch."""
+    """A mapped split group that stages (forced: the policy stages SGD rows on CUDA only; the
+    mechanism is the same for rows with state, which these ADAM rows check) and its twin, a
+    batch."""
     dims = [8, 8, 8] if pooling == "none" else DIMS
     split, twin = _pair(device, [3 * d for d in dims], dims)
-    split.stages = True  # the policy stages on CUDA only; the mechanism is the same on CPU
+    split.stages = True
     tids, slots = _unique_pairs(device)
     inverse, offsets, ft, d_off, B = _bags(device, tids, dims)
     g = torch.Generator().manual_seed(1)

@@ -1,10 +1,11 @@
-"""A training step over host rows reads each host row once (``GroupedRows.stage``): the forward
-reads the host part's whole rows onto the device, the backward updates them there and writes them
-back. The module must train exactly as an all-device module does, in every schedule: a plain loop,
-two forwards before their backwards (the second backward finds its staging stale and updates in
-place), a prefetch between a forward and its backward (new rows keep the staging), per-sample
-weights (their gradient reads the staged rows). On CUDA the policy stages by itself; on CPU it is
-forced, so the same mechanism is tested in CI.
+"""A training step over host rows without optimizer state (SGD) reads each host row once
+(``GroupedRows.stage``): the forward reads the host part's rows onto the device, the backward
+updates them there and writes them back. The module must train exactly as an all-device module
+does, in every schedule: a plain loop, two forwards before their backwards (the second backward
+finds its staging stale and updates in place), a prefetch between a forward and its backward (new
+rows keep the staging), per-sample weights (their gradient reads the staged rows). Rows with
+optimizer state (ADAM) are not staged. On CUDA the policy stages by itself; on CPU it is forced,
+so the same mechanism is tested in CI.
 """
 
 from __future__ import annotations
@@ -91,7 +92,9 @@ def test_staged_module_trains_like_an_all_device_module(
     hybrid = _module(device, kind, pooling, hybrid=True)
     plain = _module(device, kind, pooling, hybrid=False)
     rows = hybrid._group.storage.rows
-    assert rows.has_host and rows.stages
+    # rows with optimizer state (ADAM) are not staged: the module trains in place, as before
+    stages = kind == EmbOptimType.EXACT_SGD
+    assert rows.has_host and rows.stages == stages
     g = torch.Generator().manual_seed(5)
 
     def forward(module, batch):
@@ -137,7 +140,7 @@ def test_staged_module_trains_like_an_all_device_module(
                 module.prefetch(nxt[0], nxt[1])
             backwards(fa, fb, coeff)
         expect = [True] * len(batches)
-    assert used == expect
+    assert used == (expect if stages else [False] * len(expect))
     probe = torch.arange(KEYS, device=device)
     for t in range(TABLES):
         assert_same_stored_rows(plain.tables[t], hybrid.tables[t], probe)
