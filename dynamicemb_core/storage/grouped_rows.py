@@ -220,7 +220,6 @@ class GroupedRows:
         self._split = torch.zeros(0, dtype=torch.int64, device=values.device)
         self._host_ops = None
         self._token, self._writes, self.stages = object(), 0, False
-        self._dims_dev = torch.tensor(self.dims, dtype=torch.int64).to(values.device)
         return self
 
     def to_host(self) -> "GroupedRows":
