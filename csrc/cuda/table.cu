@@ -100,17 +100,19 @@ UpsertParams upsert_params(UpsertMode mode, const Tensor& keys, const Tensor& ta
   p.policies = s.policies;
   p.sizes = s.sizes;
   p.num_tables = s.num_tables;
-  // the protect bits, then the key-parallel engine's pending count: one zero fill for both
+  // the protect bits, then the key-parallel engine's pending and eviction counts: one zero fill
   const int64_t words = (s.total_slots + 31) / 32;
-  protect_bits = at::zeros({words + 1}, keys.options().dtype(at::kInt));
+  protect_bits = at::zeros({words + 2}, keys.options().dtype(at::kInt));
   p.protect_bits = reinterpret_cast<uint32_t*>(protect_bits.data_ptr<int32_t>());
   p.pending_count = protect_bits.data_ptr<int32_t>() + words;
+  p.evicted_count = p.pending_count + 1;
   return p;
 }
 
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
 struct UpsertResult {
-  Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores;
+  Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores, ev_table_ids;
+  Tensor counts;  // key-parallel insert_and_evict: (pending, evicted) read back, pinned host
 };
 
 /**
@@ -178,7 +180,19 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   r.flag = at::empty({n}, opts.dtype(at::kBool));
   p.out_slots = r.slots.data_ptr<int64_t>();
   p.out_flag = r.flag.data_ptr<bool>();
-  if (mode == UpsertMode::kInsertAndEvict) {
+  if (mode == UpsertMode::kInsertAndEvict && !deterministic) {
+    // the key-parallel engine reports evictions by pending entry; every entry sets its flag
+    r.ev_flag = at::empty({n}, opts.dtype(at::kBool));
+    r.ev_keys = at::empty({n}, opts);
+    r.ev_slots = at::empty({n}, opts);
+    r.ev_scores = at::empty({n, 2}, opts);
+    r.ev_table_ids = at::empty({n}, opts);
+    p.ev_flag = r.ev_flag.data_ptr<bool>();
+    p.ev_keys = r.ev_keys.data_ptr<int64_t>();
+    p.ev_slots = r.ev_slots.data_ptr<int64_t>();
+    p.ev_scores = r.ev_scores.data_ptr<int64_t>();
+    p.ev_table_ids = r.ev_table_ids.data_ptr<int64_t>();
+  } else if (mode == UpsertMode::kInsertAndEvict) {
     r.ev_flag = at::zeros({n}, opts.dtype(at::kBool));
     r.ev_keys = at::empty({n}, opts);
     r.ev_slots = at::empty({n}, opts);
@@ -193,7 +207,33 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   } else {
     select_upsert_parallel(p, stream);
   }
+  if (mode == UpsertMode::kInsertAndEvict && !deterministic) {
+    r.counts = at::zeros({2}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+    if (n > 0) {
+      C10_CUDA_CHECK(cudaMemcpyAsync(r.counts.data_ptr<int32_t>(), p.pending_count,
+                                     2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    }
+  }
   return r;
+}
+
+/**
+ * The key-parallel engine's evictions: entry w of the pending list reports its victim at w. One
+ * read of (pending, evicted) after the engine; when every pending leader evicted (no holes), the
+ * report is the first `evicted` entries as they are; otherwise the entries that evicted are
+ * compacted (one more read of the count).
+ */
+std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r,
+                                                            cudaStream_t stream) {
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int64_t pending = r.counts.data_ptr<int32_t>()[0];
+  const int64_t evicted = r.counts.data_ptr<int32_t>()[1];
+  if (pending == evicted) {
+    return {r.ev_keys.narrow(0, 0, evicted), r.ev_slots.narrow(0, 0, evicted),
+            r.ev_scores.narrow(0, 0, evicted), r.ev_table_ids.narrow(0, 0, evicted)};
+  }
+  return compact_evicted(r.ev_flag.narrow(0, 0, pending), r.ev_keys, r.ev_slots, r.ev_scores,
+                         r.ev_table_ids, stream);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -295,10 +335,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, input_scores, check, pins,
                               deterministic);
-  // Evictions in input order of the keys that caused them (one device sync: m depends on data).
+  // Evictions (one device sync: m depends on data): deterministic, in input order of the keys
+  // that caused them; key-parallel, in pending-list order.
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (r.counts.defined()) {
+    auto [ek, es, ew, et] = pending_evicted(r, stream);
+    return {r.slots, r.flag, ek, es, ew, et};
+  }
   auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
-                                          table_ids.contiguous(),
-                                          c10::cuda::getCurrentCUDAStream());
+                                          table_ids.contiguous(), stream);
   return {r.slots, r.flag, ek, es, ew, et};
 }
 

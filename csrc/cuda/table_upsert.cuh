@@ -71,10 +71,14 @@ struct UpsertParams {
   int32_t* pending_count;       // how many (zeroed; the word after the protect bits' padding)
   int64_t* out_slots;           // (n,) local slot or -1
   bool* out_flag;               // (n,) is_new / erased / placed
-  bool* ev_flag;                // (n,) kInsertAndEvict: key i evicted someone (zeroed)
+  // kInsertAndEvict's report, indexed by key (deterministic engine) or by pending-list entry
+  // (key-parallel engine, which writes every entry's flag; the deterministic one needs it zeroed)
+  bool* ev_flag;                // (n,) entry's key evicted someone
   int64_t* ev_keys;             // (n,)
   int64_t* ev_slots;            // (n,) local
   int64_t* ev_scores;           // (n, 2) internal order
+  int64_t* ev_table_ids;        // key-parallel engine: (n,) table of each report entry
+  int32_t* evicted_count;       // key-parallel engine: victims taken (zeroed; after pending_count)
 };
 
 namespace cg = cooperative_groups;

@@ -26,8 +26,10 @@
  *     tiles as fit on the GPU at once): a leader of an evicting table takes the victim, the
  *     occupied slot of lowest rank (then lowest slot) that is neither protected nor pinned. Each
  *     thread reads 8 slots (digests, pins and rank words, all loads in flight at once), a tile
- *     reduction picks the lowest, rank 0 claims it, reports it (insert_and_evict) and writes key,
- *     words and digest. In a bucket of up to 128 slots the protect bits are not read at all: a
+ *     reduction picks the lowest, rank 0 claims it, reports it (insert_and_evict: at the entry's
+ *     place w in the list, with its flag and table, and one count per block, so the op reads
+ *     (pending, evicted) once and, when every pending leader evicted, returns the first `evicted`
+ *     entries as they are: no scan) and writes key, words and digest. In a bucket of up to 128 slots the protect bits are not read at all: a
  *     claim of a protected slot fails like one lost to another key, and the word its atomicOr
  *     returns drops every protected or claimed slot it covers from the candidates, which stay in
  *     registers. Every present key of the call was protected by the end of pass 1, so no key of
@@ -41,7 +43,8 @@
  * keys), and the victims are the k lowest-ranked unprotected, unpinned slots, k the deterministic
  * engine's (claims are monotone, so a slot that survives unclaimed was a candidate of every victim
  * choice and ranks at or above each victim). What depends on the schedule: which new key lands in
- * which of those slots, and, when a bucket gets more new keys than it can take, which get in.
+ * which of those slots, when a bucket gets more new keys than it can take, which get in, and the
+ * order of the evicted report (the pending list's).
  */
 #pragma once
 
@@ -484,6 +487,9 @@ __device__ __forceinline__ int64_t claim_victim(const Tile& tile, const ScanView
  * table takes a victim; otherwise (NO_EVICTION, or nothing left to evict) slot -1.
  */
 __global__ void __launch_bounds__(kBlockThreads, 3) evict_kernel(UpsertParams p) {
+  __shared__ unsigned int block_evicted;  // insert_and_evict: this block's victims
+  if (threadIdx.x == 0) block_evicted = 0;
+  __syncthreads();
   const auto tile = cg::tiled_partition<kEvictTile>(cg::this_thread_block());
   const int64_t tiles = static_cast<int64_t>(gridDim.x) * (kBlockThreads / kEvictTile);
   const int64_t count = *p.pending_count;
@@ -510,21 +516,27 @@ __global__ void __launch_bounds__(kBlockThreads, 3) evict_kernel(UpsertParams p)
     if (tile.thread_rank() != 0) continue;
     p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
     p.out_flag[i] = g >= 0;
+    if (p.mode == UpsertMode::kInsertAndEvict) p.ev_flag[w] = g >= 0;
     if (g < 0) continue;
-    if (p.mode == UpsertMode::kInsertAndEvict) {
+    if (p.mode == UpsertMode::kInsertAndEvict) {  // reported at the entry's place in the list
       int64_t old[2];  // the words it had: unchanged since the scan, only the claimer writes
       load_words(p.scores, g, old);
-      p.ev_flag[i] = true;
-      p.ev_keys[i] = p.table_keys[g];
-      p.ev_slots[i] = g - home.layout.offset;
-      p.ev_scores[2 * i] = old[0];
-      p.ev_scores[2 * i + 1] = old[1];
+      p.ev_keys[w] = p.table_keys[g];
+      p.ev_slots[w] = g - home.layout.offset;
+      p.ev_scores[2 * w] = old[0];
+      p.ev_scores[2 * w + 1] = old[1];
+      p.ev_table_ids[w] = t;
+      atomicAdd(&block_evicted, 1u);
     }
     int64_t nw[2] = {0, 0};  // a new key starts from {0, 0} (score_policy.h)
     touched_words(p, i, policy, p.now[t], nw);
     store_words(p.scores, g, nw);
     p.table_keys[g] = key;
     p.digests[g] = home.digest;
+  }
+  __syncthreads();  // every thread leaves the loop: the count is one atomicAdd per block
+  if (threadIdx.x == 0 && block_evicted != 0) {
+    atomicAdd(p.evicted_count, static_cast<int>(block_evicted));
   }
 }
 
