@@ -139,9 +139,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   // < 0 (the default): to nearest even. float32 rows are never rounded.
   m.def("grouped_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grads, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, int rounding_seed=-1, Tensor? keys=None) -> ()");
   // grouped_reduce_grads (width max_dim, the group's widest dim) then grouped_update on the unique
-  // keys (table_ids, slots (u,)) in one op. order / key_counts (optional, together): the inverse's
-  // positions grouped by key and each key's count (segmented_unique's), which spare the CUDA
-  // kernels their sort of the inverse; the result is the same with or without them (CPU: unused).
-  // rounding_seed, keys: as grouped_update's.
+  // keys (table_ids, slots (u,)) in one op. order / key_counts (optional; order needs key_counts):
+  // the inverse's positions grouped by key and each key's count (segmented_unique's), which spare
+  // the CUDA kernels their sort of the inverse; key_counts alone spares the CPU kernel its counting
+  // pass for a one-table group (CUDA: unused without order). The result is the same with or
+  // without them. rounding_seed, keys: as grouped_update's.
   m.def("grouped_reduce_update(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor grad_out, Tensor inverse, Tensor offsets, Tensor? weights, Tensor feature_tables, Tensor d_offsets, int pool_mode, int batch_size, int max_dim, int optimizer, float lr, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, int step, bool check=True, Tensor? order=None, Tensor? key_counts=None, int rounding_seed=-1, Tensor? keys=None) -> ()");
 }

@@ -325,6 +325,12 @@ struct RowPrefetcher {
   }
   DEMB_ALWAYS_INLINE void at(int64_t ahead) {
     if (ahead >= last) return;
+    // the slot of the index one distance further on: read (not waited for) when its row is due
+    const int64_t further = ahead + kRowsAhead;
+    if (further < last) {
+      const int64_t kf = j.b->inv_p[further];
+      if (kf >= 0 && kf < j.u) __builtin_prefetch(j.slots + kf);
+    }
     while (ahead >= feature_end) enter(feature + 1);
     const int64_t k = j.b->inv_p[ahead];
     if (k < 0 || k >= j.u) return;
@@ -573,7 +579,8 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
                     const at::Tensor& offsets, const std::optional<at::Tensor>& weights,
                     const at::Tensor& feature_tables, const at::Tensor& d_offsets, int64_t mode,
                     int64_t batch_size, int64_t num_unique, const int64_t* key_tables,
-                    const char* op, Keep keep, Ahead ahead, Sink sink) {
+                    const int64_t* key_counts, const char* op, Keep keep, Ahead ahead,
+                    Sink sink) {
   DEMB_CHECK_VALUE(num_unique >= 0, op, ": num_unique must be >= 0, got ", num_unique);
   const Bags b = bag_layout(mv, inverse, offsets, weights, feature_tables, d_offsets, mode,
                             batch_size, num_unique, op);
@@ -610,10 +617,24 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
   }
   // Pass 1, bag by bag (each bag's feature and table are known without a per-index array): check
   // each index's unique id and its table (the caller's key_tables, else the first table that
-  // read the key), and count each key's positions.
+  // read the key), and count each key's positions. A one-table group with the dedup's
+  // ``key_counts`` skips it: there is nothing to count, no table to compare (key_tables are in
+  // range: all 0), and pass 2 checks the unique ids and that the counts fit the inverse.
+  const bool counted = key_counts != nullptr && key_tables != nullptr && mv.T == 1;
   std::vector<int64_t> first_table(key_tables ? 0 : num_unique, -1), start(num_unique + 1, 0);
   int64_t* cnt = start.data() + 1;
-  for (int64_t bag = 0; bag < b.num_bags; ++bag) {
+  if (counted) {
+    int64_t total = 0;
+    for (int64_t k = 0; k < num_unique; ++k) {
+      DEMB_CHECK_VALUE(key_counts[k] >= 0, op, ": key_counts[", k, "]=", key_counts[k],
+                       " is negative");
+      cnt[k] = key_counts[k];
+      total += key_counts[k];
+    }
+    DEMB_CHECK_VALUE(total == b.n, op, ": key_counts sum to ", total, ", not to the ", b.n,
+                     " indices");
+  }
+  for (int64_t bag = 0; !counted && bag < b.num_bags; ++bag) {
     const int64_t t = b.ft_p[bag / b.B];
     for (int64_t i = b.off_p[bag], hi = b.off_p[bag + 1]; i < hi; ++i) {
       check_inverse(b.inv_p, i, num_unique, op);
@@ -645,7 +666,11 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
     const float mean = mode == kPoolMean && hi > lo ? float(hi - lo) : 1.0f;
     const int64_t row = (bag % b.B) * row_stride + b.dofs_p[bag / b.B];
     for (int64_t i = lo; i < hi; ++i) {
+      if (counted) check_inverse(b.inv_p, i, num_unique, op);
       const int64_t j = fill[b.inv_p[i]]++;
+      // counts that do not fit the inverse: a key past its own range (caught below), here only
+      // kept inside the n positions
+      if (counted && j >= b.n) break;
       if (scaled) {
         float sc = b.w_p ? b.w_p[i] : 1.0f;
         if (mode == kPoolMean) sc /= mean;
@@ -653,6 +678,10 @@ void reduce_per_key(const MetaView& mv, const at::Tensor& grad_out, const at::Te
       }
       src[j] = mode == kPoolNone ? i * row_stride : row;
     }
+  }
+  for (int64_t k = 0; counted && k < num_unique; ++k) {
+    DEMB_CHECK_VALUE(fill[k] == start[k + 1], op, ": key ", k, " has ", fill[k] - start[k],
+                     " positions in inverse, key_counts says ", key_counts[k]);
   }
   int64_t max_dim = 0;
   for (int64_t t = 0; t < mv.T; ++t) max_dim = std::max(max_dim, mv.dim(t));
@@ -684,7 +713,8 @@ at::Tensor grouped_reduce_grads_cpu(const at::Tensor& grad_out, const at::Tensor
   auto out = at::zeros({num_unique, width}, grad_out.options().dtype(at::kFloat));
   float* o = out.data_ptr<float>();
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                 batch_size, num_unique, nullptr, op, [](int64_t) { return true; }, [](int64_t) {},
+                 batch_size, num_unique, nullptr, nullptr, op, [](int64_t) { return true; },
+                 [](int64_t) {},
                  [&](int64_t k, const float* acc, int64_t D) { std::copy(acc, acc + D, o + k * width); });
   return out;
 }
@@ -831,8 +861,12 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   dispatch_rows(values.scalar_type(), [&](auto tag) {
   using E = decltype(tag);
   E* v = values.data_ptr<E>();
+  // The dedup's per-key counts (CPU forwards keep them) spare a one-table reduction its counting
+  // pass; ``order`` (the CUDA sort's) is not needed here.
+  const at::Tensor kcnt = key_counts.has_value() ? key_counts->contiguous() : at::Tensor();
+  const int64_t* kc_p = kcnt.defined() ? kcnt.data_ptr<int64_t>() : nullptr;
   reduce_per_key(mv, grad_out, inverse, offsets, weights, feature_tables, d_offsets, mode,
-                 batch_size, u, t_p, op,
+                 batch_size, u, t_p, kc_p, op,
                  [&](int64_t k) DEMB_LAMBDA_INLINE { return s_p[k] >= 0; },
                  [&](int64_t k) DEMB_LAMBDA_INLINE {
                    const int64_t t = t_p[k];
@@ -872,9 +906,10 @@ thread_local int64_t t_last_unique = 0;
 // sized by the ids would be mostly empty lines, each probe a cache miss). A probe waits on two
 // random reads, its slot and then the pair that slot names, so both are prefetched: the slot
 // 2 x kPrefetchAhead positions ahead (its hash kept in a ring, computed once), the pair
-// kPrefetchAhead ahead. Table ids are checked as they are read (the outputs are new tensors:
-// raising midway leaves nothing written).
-template <typename Index, typename Count>
+// kPrefetchAhead ahead. ``kOneTable``: every table id is ``tp[0]``, checked by the caller (a
+// one-table group: no table id is read or compared per index). Otherwise table ids are checked as
+// they are read (the outputs are new tensors: raising midway leaves nothing written).
+template <typename Index, typename Count, bool kOneTable>
 std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n,
                                            int64_t num_tables, int64_t* inv, int64_t* tc,
                                            const char* op) {
@@ -898,12 +933,14 @@ std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp,
       slot_of[h] = static_cast<Index>(id);
     }
   };
+  const int64_t t0 = n > 0 ? tp[0] : 0;
+  auto tid_at = [&](int64_t i) DEMB_LAMBDA_INLINE { return kOneTable ? t0 : tp[i]; };
   constexpr int64_t kFar = 2 * kPrefetchAhead, kRing = 4 * kPrefetchAhead;  // kRing: power of 2
   uint64_t ring[kRing];
-  for (int64_t i = 0; i < std::min(n, kFar); ++i) ring[i % kRing] = pair_hash(kp[i], tp[i]);
+  for (int64_t i = 0; i < std::min(n, kFar); ++i) ring[i % kRing] = pair_hash(kp[i], tid_at(i));
   for (int64_t i = 0; i < n; ++i) {
     if (i + kFar < n) {
-      const uint64_t h = pair_hash(kp[i + kFar], tp[i + kFar]);
+      const uint64_t h = pair_hash(kp[i + kFar], tid_at(i + kFar));
       ring[(i + kFar) % kRing] = h;
       __builtin_prefetch(&slot_of[h & mask], 0, 3);
     }
@@ -911,14 +948,20 @@ std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp,
       const Index u = slot_of[ring[(i + kPrefetchAhead) % kRing] & mask];
       if (u >= 0) __builtin_prefetch(&pairs.data()[u], 1, 3);
     }
-    const int64_t key = kp[i], t = tp[i];
-    DEMB_CHECK_INDEX(t >= 0 && t < num_tables, op, ": table_ids[", i, "]=", t,
-                     " out of range [0, ", num_tables, ")");
-    if (2 * (size + 1) > cap) grow();
+    const int64_t key = kp[i], t = tid_at(i);
+    if constexpr (!kOneTable) {
+      DEMB_CHECK_INDEX(t >= 0 && t < num_tables, op, ": table_ids[", i, "]=", t,
+                       " out of range [0, ", num_tables, ")");
+    }
     uint64_t h = ring[i % kRing] & mask;
     while (true) {
       const Index u = slot_of[h];
-      if (u < 0) {
+      if (__builtin_expect(u < 0, 0)) {
+        if (2 * (size + 1) > cap) {  // half full: grow, then look for this absent pair's slot
+          grow();
+          h = ring[i % kRing] & mask;
+          while (slot_of[h] >= 0) h = (h + 1) & mask;
+        }
         slot_of[h] = static_cast<Index>(size);
         inv[i] = size;
         pairs.push_back(Pair{key, static_cast<Count>(t), 1});
@@ -927,7 +970,7 @@ std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp,
         break;
       }
       Pair& p = pairs[u];
-      if (p.key == key && p.tid == t) {
+      if (p.key == key && (kOneTable || p.tid == t)) {
         inv[i] = u;
         ++p.count;
         break;
@@ -937,6 +980,17 @@ std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp,
   }
   t_last_unique = size;
   return pairs;
+}
+
+/// Raises unless every one of the n table ids is ``0`` (the one table of a one-table group): one
+/// tight pass before the dedup, which then reads no table id.
+void check_one_table(const int64_t* tp, int64_t n, const char* op) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= tp[i];
+  if (bad == 0) return;
+  for (int64_t i = 0; i < n; ++i) {
+    DEMB_CHECK_INDEX(tp[i] == 0, op, ": table_ids[", i, "]=", tp[i], " out of range [0, 1)");
+  }
 }
 
 /// The pairs into segmented_unique's (u,) keys, table ids and counts.
@@ -995,10 +1049,13 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
     write_pairs(pairs, out_keys.data_ptr<int64_t>(), out_tids.data_ptr<int64_t>(),
                 out_counts.data_ptr<int64_t>());
   };
-  if (n < kNarrow && num_tables < kNarrow) {
-    emit(dedup_pairs<int32_t, int32_t>(kp, tp, n, num_tables, inv, tc, op));
+  if (num_tables == 1) check_one_table(tp, n, op);
+  if (n < kNarrow && num_tables == 1) {
+    emit(dedup_pairs<int32_t, int32_t, true>(kp, tp, n, num_tables, inv, tc, op));
+  } else if (n < kNarrow && num_tables < kNarrow) {
+    emit(dedup_pairs<int32_t, int32_t, false>(kp, tp, n, num_tables, inv, tc, op));
   } else {
-    emit(dedup_pairs<int64_t, int64_t>(kp, tp, n, num_tables, inv, tc, op));
+    emit(dedup_pairs<int64_t, int64_t, false>(kp, tp, n, num_tables, inv, tc, op));
   }
   at::Tensor order = with_order ? positions_by_key(inverse, out_counts) : k.new_empty({0});
   return {out_keys, out_tids, inverse, out_counts, table_counts, order};

@@ -58,7 +58,8 @@ class GroupStep:
         backed: (b,) positions of pairs of cached tables whose home this step is the backing
             store (their backward reads, updates and writes rows there), or None.
         order, key_counts: (n,) the positions grouped by unique pair and (u,) each pair's count,
-            from the dedup's sort (CUDA training forwards), so the backward does not sort again;
+            from the dedup (training forwards: order from the CUDA sort, so the backward does not
+            sort again; on the CPU the counts alone, so its reduction does not count again);
             None elsewhere.
         staged: the host part's rows of the pairs as the forward read them, for the backward
             to update on the device (``GroupedRows.stage``), or None.
@@ -243,7 +244,8 @@ class TableGroup:
             step, acquire, out = self._mixed_lookup(
                 keys, utids, inverse, key_counts, offsets, batch_size
             )
-        if order is not None:
+        if order is not None or self.device.type == "cpu":
+            # the dedup's order (CUDA) and per-pair counts: the backward need not count again
             step.order, step.key_counts = order, key_counts
         return out + (acquire.unplaced_per_table,)
 

@@ -487,8 +487,10 @@ def grouped_reduce_update(
     """:func:`grouped_reduce_grads` then :func:`grouped_update` on the unique keys in one op (the
     training backward): the CPU kernel applies each key's sum as soon as it is formed. ``max_dim``:
     the group's widest embedding dim (the width of the reduction on CUDA). ``order`` and
-    ``key_counts`` (together, from :func:`segmented_unique_ordered`): the positions grouped by key,
-    so the CUDA kernels skip their sort of ``inverse``; the rows come out the same without them.
+    ``key_counts`` (from :func:`segmented_unique_ordered`; ``order`` needs ``key_counts``): the
+    positions grouped by key, so the CUDA kernels skip their sort of ``inverse``; ``key_counts``
+    alone (:func:`segmented_unique`'s counts) spares the CPU kernel its counting pass for a
+    one-table group. The rows come out the same without them.
     ``rounding_seed`` and ``keys`` (u,): as :func:`grouped_update`'s."""
     _ops().grouped_reduce_update.default(
         values,

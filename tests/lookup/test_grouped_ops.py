@@ -174,6 +174,11 @@ def test_segmented_unique_cpu_rejects_table_ids_out_of_range():
         tids = torch.tensor([0, 1, 0, bad, 1, 0])
         with pytest.raises(IndexError, match=r"table_ids\[3\]"):
             lookup_ops.segmented_unique(keys, tids, 2)
+    # one table: its ids are checked in a pass of their own (the dedup then reads none)
+    for bad in (-1, 1):
+        tids = torch.tensor([0, 0, 0, bad, 0, 0])
+        with pytest.raises(IndexError, match=r"table_ids\[3\]=-?1 out of range \[0, 1\)"):
+            lookup_ops.segmented_unique(keys, tids, 1)
 
 
 def test_segmented_unique_empty_and_bad_ids(device):
@@ -326,10 +331,58 @@ def test_grouped_reduce_update_with_key_order_and_strided_grads(device, optimize
                 values, meta, utids, slots, grad_out, *bags, 8, optimizer, **ARGS, **extra
             )
             assert torch.equal(values, expected), (name, key_order is None)
-    with pytest.raises(ValueError, match="together"):
+    with pytest.raises(ValueError, match="order comes with key_counts"):
         lookup_ops.grouped_reduce_update(
             base, meta, utids, slots, dense, *bags, 8, optimizer, **ARGS, order=order
         )
+
+
+@pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN, lookup_ops.POOL_NONE])
+def test_grouped_reduce_update_one_table_with_key_counts(device, mode):
+    """A one-table group's fused update given the dedup's per-key counts alone (what a CPU
+    training forward keeps: the CPU kernel then skips its counting pass; the CUDA kernels read
+    the counts only with ``order``) equals reduce + update bit for bit. On the CPU, counts that
+    do not fit the inverse raise before any row is written."""
+    slots, utids, inverse, offsets, weights, ft, d_offsets, B, counts, _ = _hot_batch(
+        device, seed=5, feature_tables=(0, 0)
+    )
+    base, meta = _group(device, 3, seed=4)
+    meta = meta[:1].contiguous()  # table 0 alone: a one-table group
+    n, u = inverse.numel(), slots.numel()
+    rows = n if mode == lookup_ops.POOL_NONE else B
+    cols = 8 if mode == lookup_ops.POOL_NONE else int(d_offsets[-1])
+    w = weights if mode != lookup_ops.POOL_NONE else None
+    bags = (inverse, offsets, w, ft, d_offsets, mode, B)
+    grad_out = torch.randn(rows, cols, device=device)
+    expected = base.clone()
+    g = lookup_ops.grouped_reduce_grads(grad_out, meta, *bags, u, 8)
+    lookup_ops.grouped_update(expected, meta, utids, slots, g, 3, **ARGS)
+    values = base.clone()
+    lookup_ops.grouped_reduce_update(
+        values, meta, utids, slots, grad_out, *bags, 8, 3, **ARGS, key_counts=counts
+    )
+    assert torch.equal(values, expected)
+    if device.type != "cpu":
+        return
+    hot = int(counts.argmax())
+    shifted = counts.clone()  # the same total, one key short and another over
+    shifted[hot] -= 1
+    shifted[(hot + 1) % u] += 1
+    extra = counts.clone()
+    extra[hot] += 1
+    negative = counts.clone()
+    negative[hot] = -1
+    for bad, match in (
+        (shifted, "positions in inverse"),
+        (extra, "sum to"),
+        (negative, "negative"),
+    ):
+        values = base.clone()
+        with pytest.raises(ValueError, match=match):
+            lookup_ops.grouped_reduce_update(
+                values, meta, utids, slots, grad_out, *bags, 8, 3, **ARGS, key_counts=bad
+            )
+        assert torch.equal(values, base)
 
 
 def test_grouped_gather_and_scatter_match_per_table(device):

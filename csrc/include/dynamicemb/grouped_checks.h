@@ -172,23 +172,26 @@ inline void check_placement_counts(const at::Tensor& table_ids, const at::Tensor
   check_on_device(is_new, table_ids.device(), "is_new", op);
 }
 
-/// The reduction's optional key order (segmented_unique's ``order`` and ``counts``): both given or
-/// neither, order (n,) and key_counts (u,) int64 on the inverse's device.
+/// The reduction's optional key order (segmented_unique's ``order`` and ``counts``): key_counts
+/// (u,) alone (the CPU reduction's layout needs only the counts), both, or neither; order (n,);
+/// int64 on the inverse's device.
 inline void check_key_order(const std::optional<at::Tensor>& order,
                             const std::optional<at::Tensor>& key_counts, int64_t n, int64_t u,
                             const at::Device& device, const char* op) {
-  DEMB_CHECK_VALUE(order.has_value() == key_counts.has_value(), op,
-                   ": order and key_counts come together (segmented_unique's), got one of them");
-  if (!order.has_value()) return;
-  DEMB_CHECK_TYPE(order->scalar_type() == at::kLong && key_counts->scalar_type() == at::kLong, op,
-                  ": order and key_counts must be int64, got ", order->scalar_type(), " and ",
+  DEMB_CHECK_VALUE(!order.has_value() || key_counts.has_value(), op,
+                   ": order comes with key_counts (segmented_unique_ordered's), got order alone");
+  if (!key_counts.has_value()) return;
+  DEMB_CHECK_TYPE(key_counts->scalar_type() == at::kLong, op, ": key_counts must be int64, got ",
                   key_counts->scalar_type());
-  DEMB_CHECK_VALUE(order->dim() == 1 && order->numel() == n, op, ": order must be (", n,
-                   ",), got ", order->sizes());
   DEMB_CHECK_VALUE(key_counts->dim() == 1 && key_counts->numel() == u, op,
                    ": key_counts must be (", u, ",), got ", key_counts->sizes());
-  check_on_device(*order, device, "order", op);
   check_on_device(*key_counts, device, "key_counts", op);
+  if (!order.has_value()) return;
+  DEMB_CHECK_TYPE(order->scalar_type() == at::kLong, op, ": order must be int64, got ",
+                  order->scalar_type());
+  DEMB_CHECK_VALUE(order->dim() == 1 && order->numel() == n, op, ": order must be (", n,
+                   ",), got ", order->sizes());
+  check_on_device(*order, device, "order", op);
 }
 
 /// grouped_gather's optional ``inverse``: (m,) int64 on ``device`` (its values index the pairs).
