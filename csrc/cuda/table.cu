@@ -4,8 +4,10 @@
 // schemas, same semantics and, for every op, the same results as csrc/cpu/table.cpp.
 //
 // Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
-//   table_find.cuh    find: a tile of 4 threads per key, 16-byte digest loads, no locks
-//   table_find_rows.cuh  find_rows: find's probe, then the same tile copies its key's row
+//   table_find.cuh    find: a tile of 2 threads per key, 16-byte digest loads, no locks
+//   table_find_rows.cuh  find_rows: rows of 16-byte vectors: one thread per key, digests staged in
+//                     shared memory by asynchronous copies, then the warp copies its 32 rows; other
+//                     rows: a 4-thread tile probes as find, then copies its key's row
 //   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: present keys
 //                     found and touched key-parallel, the rest sorted by home bucket, one 4-thread
 //                     tile per bucket, input order kept (deterministic)

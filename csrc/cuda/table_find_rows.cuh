@@ -1,21 +1,32 @@
 /**
  * @file table_find_rows.cuh
- * @brief find_rows on CUDA (find and the found keys' rows in one kernel): params struct, kernel,
- * launcher, selector (STYLE rule 7).
+ * @brief find_rows on CUDA (find and the found keys' rows in one kernel): params struct, kernels,
+ * launchers, selector (STYLE rule 7).
  *
  * find then gather_rows runs two kernels one after the other: the probes (a chain of dependent
- * loads per key, latency-bound) and then the row copy (bandwidth-bound). Here the tile of 4
- * threads that probes a key (as find) copies the key's row as soon as it has the slot, so while
- * some tiles copy, others probe: the copy hides under the probes' latency instead of following
- * them. The tile's 4 lanes take the row's 16-byte (or narrower) vectors in turn, kRowsUnroll loads
- * each before the first store; a warp's 8 tiles copy 8 rows at once, 64 contiguous bytes of each
- * per instruction (whole 32-byte sectors). The rows are read and written evict-first
- * (__ldcs / __stcs), like everything a lookup touches once (table_find.cuh): at dim 64 they are
+ * loads per key, latency-bound) and then the row copy (bandwidth-bound). Here one kernel probes
+ * and copies, so while some warps copy, others probe. Two kernels, by row width:
+ *
+ * - Rows of whole aligned 16-byte vectors (every fp32 width that is a multiple of 4), the staged
+ *   kernel: one thread per key, whose 128 digests a step reach shared memory by asynchronous copies
+ *   (cp.async), so the loads in flight hold no registers and 1,536 keys per SM are probed at once
+ *   (4 threads a key held 384). Then the warp copies its 32 keys' rows, one contiguous span of the
+ *   output, through the same shared memory, again with asynchronous loads: up to 8 vectors a lane
+ *   in flight at 40 registers. On the H200 this is 1.00x-1.05x the tile kernel at dim 64 and
+ *   1.05x-1.30x at dims 8 / 32 (docs/benchmarks.md, issue 14, helper find, third round).
+ * - Other rows, the tile kernel: a tile of 4 threads probes a key (as find) and copies its row as
+ *   soon as it has the slot, the lanes taking the row's vectors in turn, kRowsUnroll loads each
+ *   before the first store.
+ *
+ * The rows are read and written evict-first (__ldcs / __stcs, or an evict-first L2 policy on the
+ * asynchronous copies), like everything a lookup touches once (table_find.cuh): at dim 64 they are
  * ~0.5 GB per 1M keys, which would otherwise flush the digest lines from the L2 on every call.
  */
 #pragma once
 
 #include <cooperative_groups.h>
+
+#include <atomic>
 
 #include "table_common.cuh"
 #include "table_find.cuh"
@@ -26,8 +37,13 @@ namespace cuda_table {
 
 namespace cg = cooperative_groups;
 
-constexpr int kRowsUnroll = 4;            // vectors a lane loads before it stores
-constexpr int kFindRowsBlocksPerSm = 6;   // __launch_bounds__: at most 40 registers, 75% occupancy
+constexpr int kRowsUnroll = 4;  // the tile kernel: vectors a lane loads before it stores
+// The tile kernel: find's probe tile, 6 blocks of 256 per SM (at most 40 registers, 75% occupancy).
+using FindRowsShape = LookupShape<4, 2, kBlockThreads, 6>;
+// The staged kernel: one thread a key, 24 blocks of 64 per SM (40 registers, 8 KB of shared memory
+// a block: each thread's 128 digests, and later 8 row vectors a lane).
+using FindRowsStagedShape = LookupShape<1, 8, 64, 24>;
+constexpr int kStagedUnroll = 8;  // 16-byte vectors a lane has in flight in the staged row copy
 
 struct FindRowsParams {
   const int64_t* keys;
@@ -46,19 +62,113 @@ struct FindRowsParams {
   char* out_rows;      // (n, width)
 };
 
-/** @brief One tile per key: the probe (find_probe), then the key's row copied by the tile. */
+/** @brief An L2 policy that marks lines evict-first (what __ldcs asks for), for cp.async. */
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+
+/** @brief 16 bytes global -> shared without registers (sm_80+; a plain copy before). */
+__device__ __forceinline__ void copy16_async(void* smem, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(src);
+#endif
+}
+
+/** @brief copy16_async under an L2 policy (evict_first_policy for the rows). */
+__device__ __forceinline__ void copy16_async(void* smem, const void* src, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst),
+               "l"(src), "l"(policy)
+               : "memory");
+#else
+  *static_cast<uint4*>(smem) = __ldcs(static_cast<const uint4*>(src));
+#endif
+}
+
+/** @brief Waits for this thread's asynchronous copies (their data is then visible to it). */
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+/**
+ * @brief A one-thread probe whose digest loads hold no registers: the thread copies a step's 128
+ * digests into its own 128 bytes of shared memory (`line`; chunk v at ((v + rot) & 7), so that the
+ * warp reading chunk v hits every bank once per 8 lanes), waits, then scans them. A bucket that is
+ * not whole aligned 16-byte chunks is scanned from global memory (scan16). Candidates in slot
+ * order; a digest match loads the key evict-first, as find_probe does.
+ */
+__device__ __forceinline__ int64_t staged_probe(uint4* line, int rot, const int64_t* table_keys,
+                                                const uint8_t* digests, int64_t key,
+                                                const KeyHome& home) {
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(digests + home.begin) | (home.end - home.begin)) & 15) == 0;
+  for (int64_t base = home.begin; base < home.end; base += 128) {
+    uint32_t m[4] = {0, 0, 0, 0};  // bit b of m[q]: slot base + 32 q + b matches the digest
+    if (aligned) {
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        if (base + 16 * v < home.end) copy16_async(line + ((v + rot) & 7), digests + base + 16 * v);
+      }
+      wait_async_copies();
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        if (base + 16 * v >= home.end) continue;
+        const uint4 w = line[(v + rot) & 7];
+        const uint32_t bits =
+            byte_matches(w.x, home.digest) | (byte_matches(w.y, home.digest) << 4) |
+            (byte_matches(w.z, home.digest) << 8) | (byte_matches(w.w, home.digest) << 12);
+        m[v / 2] |= bits << (16 * (v % 2));
+      }
+    } else {
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        uint32_t bits = 0, empty;
+        if (base + 16 * v < home.end) {
+          scan16(digests, base + 16 * v, home.end, home.digest, &bits, &empty);
+        }
+        m[v / 2] |= bits << (16 * (v % 2));
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      while (m[q]) {
+        const int64_t g = base + 32 * q + __ffs(m[q]) - 1;
+        m[q] &= m[q] - 1;
+        if (__ldcs(reinterpret_cast<const long long*>(table_keys + g)) == key) return g;
+      }
+    }
+  }
+  return -1;
+}
+
+/**
+ * @brief The tile kernel: one tile of 4 threads per key, the probe (find_probe), then the key's
+ * row copied by the tile: lane r takes vectors r, r + 4, ..., kRowsUnroll loads before the stores.
+ */
 template <typename V>
-__global__ void __launch_bounds__(kBlockThreads, kFindRowsBlocksPerSm)
+__global__ void __launch_bounds__(FindRowsShape::kThreads, FindRowsShape::kBlocks)
     find_rows_kernel(FindRowsParams p) {
-  const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kFindTile;
+  using S = FindRowsShape;
+  const auto tile = cg::tiled_partition<S::kTile>(cg::this_thread_block());
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x) / S::kTile;
   if (i >= p.n) return;  // whole tiles leave together: i is the same for a tile
   const int64_t key = __ldcs(reinterpret_cast<const long long*>(p.keys + i));
   const int64_t t = __ldcs(reinterpret_cast<const long long*>(p.table_ids + i));
   int64_t local = -1;  // every lane of the tile gets the answer
   KeyHome home;
   if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-    const int64_t g = find_probe(tile, p.table_keys, p.digests, key, home, nullptr).hit;
+    const int64_t g =
+        find_probe<S::kTile, S::kVec>(tile, p.table_keys, p.digests, key, home, nullptr).hit;
     if (g >= 0) local = g - home.layout.offset;
   }
   const int rank = tile.thread_rank();
@@ -71,11 +181,11 @@ __global__ void __launch_bounds__(kBlockThreads, kFindRowsBlocksPerSm)
   const bool has_row = local >= 0 && local < p.capacity;  // else a zero row
   const V* src = reinterpret_cast<const V*>(p.values) + (has_row ? local : 0) * vpr;
   V* dst = reinterpret_cast<V*>(p.out_rows) + i * vpr;
-  for (int c0 = 0; c0 < vpr; c0 += kFindTile * kRowsUnroll) {
+  for (int c0 = 0; c0 < vpr; c0 += S::kTile * kRowsUnroll) {
     V v[kRowsUnroll];
 #pragma unroll
     for (int u = 0; u < kRowsUnroll; ++u) {
-      const int c = c0 + kFindTile * u + rank;
+      const int c = c0 + S::kTile * u + rank;
       if (has_row && c < vpr) {
         v[u] = __ldcs(src + c);
       } else {
@@ -84,33 +194,129 @@ __global__ void __launch_bounds__(kBlockThreads, kFindRowsBlocksPerSm)
     }
 #pragma unroll
     for (int u = 0; u < kRowsUnroll; ++u) {
-      const int c = c0 + kFindTile * u + rank;
+      const int c = c0 + S::kTile * u + rank;
       if (c < vpr) __stcs(dst + c, v[u]);
     }
   }
 }
 
-/** @brief Launcher: one tile per key, vectors of V bytes. */
+/**
+ * @brief The staged kernel's row copy: the warp's 32 keys (first key w0, `local` of key j held by
+ * lane j) have one contiguous span of 32 * vpr output vectors, so lane l takes vectors
+ * f = l, l + 32, ... of it (row f / vpr, column f % vpr), kStagedUnroll a trip, loaded into
+ * `stage` (the warp's 4 KB) by asynchronous copies, then stored. Each lane reads back only what it
+ * copied itself. Needs vpr * 32 + 256 < 2^32 (the selector's bound).
+ */
+__device__ __forceinline__ void staged_copy_rows(const FindRowsParams& p, int64_t w0, int64_t local,
+                                                 uint4* stage) {
+  const int lane = threadIdx.x & 31;
+  const auto vpr = static_cast<uint32_t>(p.vecs_per_row);
+  const int64_t keys = p.n - w0 < 32 ? p.n - w0 : 32;  // the last warp may hold fewer
+  const auto total = static_cast<uint32_t>(keys) * vpr;
+  const auto* values = reinterpret_cast<const uint4*>(p.values);
+  uint4* dst = reinterpret_cast<uint4*>(p.out_rows) + w0 * static_cast<int64_t>(vpr);
+  const uint64_t policy = evict_first_policy();
+  for (uint32_t f0 = 0; f0 < total; f0 += 32u * kStagedUnroll) {
+#pragma unroll
+    for (int u = 0; u < kStagedUnroll; ++u) {
+      const uint32_t f = f0 + 32u * u + lane;
+      const uint32_t j = f / vpr;  // the warp's key; past `keys` for lanes beyond the span
+      const int64_t s = __shfl_sync(0xffffffffu, local, static_cast<int>(j & 31));
+      if (f < total && s >= 0 && s < p.capacity) {
+        copy16_async(stage + 32 * u + lane, values + s * static_cast<int64_t>(vpr) + (f - j * vpr),
+                     policy);
+      } else {
+        stage[32 * u + lane] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    wait_async_copies();
+#pragma unroll
+    for (int u = 0; u < kStagedUnroll; ++u) {
+      const uint32_t f = f0 + 32u * u + lane;
+      if (f < total) __stcs(dst + f, stage[32 * u + lane]);
+    }
+  }
+}
+
+/**
+ * @brief The staged kernel: one thread per key (staged_probe), then the warp copies its keys' rows
+ * (staged_copy_rows) through the same shared memory; every lane stays to the end for the warp's
+ * shuffles.
+ */
+__global__ void __launch_bounds__(FindRowsStagedShape::kThreads, FindRowsStagedShape::kBlocks)
+    find_rows_staged_kernel(FindRowsParams p) {
+  using S = FindRowsStagedShape;
+  static_assert(S::kTile == 1 && kStagedUnroll * 16 * 32 <= 32 * 128, "stage: 128 B a thread");
+  __shared__ uint4 stage[S::kThreads * 8];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x;
+  int64_t local = -1;
+  if (i < p.n) {
+    const int64_t key = __ldcs(reinterpret_cast<const long long*>(p.keys + i));
+    const int64_t t = __ldcs(reinterpret_cast<const long long*>(p.table_ids + i));
+    KeyHome home;
+    if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
+      const int64_t g = staged_probe(stage + 8 * threadIdx.x, threadIdx.x & 7, p.table_keys,
+                                     p.digests, key, home);
+      if (g >= 0) local = g - home.layout.offset;
+    }
+    __stcs(reinterpret_cast<long long*>(p.out_slots + i), static_cast<long long>(local));
+    __stcs(reinterpret_cast<unsigned char*>(p.out_found + i),
+           static_cast<unsigned char>(local >= 0));
+  }
+  const int64_t w0 = i & ~int64_t{31};
+  if (w0 >= p.n) return;  // a whole warp past the end
+  __syncwarp();           // every lane's digests read before the rows reuse the stage
+  staged_copy_rows(p, w0, local, stage + 8 * (threadIdx.x & ~31u));
+}
+
+/** @brief Launcher of the tile kernel: one tile per key, vectors of V bytes. */
 template <typename V>
 void launch_find_rows(const FindRowsParams& p, cudaStream_t stream) {
   find_rows_kernel<V>
-      <<<blocks_for(p.n, kBlockThreads / kFindTile), kBlockThreads, 0, stream>>>(p);
+      <<<blocks_for(p.n, FindRowsShape::kKeysPerBlock), FindRowsShape::kThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 /**
- * @brief Selector: the widest vector dividing the row and both base addresses (as gather_rows).
- * A row of 0 bytes copies nothing (0 vectors a row).
+ * @brief Launcher of the staged kernel. Its 24 blocks a SM need 192 KB of shared memory, so the
+ * kernel asks for the largest shared-memory carveout, once per device.
+ */
+inline void launch_find_rows_staged(const FindRowsParams& p, cudaStream_t stream) {
+  static std::atomic<uint64_t> carved{0};  // bit d: done on device d (devices 0..63)
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if ((carved.load() & bit) == 0 || bit == 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(find_rows_staged_kernel,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+    carved.fetch_or(bit);
+  }
+  using S = FindRowsStagedShape;
+  find_rows_staged_kernel<<<blocks_for(p.n, S::kKeysPerBlock), S::kThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+/**
+ * @brief Selector: the widest vector dividing the row and both base addresses (as gather_rows);
+ * rows of 16-byte vectors (up to 2^26 of them) take the staged kernel, the others the tile
+ * kernel. A row of 0 bytes copies nothing (0 vectors a row).
  */
 inline void select_find_rows(FindRowsParams p, int64_t row_bytes, cudaStream_t stream) {
   if (p.n == 0) return;
   const int vec = row_vector_bytes(row_bytes, p.values, p.out_rows);
-  DEMB_CHECK_VALUE(row_bytes / vec <= INT32_MAX - kFindTile * kRowsUnroll,
+  DEMB_CHECK_VALUE(row_bytes / vec <= INT32_MAX - FindRowsShape::kTile * kRowsUnroll,
                    "dynamicemb.find_rows (CUDA): rows of at most 2^31 - 17 vectors, got ",
                    row_bytes, " bytes");
   p.vecs_per_row = static_cast<int>(row_bytes / vec);
   switch (vec) {
-    case 16: launch_find_rows<uint4>(p, stream); break;
+    case 16:
+      if (p.vecs_per_row <= (1 << 26)) {
+        launch_find_rows_staged(p, stream);
+      } else {
+        launch_find_rows<uint4>(p, stream);
+      }
+      break;
     case 8: launch_find_rows<uint2>(p, stream); break;
     case 4: launch_find_rows<uint32_t>(p, stream); break;
     case 2: launch_find_rows<uint16_t>(p, stream); break;
