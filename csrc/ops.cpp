@@ -106,7 +106,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   // counts (u,), unique keys per table (T,) on the CPU: read back with u, in the same copy, order).
   // order, with with_order: (n,) the positions grouped by unique pair (pair 0's first), each pair's
   // in input order (what the reduction's sort computes; the CUDA sort gives it for free); else (0,).
-  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables, bool with_order=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // extra: (k,) int64 numbers on the keys' device copied back in the same readback, after the
+  // per-table counts (which are then (T + k,)): the caller's offsets check costs no sync of its own.
+  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables, bool with_order=False, Tensor? extra=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // (n,) int64 table of each index of a feature-major batch: feature_tables[f] for the indices of
   // feature f's bags [offsets[f*B], offsets[(f+1)*B]) (offsets trusted: checked by the caller),
   // and (3,) int64 on the offsets' device: [offsets[0], offsets[-1], bags whose offsets decrease],
@@ -123,8 +125,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("grouped_scatter(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor rows, bool check=True) -> ()");
   // New rows in place: row (table_ids[i], slots[i]) (slot < 0 skipped) gets its table's initializer
   // (init (T, 8) float64, csrc/include/dynamicemb/row_init.h) in its embedding, keyed by (seed,
-  // table, keys[i], element), and init[t, 7] in its optimizer-state columns.
-  m.def("grouped_init_rows(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor keys, Tensor init, int seed, bool check=True) -> ()");
+  // table, keys[i], element), and init[t, 7] in its optimizer-state columns. only: (n,) bool, the
+  // pairs that get rows (the others skipped as slot -1: an insert's is_new, with no mask op first).
+  m.def("grouped_init_rows(Tensor(a!) values, Tensor meta, Tensor table_ids, Tensor slots, Tensor keys, Tensor init, int seed, bool check=True, Tensor? only=None) -> ()");
   // Pool bags of feature-major offsets (F*B+1,) over the unique keys' slots (u,): feature f reads
   // table feature_tables[f] and fills columns [d_offsets[f], d_offsets[f+1]) of the (B, total_dim)
   // output; mode 0 SUM, 1 MEAN.

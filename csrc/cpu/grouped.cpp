@@ -192,12 +192,15 @@ void check_init_modes(const double* init, int64_t T, const char* op) {
 
 void grouped_init_rows_cpu(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
                            const at::Tensor& slots, const at::Tensor& keys, const at::Tensor& init,
-                           int64_t seed, bool /*check: the CPU kernels always check*/) {
+                           int64_t seed, bool /*check: the CPU kernels always check*/,
+                           const std::optional<at::Tensor>& only_in) {
   const char* op = "grouped_init_rows";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   const int64_t n = slots.numel();
   check_init_args(keys, init, n, meta.size(0), values.device(), op);
+  const at::Tensor only = check_init_only(only_in, n, values.device(), op);
+  const bool* o_p = only.defined() ? only.data_ptr<bool>() : nullptr;
   const MetaView mv(meta, values.numel(), op, values.element_size());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
@@ -214,7 +217,7 @@ void grouped_init_rows_cpu(at::Tensor& values, const at::Tensor& meta, const at:
     E* v = values.data_ptr<E>();
     at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        if (s_p[i] < 0) continue;
+        if (s_p[i] < 0 || (o_p != nullptr && !o_p[i])) continue;
         const int64_t t = t_p[i], D = mv.dim(t), L = mv.lwidth(t);
         const double* p = in_p + t * kInitColumns;
         const uint64_t stream = init_stream(seed, t, k_p[i]);
@@ -1027,9 +1030,11 @@ at::Tensor positions_by_key(const at::Tensor& inverse, const at::Tensor& counts)
 }
 
 UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
-                                  int64_t num_tables, bool with_order) {
+                                  int64_t num_tables, bool with_order,
+                                  const std::optional<at::Tensor>& extra_in) {
   const char* op = "segmented_unique";
   check_segmented_unique(keys, table_ids, num_tables, op);
+  const at::Tensor extra = check_unique_extra(extra_in, keys, op);
   const auto k = keys.contiguous();
   const auto tid = table_ids.contiguous();
   const int64_t n = k.numel();
@@ -1058,6 +1063,7 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
     emit(dedup_pairs<int64_t, int64_t, false>(kp, tp, n, num_tables, inv, tc, op));
   }
   at::Tensor order = with_order ? positions_by_key(inverse, out_counts) : k.new_empty({0});
+  if (extra.defined()) table_counts = at::cat({table_counts, extra});
   return {out_keys, out_tids, inverse, out_counts, table_counts, order};
 }
 

@@ -264,11 +264,11 @@ template <typename E>
 __global__ void init_rows_kernel(E* __restrict__ values, DeviceMeta meta,
                                  const int64_t* __restrict__ tids, const int64_t* __restrict__ slots,
                                  const int64_t* __restrict__ keys, const double* __restrict__ init,
-                                 int64_t n, int64_t seed) {
+                                 int64_t n, int64_t seed, const bool* __restrict__ only) {
   const int64_t base = (int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.y) * kWarp;
   const int64_t mine = base + threadIdx.x;
   long long t = -1, s = -1;
-  if (mine < n) {
+  if (mine < n && (only == nullptr || only[mine])) {
     s = slots[mine];
     if (s >= 0) t = tids[mine];
   }
@@ -299,12 +299,13 @@ __global__ void init_rows_kernel(E* __restrict__ values, DeviceMeta meta,
 
 void grouped_init_rows_cuda(at::Tensor& values, const at::Tensor& meta, const at::Tensor& table_ids,
                             const at::Tensor& slots, const at::Tensor& keys, const at::Tensor& init,
-                            int64_t seed, bool check) {
+                            int64_t seed, bool check, const std::optional<at::Tensor>& only_in) {
   const char* op = "grouped_init_rows";
   check_group(values, meta, op);
   check_row_ids(table_ids, slots, values.device(), op);
   const int64_t n = slots.numel();
   check_init_args(keys, init, n, meta.size(0), values.device(), op);
+  const at::Tensor only = check_init_only(only_in, n, values.device(), op);
   const at::cuda::CUDAGuard guard(values.device());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
@@ -329,7 +330,7 @@ void grouped_init_rows_cuda(at::Tensor& values, const at::Tensor& meta, const at
                           at::cuda::getCurrentCUDAStream()>>>(
         values.data_ptr<E>(), DeviceMeta{meta.data_ptr<int64_t>(), meta.size(0)},
         tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), k.data_ptr<int64_t>(),
-        in.data_ptr<double>(), n, seed);
+        in.data_ptr<double>(), n, seed, only.defined() ? only.data_ptr<bool>() : nullptr);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
@@ -1060,11 +1061,12 @@ __global__ void run_counts_kernel(const int64_t* __restrict__ run_start, int64_t
 /// The unique pairs once the positions are sorted so that equal pairs are adjacent (``order``:
 /// sorted position -> input position; ``sk``/``st``: sorted keys (or words, ``unmix``) and table
 /// ids; ``rank``: inclusive count of the run heads ``head`` (n,) int64; ``host``: [u, ...,
-/// per-table counts (num_tables)] read back, counts at ``tables_at``).
+/// per-table counts (num_tables), the caller's extra numbers (num_extra)] read back, counts at
+/// ``tables_at``, the extra numbers right after them).
 UniqueResult unique_from_runs(const at::Tensor& order, const at::Tensor& sk, const at::Tensor& st,
                               bool unmix, const at::Tensor& rank, const at::Tensor& head,
                               const at::Tensor& host, int64_t tables_at, int64_t num_tables,
-                              bool with_order) {
+                              bool with_order, int64_t num_extra) {
   const int64_t n = order.numel();
   const auto opts = st.options();
   const int64_t u = host.data_ptr<int64_t>()[0];
@@ -1085,14 +1087,15 @@ UniqueResult unique_from_runs(const at::Tensor& order, const at::Tensor& sk, con
         run_start.data_ptr<int64_t>(), u, n, counts.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {uk, ut, inverse, counts, host.narrow(0, tables_at, num_tables).clone(),
+  return {uk, ut, inverse, counts, host.narrow(0, tables_at, num_tables + num_extra).clone(),
           with_order ? order : order.new_empty({0})};
 }
 
 /// The exact form: sort by key, then stably by table id (two radix sorts); used when the one-word
 /// form finds two different pairs with the same word.
 UniqueResult segmented_unique_two_sorts(const at::Tensor& k, const at::Tensor& t,
-                                        int64_t num_tables, bool with_order) {
+                                        int64_t num_tables, bool with_order,
+                                        const at::Tensor& extra) {
   const int64_t n = k.numel();
   const auto opts = k.options();
   const auto by_key = at::sort(k, /*stable=*/true, 0, false);
@@ -1117,8 +1120,11 @@ UniqueResult segmented_unique_two_sorts(const at::Tensor& k, const at::Tensor& t
   const auto heads = head.to(at::kLong);
   auto per_table = at::zeros({num_tables}, opts);
   per_table.index_add_(0, st, heads);
-  const auto host = at::cat({rank.narrow(0, n - 1, 1), per_table}).cpu();
-  return unique_from_runs(order, sk, st, false, rank, heads, host, 1, num_tables, with_order);
+  const auto host = (extra.defined() ? at::cat({rank.narrow(0, n - 1, 1), per_table, extra})
+                                      : at::cat({rank.narrow(0, n - 1, 1), per_table}))
+                        .cpu();
+  return unique_from_runs(order, sk, st, false, rank, heads, host, 1, num_tables, with_order,
+                          extra.defined() ? extra.numel() : 0);
 }
 
 __global__ void pair_word_kernel(const int64_t* __restrict__ keys,
@@ -1139,7 +1145,8 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words,
                                  const int64_t* __restrict__ st, int64_t n, int64_t num_tables,
                                  int64_t* __restrict__ head, unsigned long long* __restrict__ num_heads,
                                  unsigned long long* __restrict__ per_table,
-                                 int64_t* __restrict__ clash) {
+                                 int64_t* __restrict__ clash, const int64_t* __restrict__ extra,
+                                 int64_t num_extra, int64_t* __restrict__ extra_out) {
   __shared__ unsigned int counts[kSharedTables];
   const bool shared = num_tables <= kSharedTables;
   if (shared) {
@@ -1147,6 +1154,7 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words,
   }
   __syncthreads();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < num_extra) extra_out[i] = extra[i];  // the caller's numbers ride on the readback
   bool h = false;
   if (i < n) {
     h = i == 0 || words[i] != words[i - 1];
@@ -1173,17 +1181,22 @@ __global__ void run_heads_kernel(const int64_t* __restrict__ words,
 }
 
 UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
-                                   int64_t num_tables, bool with_order) {
+                                   int64_t num_tables, bool with_order,
+                                   const std::optional<at::Tensor>& extra_in) {
   const char* op = "segmented_unique";
   check_segmented_unique(keys, table_ids, num_tables, op);
   const at::cuda::CUDAGuard guard(keys.device());
   const auto k = keys.contiguous();
   const auto t = table_ids.contiguous();
+  const at::Tensor extra = check_unique_extra(extra_in, k, op);
+  const int64_t num_extra = extra.defined() ? extra.numel() : 0;
   const int64_t n = k.numel();
   const auto opts = k.options();
   if (n == 0) {
-    return {k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), k.new_empty({0}),
-            at::zeros({num_tables}, opts.device(at::kCPU)), k.new_empty({0})};
+    auto counts = at::zeros({num_tables}, opts.device(at::kCPU));
+    if (num_extra) counts = at::cat({counts, extra.cpu()});
+    return {k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), k.new_empty({0}), counts,
+            k.new_empty({0})};
   }
   auto stream = at::cuda::getCurrentCUDAStream();
   const int threads = 256;
@@ -1201,22 +1214,24 @@ UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& tab
   const auto order = std::get<1>(by_word);
   const auto st = t.index_select(0, order);
   auto head = at::empty({n}, opts);
-  // [u, clash, per-table counts]: the one readback.
-  auto small = at::zeros({2 + num_tables}, opts);
-  run_heads_kernel<<<blocks, threads, 0, stream>>>(
+  // [u, clash, per-table counts, the caller's extra numbers]: the one readback.
+  auto small = at::zeros({2 + num_tables + num_extra}, opts);
+  const int64_t heads_blocks = std::max<int64_t>(blocks, (num_extra + threads - 1) / threads);
+  run_heads_kernel<<<heads_blocks, threads, 0, stream>>>(
       sw.data_ptr<int64_t>(), st.data_ptr<int64_t>(), n, num_tables, head.data_ptr<int64_t>(),
       reinterpret_cast<unsigned long long*>(small.data_ptr<int64_t>()),
       reinterpret_cast<unsigned long long*>(small.data_ptr<int64_t>() + 2),
-      small.data_ptr<int64_t>() + 1);
+      small.data_ptr<int64_t>() + 1, num_extra ? extra.data_ptr<int64_t>() : nullptr, num_extra,
+      small.data_ptr<int64_t>() + 2 + num_tables);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto rank = at::cumsum(head, 0);  // pair id + 1 at each sorted position
   const auto host = small.cpu();
   if (host.data_ptr<int64_t>()[1] != 0) {
-    return segmented_unique_two_sorts(k, t, num_tables, with_order);
+    return segmented_unique_two_sorts(k, t, num_tables, with_order, extra);
   }
   // The keys come back from the sorted words (table 0 and a single table: the words are the keys).
   return unique_from_runs(order, sw, st, num_tables > 1, rank, head, host, 2, num_tables,
-                          with_order);
+                          with_order, num_extra);
 }
 
 // ---- table ids from the batch's offsets: one thread per index, a binary search over features ----

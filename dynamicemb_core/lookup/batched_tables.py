@@ -24,7 +24,7 @@ from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.lookup.features import OffsetsCheck, validate_batch
 from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
 from dynamicemb_core.lookup.initializers import validate_initializer
-from dynamicemb_core.lookup.steps import advance_steps, start_steps
+from dynamicemb_core.lookup.steps import advance_clocks, start_steps, step_clocks
 from dynamicemb_core.lookup.tiers import (
     cached_backings,
     check_row_dtypes,
@@ -126,6 +126,8 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             self.stochastic_rounding_seed = int(torch.randint(0, 2**62, ()).item())
         for tier in self.tables:
             start_steps(tier)
+        # the STEP clocks each training forward advances (fixed with the tables)
+        self._clocks = step_clocks(self.tables)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
         self._dummy = torch.zeros(1, device=self.device, requires_grad=True)
         self._step = 0
@@ -370,7 +372,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if self.training and any(o.training for o in self.table_options):
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
-            advance_steps(self.tables)  # STEP scores: this forward wrote the old step
+            advance_clocks(self._clocks)  # STEP scores: this forward wrote the old step
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
     def _grouped_forward(
@@ -387,10 +389,6 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         assert group is not None
         training = self.training and group.any_trains
         step, rows, slots, unplaced = group.lookup(indices, offsets, B, training, check)
-        # earlier steps' deferred outcomes (this step's placement is read later: by its backward,
-        # the next step or a counter read)
-        self.report_unplaced(group.storage.take_unplaced(settle=False))
-        self.report_unplaced(unplaced)
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:
             mode = lookup_ops.POOL_SUM
@@ -398,12 +396,22 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             mode = lookup_ops.POOL_MEAN
         if per_sample_weights is not None:
             step.weights = per_sample_weights.detach().float()
+        # The output first: on CUDA the device reads the rows while the host does the rest (the
+        # placement's deferred readback, the reports, autograd's bookkeeping).
+        try:
+            out = group.output(step, rows, slots, mode)
+        finally:
+            group.storage.send_placement()
+        # earlier steps' deferred outcomes (this step's placement is read later: by its backward,
+        # the next step or a counter read)
+        self.report_unplaced(group.storage.take_unplaced(settle=False))
+        self.report_unplaced(unplaced)
         return GroupedLookupFunction.apply(
             self._dummy,
             per_sample_weights if learn_weights else None,
             group,
             step,
-            (rows, slots),
+            (rows, slots, out),
             mode,
             self,
         )

@@ -110,8 +110,9 @@ class OffsetsCheck:
     """The offsets' data check of one batch: they start at 0, end at ``n`` and never decrease.
 
     The three numbers it needs (first, last, decreasing bags) come from the device: on CUDA the
-    grouped step's ``bag_table_ids`` computes them in the pass that labels the indices and
-    :meth:`attach` copies them to pinned host memory without waiting; :meth:`verify` reads them,
+    grouped step's ``bag_table_ids`` computes them in the pass that labels the indices and the
+    unique's readback brings them to the host (:meth:`give`); elsewhere :meth:`attach` copies
+    them to pinned host memory without waiting. :meth:`verify` reads them,
     waiting only when the copy has not finished (a caller that verifies after one of its own
     readbacks never waits: the copy came first on the stream). A check verified with nothing
     attached computes its numbers itself.
@@ -135,6 +136,18 @@ class OffsetsCheck:
             self._event.record()
         else:
             self._host = flags
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the numbers are still to come (nothing attached or given, not verified)."""
+        return not self._done and self._host is None
+
+    def give(self, numbers: torch.Tensor) -> None:
+        """The batch's numbers, (3,) int64 on the host, read back by the caller with its own
+        readback (the grouped lookup: with the unique's counts)."""
+        if self._done:
+            return
+        self._host, self._event = numbers, None
 
     def _own_flags(self) -> torch.Tensor:
         offsets = self.offsets

@@ -179,21 +179,36 @@ class TableGroup:
         return initial_rows(init.table, keys, tids, width, self.dims, init.seed)
 
     # ---- forward --------------------------------------------------------------------------------
-    def table_ids(
+    def _unique(
         self,
+        indices: torch.Tensor,
         offsets: torch.Tensor,
-        n: int,
         batch_size: int,
-        check: Optional[OffsetsCheck] = None,
-    ) -> torch.Tensor:
-        """(n,) table of each index, from the feature-major offsets (on the device, no sync);
-        the same pass counts the numbers ``check`` verifies later."""
+        check: Optional[OffsetsCheck],
+        ordered: bool,
+    ) -> Tuple[torch.Tensor, ...]:
+        """The batch's unique ``(table id, key)`` pairs (``lookup_ops.segmented_unique``'s, with
+        ``order`` when ``ordered``), then ``check`` verified. Table ids come from the feature-major
+        offsets on the device; the same pass counts the numbers ``check`` needs, and they come
+        back in the unique's readback (no synchronisation of their own)."""
+        n, T = indices.numel(), self.num_tables
+        extra = None
         if batch_size == 0 or n == 0:
-            return torch.zeros(n, dtype=torch.int64, device=self.device)
-        tids, flags = lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
+            tids = torch.zeros(n, dtype=torch.int64, device=self.device)
+        else:
+            tids, flags = lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
+            if check is not None and check.waiting:
+                extra = flags
+        unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
+        out = unique(indices, tids, T, extra)
+        if extra is not None:
+            assert check is not None
+            counts = out[4]
+            check.give(counts[T:])
+            out = out[:4] + (counts[:T],) + out[5:]
         if check is not None:
-            check.attach(flags)
-        return tids
+            check.verify()
+        return out
 
     def lookup(
         self,
@@ -212,20 +227,17 @@ class TableGroup:
         none). ``check``: the batch's pending offsets check, verified after the unique's
         readback and before anything is written (the two share one synchronisation).
         """
-        tids = self.table_ids(offsets, indices.numel(), batch_size, check)
         training = training and self.any_trains
         order = None
         if training and self.device.type == "cuda":
             # the dedup's sort grouped the positions by pair: the backward reuses it
-            keys, utids, inverse, key_counts, counts, order = lookup_ops.segmented_unique_ordered(
-                indices, tids, self.num_tables
+            keys, utids, inverse, key_counts, counts, order = self._unique(
+                indices, offsets, batch_size, check, True
             )
         else:
-            keys, utids, inverse, key_counts, counts = lookup_ops.segmented_unique(
-                indices, tids, self.num_tables
+            keys, utids, inverse, key_counts, counts = self._unique(
+                indices, offsets, batch_size, check, False
             )
-        if check is not None:
-            check.verify()
         if not training:
             slots, found = self.storage.find_all(keys, utids)
             idx, rows = self._read_through(keys, utids, found, None)
@@ -446,10 +458,7 @@ class TableGroup:
                 check.verify()
             return
         storage, cache = self.storage, self.storage.cache
-        tids = self.table_ids(offsets, indices.numel(), batch_size, check)
-        keys, utids, _, _, counts = lookup_ops.segmented_unique(indices, tids, self.num_tables)
-        if check is not None:
-            check.verify()
+        keys, utids, _, _, counts = self._unique(indices, offsets, batch_size, check, False)
         storage.pin_pending()  # the forwards in flight first: the bucket check below counts them
         keep: Optional[torch.Tensor] = None
         if not self._plain:
@@ -590,7 +599,8 @@ class TableGroup:
 
 
 class GroupedLookupFunction(torch.autograd.Function):
-    """Forward: the group's output. Backward: the fused update, and the weights' gradient."""
+    """Forward: the group's output (computed by the caller, :meth:`TableGroup.output`, passed in
+    ``source``). Backward: the fused update, and the weights' gradient."""
 
     @staticmethod
     def forward(
@@ -599,12 +609,13 @@ class GroupedLookupFunction(torch.autograd.Function):
         weights: Optional[torch.Tensor],
         group: TableGroup,
         step: GroupStep,
-        source: Tuple[GroupedRows, torch.Tensor],
+        source: Tuple[GroupedRows, torch.Tensor, torch.Tensor],
         mode: Optional[int],
         module: Any,
     ) -> torch.Tensor:
-        rows, slots = source
-        out = group.output(step, rows, slots, mode)
+        # ``out``: group.output(step, rows, slots, mode), launched by the caller before its
+        # host-side bookkeeping so that the device reads the rows while the host works
+        rows, slots, out = source
         if weights is not None:
             # the rows as this forward read them (the backward's update changes them in place)
             step.weight_rows = rows.gather(step.table_ids, slots, group.max_dim, staged=step.staged)

@@ -8,8 +8,9 @@ with an earlier ``get_score`` result returns the keys touched since.
 
 A table's storage may hold several hash tables that score the same keys (a device cache and the
 host table behind it); they all keep one step, moved together here. The lookup module calls
-:func:`start_steps` once per table when it builds the storage and :func:`advance_steps` once per
-training forward; a checkpoint restores a step with the hash table's ``set_score``.
+:func:`start_steps` once per table when it builds the storage and :func:`advance_clocks` (over the
+:func:`step_clocks` it keeps) once per training forward; a checkpoint restores a step with the hash
+table's ``set_score``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ from typing import Any, Iterable, Iterator, List, Tuple
 
 from dynamicemb_core.config import DynamicEmbScoreStrategy
 
-__all__ = ["FIRST_STEP", "advance_steps", "hash_tables", "start_steps", "step_tables"]
+__all__ = [
+    "FIRST_STEP",
+    "advance_clocks",
+    "hash_tables",
+    "start_steps",
+    "step_clocks",
+    "step_tables",
+]
 
 FIRST_STEP = 1
 _STEP = int(DynamicEmbScoreStrategy.STEP)
@@ -54,8 +62,14 @@ def start_steps(storage: Any, table_id: int = 0) -> None:
         table.set_score(t, FIRST_STEP)
 
 
-def advance_steps(storages: Iterable[Any], table_id: int = 0) -> None:
-    """Add one to the step of every STEP hash table of each storage (after a training forward)."""
-    for storage in storages:
-        for table, t in step_tables(storage, table_id):
-            table.advance_step(t)
+def step_clocks(storages: Iterable[Any], table_id: int = 0) -> List[Tuple[Any, int]]:
+    """The STEP-scored ``(hash table, table id)`` of every storage: the clocks a training
+    forward moves. Fixed once the storages are built: a module keeps the list and advances it with
+    :func:`advance_clocks` after each training forward (no per-table lookups per step)."""
+    return [clock for storage in storages for clock in step_tables(storage, table_id)]
+
+
+def advance_clocks(clocks: Iterable[Tuple[Any, int]]) -> None:
+    """Add one to the step of each ``(hash table, table id)`` of :func:`step_clocks`."""
+    for table, t in clocks:
+        table.advance_step(t)

@@ -94,11 +94,16 @@ def _adam_update_fake(
 
 
 def _segmented_unique_fake(
-    keys: Tensor, table_ids: Tensor, num_tables: int, with_order: bool = False
+    keys: Tensor,
+    table_ids: Tensor,
+    num_tables: int,
+    with_order: bool = False,
+    extra: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     torch._check(keys.dim() == 1, lambda: "segmented_unique: keys must be 1-D")
     u = torch.library.get_ctx().new_dynamic_size()
-    counts = torch.empty(num_tables, dtype=torch.int64, device="cpu")
+    k = 0 if extra is None else extra.shape[0]
+    counts = torch.empty(num_tables + k, dtype=torch.int64, device="cpu")
     return (
         keys.new_empty(u),
         keys.new_empty(u),
@@ -157,6 +162,7 @@ def _grouped_init_rows_fake(
     init: Tensor,
     seed: int,
     check: bool = True,
+    only: Optional[Tensor] = None,
 ) -> None:
     torch._check(init.dim() == 2, lambda: "grouped_init_rows: init must be (T, 8)")
 

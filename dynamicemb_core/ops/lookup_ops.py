@@ -198,7 +198,10 @@ OPTIMIZER_CODES = {
 
 
 def segmented_unique(
-    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    num_tables: int,
+    extra: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Deduplicate ``(table id, key)`` pairs of all tables at once.
 
@@ -213,21 +216,28 @@ def segmented_unique(
         first occurrence on CPU; on CUDA, by one 64-bit sort word per pair (the key XOR the table id
         times an odd constant), or by (table id, key) in the rare batch where two pairs share a word.
         Deterministic on both.
+
+    ``extra``: (k,) int64 numbers on the keys' device to read back with the counts (on CUDA in
+    the same copy: no synchronisation of their own); ``table_counts`` is then (T + k,), the k
+    numbers after the per-table counts.
     """
-    return _ops().segmented_unique.default(keys, table_ids, num_tables, False)[:5]
+    return _ops().segmented_unique.default(keys, table_ids, num_tables, False, extra)[:5]
 
 
 def segmented_unique_ordered(
-    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    num_tables: int,
+    extra: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`segmented_unique` and ``order`` (n,) int64: the positions grouped by unique pair
     (pair 0's first), each pair's in input order, i.e. ``argsort(inverse, stable=True)``.
 
     The backward's reduction needs exactly this grouping; on CUDA the dedup's sort already made it
     (no extra work), and :func:`grouped_reduce_update` given ``order`` and the counts skips its own
-    sort of the inverse. On CPU it costs one counting pass.
+    sort of the inverse. On CPU it costs one counting pass. ``extra``: as :func:`segmented_unique`.
     """
-    return _ops().segmented_unique.default(keys, table_ids, num_tables, True)
+    return _ops().segmented_unique.default(keys, table_ids, num_tables, True, extra)
 
 
 def bag_table_ids(
@@ -283,15 +293,17 @@ def grouped_init_rows(
     seed: int,
     *,
     check: bool = True,
+    only: Optional[torch.Tensor] = None,
 ) -> None:
-    """In place: new rows at ``(table_ids[i], slots[i])`` (slot -1 skipped), one launch.
+    """In place: new rows at ``(table_ids[i], slots[i])`` (slot -1 skipped), one launch; with
+    ``only`` (n,) bool, only the pairs where it is true (an insert's ``is_new``, no mask op first).
 
     Row ``i``'s embedding is its table's initializer (``init`` (T, 8) float64 on the values'
     device, :func:`dynamicemb_core.lookup.initializers.initializer_table`'s layout) drawn from a
     counter-based random stream of ``(seed, table id, keys[i], element)``: the same values on CPU
     and CUDA, at any slot and in any batch; its optimizer-state columns get ``init[t, 7]``.
     """
-    _ops().grouped_init_rows.default(values, meta, table_ids, slots, keys, init, seed, check)
+    _ops().grouped_init_rows.default(values, meta, table_ids, slots, keys, init, seed, check, only)
 
 
 def initial_rows(

@@ -184,6 +184,8 @@ class GroupedDeviceStorage(DeviceStorage):
         # the last deferred placement readback (acquire_all(defer=True)), and the unplaced keys
         # per table of the settled ones, for the caller's safe check (take_unplaced)
         self._pending_placement: Optional[_PendingPlacement] = None
+        # a deferred placement whose outcome is not counted yet (see send_placement)
+        self._unsent: Optional[Tuple[Any, ...]] = None
         self._late_unplaced: Optional[List[int]] = None
         self.table.counters.before_read = self.settle
         # pinned (table id, slot) pairs alive now: forwards in flight, outstanding prefetches
@@ -276,6 +278,8 @@ class GroupedDeviceStorage(DeviceStorage):
 
     def pin_pending(self) -> None:
         """Pin the held slots of every forward in flight (called first by each placing call)."""
+        if not self._pending:  # the usual case: the last step's backward gave its slots back
+            return
         for pairs in list(self._pending):
             if not pairs.released and not pairs.pinned:
                 self.table.adjust_pins(pairs.table_ids, pairs.slots, 1)
@@ -387,6 +391,7 @@ class GroupedDeviceStorage(DeviceStorage):
     def settle(self) -> None:
         """Read the deferred placement readback, if any (waits for its copy: by the time a
         caller needs it, its next unique's readback has synchronised, so this does not block)."""
+        self.send_placement()
         p = self._pending_placement
         if p is None:
             return
@@ -446,25 +451,22 @@ class GroupedDeviceStorage(DeviceStorage):
         )
         slots, is_new = res.slots, res.is_new
         write_count = self.table.write_count
-        # The step's table work's outcome: per table the keys placed new and the keys left
-        # unplaced (counted without hot atomics), and the sizes after the insert.
-        per_table = lookup_ops.placement_counts(table_ids, slots, is_new, T)
-        readback = torch.cat([per_table.reshape(-1), self.table.state.sizes])
         if cache is None and self.rows.init_in_place:
             # new rows made in place on the device, masked by is_new: no count needed first (on
             # the host, where reading is_new costs no sync, skipped when no key is new: the
             # steady state of a warm table)
             if self.device.type == "cuda" or bool(is_new.any()):
-                self.rows.init(
-                    table_ids, torch.where(is_new, slots, -1), keys, init.table, init.seed
-                )
+                self.rows.init(table_ids, slots, keys, init.table, init.seed, only=is_new)
             if defer:
-                self._defer(readback, table_counts, sizes, write_count)
+                # the outcome's count and copy wait for send_placement (the caller's output
+                # launches first); nothing writes the table in between
+                self._unsent = (table_ids, slots, is_new, list(table_counts), sizes, write_count)
                 return GroupAcquire(slots, 0, slots[:0], None, None)
+            readback = self._outcome(table_ids, slots, is_new)
             counted = self._account(readback.tolist(), table_counts, sizes, write_count)
             unplaced = sum(counted)
             return GroupAcquire(slots, unplaced, slots[:0], None, counted if unplaced else None)
-        host = readback.tolist()
+        host = self._outcome(table_ids, slots, is_new).tolist()
         unplaced_by_table = self._account(host, table_counts, sizes, write_count)
         num_missing, unplaced = sum(host[0 : 2 * T : 2]), sum(unplaced_by_table)
         by_table = unplaced_by_table if unplaced else None
@@ -497,6 +499,25 @@ class GroupedDeviceStorage(DeviceStorage):
             raise
         self.rows.scatter(fresh_tids, slots[idx], fresh)
         return self._cached_result(table_ids, slots, backed, homeless, idx, fresh)
+
+    def _outcome(
+        self, table_ids: torch.Tensor, slots: torch.Tensor, is_new: torch.Tensor
+    ) -> torch.Tensor:
+        """(3T,) int64 on the device: the placing call's outcome, per table the keys placed new
+        and the keys left unplaced (counted without hot atomics), then the sizes after it."""
+        per_table = lookup_ops.placement_counts(table_ids, slots, is_new, len(self.tables))
+        return torch.cat([per_table.reshape(-1), self.table.state.sizes])
+
+    def send_placement(self) -> None:
+        """Count the last deferred placement's outcome and start its copy to the host (no
+        wait; :meth:`settle` reads it). ``acquire_all(defer=True)`` leaves this to its caller,
+        to call once its next launches (the step's output) are queued; a later call that needs
+        the outcome sends it first."""
+        unsent, self._unsent = self._unsent, None
+        if unsent is None:
+            return
+        table_ids, slots, is_new, table_counts, sizes, write_count = unsent
+        self._defer(self._outcome(table_ids, slots, is_new), table_counts, sizes, write_count)
 
     def _defer(
         self,

@@ -438,12 +438,14 @@ class GroupedRows:
         keys: torch.Tensor,
         init: torch.Tensor,
         seed: int,
+        only: Optional[torch.Tensor] = None,
     ) -> None:
-        """In place: new rows for ``keys`` at ``(table_ids, slots)`` (slot -1 skipped), each part
-        its own pairs (:func:`lookup_ops.grouped_init_rows`; needs :attr:`init_in_place`)."""
+        """In place: new rows for ``keys`` at ``(table_ids, slots)`` (slot -1 skipped; with
+        ``only``, (n,) bool, only the pairs where it is true), each part its own pairs
+        (:func:`lookup_ops.grouped_init_rows`; needs :attr:`init_in_place`)."""
         if not self.has_host:
             lookup_ops.grouped_init_rows(
-                self.values, self.meta, table_ids, slots, keys, init, seed, check=False
+                self.values, self.meta, table_ids, slots, keys, init, seed, check=False, only=only
             )
             return
         assert self._host_ops is not None, "GroupedRows.init: the host part is not addressable"
@@ -453,10 +455,10 @@ class GroupedRows:
         host_values, host_meta = self._host_ops
         on_device, on_host = self._masks(table_ids, slots)
         lookup_ops.grouped_init_rows(
-            self.values, self.meta, table_ids, on_device, keys, init, seed, check=False
+            self.values, self.meta, table_ids, on_device, keys, init, seed, check=False, only=only
         )
         lookup_ops.grouped_init_rows(
-            host_values, host_meta, table_ids, on_host, keys, init, seed, check=False
+            host_values, host_meta, table_ids, on_host, keys, init, seed, check=False, only=only
         )
 
     def pooled_gather(

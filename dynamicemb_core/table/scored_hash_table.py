@@ -96,6 +96,12 @@ class ScoredHashTable:
         self._no_eviction = torch.tensor([s.no_eviction for s in specs], device=dev)
         # NO_EVICTION: each table's next insertion number (the score of its next new key)
         self._any_no_eviction = any(s.no_eviction for s in specs)
+        # what each inserting call reads of every spec, read once (the specs are fixed): policy
+        # codes, the growth check's (max_capacity, max_load_factor, no_eviction), RETAIN_KEY
+        self._policies = [s.policy for s in specs]
+        self._growth_rules = [(s.max_capacity, s.max_load_factor, s.no_eviction) for s in specs]
+        self._retains = [s.evicted_item_mode == EvictedItemMode.RETAIN_KEY for s in specs]
+        self._max_scores = max(s.num_scores for s in specs)
         self._next_number = torch.zeros(len(specs), dtype=i64, device=dev)
         # on the host on every device: the CUDA kernels read these handles on the host, and a
         # CPU tensor spares each inserting call a device-to-host copy
@@ -184,7 +190,7 @@ class ScoredHashTable:
         steps, custom = self._steps, self._custom_scores
         values = [
             steps[t] if p == _STEP else custom[t] if p == _CUSTOMIZED else -1
-            for t, p in enumerate(s.policy for s in self.specs)
+            for t, p in enumerate(self._policies)
         ]
         # Kept on the device while the values stay the same (always, for time policies): a new
         # host-to-device copy each call would synchronise with the device on CUDA.
@@ -316,18 +322,19 @@ class ScoredHashTable:
         the per-table outcome back with its sizes anyway, so counting costs no device work here.
         """
         retain = False
+        rules, retains = self._growth_rules, self._retains
         for t, count in enumerate(table_counts):
             if not count:
                 continue
-            spec = self.specs[t]
-            retain = retain or spec.evicted_item_mode == EvictedItemMode.RETAIN_KEY
+            retain = retain or retains[t]
+            max_capacity, max_load_factor, no_eviction = rules[t]
             if expansion.needs_growth(
                 int(sizes[t]),
                 int(count),
                 self._offsets[t + 1] - self._offsets[t],
-                spec.max_capacity,
-                spec.max_load_factor,
-                spec.no_eviction,
+                max_capacity,
+                max_load_factor,
+                no_eviction,
             ):
                 self._double(t)
         cur = self._cur_scores(None)
@@ -345,7 +352,7 @@ class ScoredHashTable:
                 pins=self._pin_counts_arg(),
                 deterministic=self._deterministic,
             )
-            evicted = self._no_evictions(max(s.num_scores for s in self.specs))
+            evicted = self._no_evictions(self._max_scores)
         slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
         self._number_new_keys(table_ids, slots, is_new, None)
         self._collect_evicted(evicted)

@@ -206,6 +206,36 @@ def test_segmented_unique_ordered_groups_positions_by_pair(device):
     assert lookup_ops.segmented_unique_ordered(empty, empty, 2)[5].numel() == 0
 
 
+def test_segmented_unique_reads_back_extra_numbers(device):
+    """``extra`` rides on the unique's readback: the per-table counts come back followed by its
+    numbers (the grouped lookup's offsets check), the rest of the answer unchanged; in the
+    sorting path where two pairs share a word too, and for an empty batch."""
+    mix = 0x9E3779B97F4A7C15
+    clash = (5 ^ mix) - (1 << 64) if (5 ^ mix) >= 1 << 63 else 5 ^ mix
+    extra = torch.tensor([0, 41, -3], device=device)
+    g = torch.Generator().manual_seed(3)
+    cases = [
+        (torch.randint(0, 30, (300,), generator=g), torch.randint(0, 3, (300,), generator=g)),
+        (torch.tensor([5, clash, 5, clash, 7]), torch.tensor([0, 1, 0, 1, 1])),
+        (torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)),
+    ]
+    for keys, tids in cases:
+        keys, tids = keys.to(device), tids.to(device)
+        plain = lookup_ops.segmented_unique_ordered(keys, tids, 3)
+        got = lookup_ops.segmented_unique_ordered(keys, tids, 3, extra)
+        assert got[4].device.type == "cpu"
+        assert got[4].tolist() == plain[4].tolist() + [0, 41, -3]
+        for a, b in zip(plain[:4] + plain[5:], got[:4] + got[5:]):
+            assert torch.equal(a, b)
+        short = lookup_ops.segmented_unique(keys, tids, 3, extra)
+        assert short[4].tolist() == got[4].tolist()
+    keys = torch.zeros(4, dtype=torch.int64, device=device)
+    with pytest.raises(TypeError, match="extra must be int64"):
+        lookup_ops.segmented_unique(keys, keys, 1, extra.float())
+    with pytest.raises(ValueError, match="extra must be 1-D"):
+        lookup_ops.segmented_unique(keys, keys, 1, extra.view(1, 3))
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_bag_table_ids_match_repeat_interleave(device, batch):
     g = torch.Generator().manual_seed(batch)
@@ -549,6 +579,7 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
     return [
         (ops.segmented_unique.default, (utids.clone(), utids, 3)),
         (ops.segmented_unique.default, (utids.clone(), utids, 3, True)),
+        (ops.segmented_unique.default, (utids.clone(), utids, 3, True, slots[:3].clone())),
         (ops.bag_table_ids.default, (offsets, ft, B, inverse.numel())),
         (ops.placement_counts.default, (utids, slots, slots >= 1, 3)),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6)),

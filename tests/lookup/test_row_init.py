@@ -144,6 +144,30 @@ def test_in_place_rows_equal_the_buffer_rows_and_skip_slot_minus_one(device, dty
     assert torch.equal(values[: stored[0]], before[: stored[0]])
 
 
+def test_only_mask_writes_the_pairs_it_marks_as_the_masked_slots_do(device):
+    """``only`` (an insert's is_new) gives the same rows as the slots masked to -1 first, over
+    more pairs than one warp looks at; a bad mask is refused before anything is written."""
+    g = torch.Generator().manual_seed(4)
+    n, cap = 300, 512
+    meta = torch.tensor([[0, 4, cap, 4], [4 * cap, 4, cap, 4]], device=device)
+    keys = (torch.randperm(10_000, generator=g)[:n] + 1).to(device)
+    tids = torch.randint(0, 2, (n,), generator=g).to(device)
+    slots = torch.randperm(cap, generator=g)[:n].to(device)
+    slots[::7] = -1
+    only = (torch.rand(n, generator=g) < 0.3).to(device)
+    init = initializer_table([MODES["uniform"], MODES["normal"]], torch.device(device), 0.25)
+    masked = torch.full((8 * cap,), 5.0, device=device)
+    lookup_ops.grouped_init_rows(masked, meta, tids, torch.where(only, slots, -1), keys, init, 9)
+    got = torch.full((8 * cap,), 5.0, device=device)
+    lookup_ops.grouped_init_rows(got, meta, tids, slots, keys, init, 9, only=only)
+    assert torch.equal(got, masked) and not torch.equal(got, torch.full_like(got, 5.0))
+    with pytest.raises(TypeError, match="only must be bool"):
+        lookup_ops.grouped_init_rows(got, meta, tids, slots, keys, init, 9, only=only.long())
+    with pytest.raises(ValueError, match="only must be"):
+        lookup_ops.grouped_init_rows(got, meta, tids, slots, keys, init, 9, only=only[:5])
+    assert torch.equal(got, masked)
+
+
 def test_bad_initializer_table_is_refused_before_writing(device):
     values = torch.zeros(16, device=device)
     meta = torch.tensor([[0, 4, 4, 4]], device=device)
@@ -174,4 +198,8 @@ def test_opcheck(device):
     lookup_ops._ops()
     opcheck(
         torch.ops.dynamicemb.grouped_init_rows.default, (values, meta, tids, slots, keys, init, 3)
+    )
+    opcheck(
+        torch.ops.dynamicemb.grouped_init_rows.default,
+        (values, meta, tids, slots, keys, init, 3, False, slots > 3),
     )

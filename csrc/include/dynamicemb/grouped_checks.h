@@ -106,6 +106,19 @@ inline void check_init_args(const at::Tensor& keys, const at::Tensor& init, int6
   check_on_device(init, device, "init", op);
 }
 
+/// grouped_init_rows' ``only``: (n,) bool on the rows' device, or none. Returns it contiguous, or
+/// an undefined tensor.
+inline at::Tensor check_init_only(const std::optional<at::Tensor>& only, int64_t n,
+                                  const at::Device& device, const char* op) {
+  if (!only.has_value() || !only->defined()) return at::Tensor();
+  DEMB_CHECK_TYPE(only->scalar_type() == at::kBool, op, ": only must be bool, got ",
+                  only->scalar_type());
+  DEMB_CHECK_VALUE(only->dim() == 1 && only->numel() == n, op, ": only must be (", n,
+                   ",), one per slot, got ", only->sizes());
+  check_on_device(*only, device, "only", op);
+  return only->contiguous();
+}
+
 /// The bag layout: ``offsets`` (F*B+1,) feature-major, ``feature_tables`` (F,), ``d_offsets``
 /// (F+1,), ``inverse`` and the optional ``weights`` (n,), all on one device.
 inline void check_group_bags(const at::Tensor& inverse, const at::Tensor& offsets,
@@ -140,6 +153,18 @@ inline void check_segmented_unique(const at::Tensor& keys, const at::Tensor& tab
                    " and ", table_ids.sizes());
   DEMB_CHECK_VALUE(num_tables >= 1, op, ": num_tables must be >= 1, got ", num_tables);
   check_on_device(table_ids, keys.device(), "table_ids", op);
+}
+
+/// segmented_unique's ``extra``: (k,) int64 numbers on the keys' device that ride on the unique's
+/// readback (the caller's offsets check). Returns them contiguous, or an undefined tensor.
+inline at::Tensor check_unique_extra(const std::optional<at::Tensor>& extra, const at::Tensor& keys,
+                                     const char* op) {
+  if (!extra.has_value() || !extra->defined()) return at::Tensor();
+  DEMB_CHECK_TYPE(extra->scalar_type() == at::kLong, op, ": extra must be int64, got ",
+                  extra->scalar_type());
+  DEMB_CHECK_VALUE(extra->dim() == 1, op, ": extra must be 1-D, got ", extra->sizes());
+  check_on_device(*extra, keys.device(), "extra", op);
+  return extra->contiguous();
 }
 
 /// The table id op: offsets (F*B+1,) int64 feature-major, feature_tables (F,) int64, on one device.
