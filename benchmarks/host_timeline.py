@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 sys.path.insert(0, "benchmarks")
-import bench_training as bt  # noqa: E402
+import bench_training as bt
 
 
 class Recorder:
@@ -103,8 +103,13 @@ def main() -> None:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     args = argparse.Namespace(
-        tables=a.tables, dim=128, num_ids=a.num_ids, pooling="none", batch=4096,
-        ids=a.ids, alpha=1.05,
+        tables=a.tables,
+        dim=128,
+        num_ids=a.num_ids,
+        pooling="none",
+        batch=4096,
+        ids=a.ids,
+        alpha=1.05,
     )
     dev = torch.device("cuda")
     opt = EmbOptimType.EXACT_SGD if a.optimizer == "sgd" else EmbOptimType.ADAM
@@ -152,7 +157,7 @@ def main() -> None:
         REC.on = False
         marks = REC.marks
         first_ev = marks[0][3]
-        prev_out_host, prev_ev, prev_name = marks[0][2], marks[0][3], "step"
+        prev_out_host, prev_ev = marks[0][2], marks[0][3]
         seq = []
         for name, where, th, ev in marks[1:]:
             if where == "in":
@@ -181,7 +186,6 @@ def main() -> None:
             f"{key:44s} {statistics.median(x[0] for x in v):8.3f} "
             f"{statistics.median(x[1] for x in v):22.3f}"
         )
-
 
     if a.cprofile:
         import cProfile
