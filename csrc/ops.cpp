@@ -114,9 +114,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   // and (3,) int64 on the offsets' device: [offsets[0], offsets[-1], bags whose offsets decrease],
   // the numbers the caller's offsets check reads (computed in the same pass).
   m.def("bag_table_ids(Tensor offsets, Tensor feature_tables, int batch_size, int n) -> (Tensor, Tensor)");
-  // (T, 2) int64 per table on the ids' device: [keys placed new (is_new and slot >= 0), keys left
-  // unplaced (slot < 0)] of one placing call; ids outside [0, T) are not counted.
-  m.def("placement_counts(Tensor table_ids, Tensor slots, Tensor is_new, int num_tables) -> Tensor");
+  // (T, 3) int64 per table on the ids' device: [keys placed new (is_new and slot >= 0), keys left
+  // unplaced (slot < 0), sizes[t]] of one placing call (T = sizes.numel(), the hash table's sizes
+  // after it: the whole outcome in one tensor for one copy); ids outside [0, T) are not counted.
+  m.def("placement_counts(Tensor table_ids, Tensor slots, Tensor is_new, Tensor sizes) -> Tensor");
   // (n, width) rows at (table_ids, slots): each row's first min(width, row_width) elements, zeros after.
   // With inverse (m,): (m, width), row i the pair inverse[i]'s (a sequence output read from the
   // unique pairs without expanding their ids first).

@@ -1100,25 +1100,29 @@ std::tuple<at::Tensor, at::Tensor> bag_table_ids_cpu(const at::Tensor& offsets,
 }
 
 at::Tensor placement_counts_cpu(const at::Tensor& table_ids, const at::Tensor& slots,
-                                const at::Tensor& is_new, int64_t num_tables) {
+                                const at::Tensor& is_new, const at::Tensor& sizes) {
   const char* op = "placement_counts";
-  check_placement_counts(table_ids, slots, is_new, num_tables, op);
+  check_placement_counts(table_ids, slots, is_new, sizes, op);
+  const auto sz = sizes.contiguous();
+  const int64_t num_tables = sz.numel();
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
   const auto nw = is_new.contiguous();
   const int64_t* t = tid.data_ptr<int64_t>();
   const int64_t* s = sl.data_ptr<int64_t>();
   const bool* w = nw.data_ptr<bool>();
-  auto out = at::zeros({num_tables, 2}, tid.options());
+  auto out = at::zeros({num_tables, 3}, tid.options());
   int64_t* c = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < sl.numel(); ++i) {
     if (t[i] < 0 || t[i] >= num_tables) continue;
     if (s[i] < 0) {
-      ++c[t[i] * 2 + 1];
+      ++c[t[i] * 3 + 1];
     } else if (w[i]) {
-      ++c[t[i] * 2];
+      ++c[t[i] * 3];
     }
   }
+  const int64_t* z = sz.data_ptr<int64_t>();
+  for (int64_t j = 0; j < num_tables; ++j) c[j * 3 + 2] = z[j];
   return out;
 }
 

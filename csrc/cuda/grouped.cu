@@ -1290,10 +1290,16 @@ std::tuple<at::Tensor, at::Tensor> bag_table_ids_cuda(const at::Tensor& offsets,
 
 __global__ void placement_counts_kernel(const int64_t* __restrict__ tids,
                                         const int64_t* __restrict__ slots,
-                                        const bool* __restrict__ is_new, int64_t n, int64_t T,
+                                        const bool* __restrict__ is_new,
+                                        const int64_t* __restrict__ sizes, int64_t n, int64_t T,
                                         unsigned long long* __restrict__ out) {
   __shared__ unsigned int counts[2 * kSharedTables];
   const bool shared = T <= kSharedTables;
+  if (blockIdx.x == 0) {  // the sizes column: plain stores, no other thread writes it
+    for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+      out[j * 3 + 2] = static_cast<unsigned long long>(sizes[j]);
+    }
+  }
   if (shared) {
     for (int64_t j = threadIdx.x; j < 2 * T; j += blockDim.x) counts[j] = 0;
   }
@@ -1307,33 +1313,38 @@ __global__ void placement_counts_kernel(const int64_t* __restrict__ tids,
     if (shared) {
       atomicAdd(&counts[t * 2 + col], 1u);
     } else {
-      atomicAdd(&out[t * 2 + col], 1ULL);
+      atomicAdd(&out[t * 3 + col], 1ULL);
     }
   }
   __syncthreads();
   if (shared) {
     for (int64_t j = threadIdx.x; j < 2 * T; j += blockDim.x) {
-      if (counts[j]) atomicAdd(&out[j], static_cast<unsigned long long>(counts[j]));
+      if (counts[j]) {
+        atomicAdd(&out[(j / 2) * 3 + j % 2], static_cast<unsigned long long>(counts[j]));
+      }
     }
   }
 }
 
 at::Tensor placement_counts_cuda(const at::Tensor& table_ids, const at::Tensor& slots,
-                                 const at::Tensor& is_new, int64_t num_tables) {
+                                 const at::Tensor& is_new, const at::Tensor& sizes) {
   const char* op = "placement_counts";
-  check_placement_counts(table_ids, slots, is_new, num_tables, op);
+  check_placement_counts(table_ids, slots, is_new, sizes, op);
   const at::cuda::CUDAGuard guard(table_ids.device());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();
   const auto nw = is_new.contiguous();
-  auto out = at::zeros({num_tables, 2}, tid.options());
+  const auto sz = sizes.contiguous();
+  const int64_t num_tables = sz.numel();
+  auto out = at::zeros({num_tables, 3}, tid.options());
   const int64_t n = sl.numel();
-  if (n == 0) return out;
   const int threads = 256;
-  // A grid-stride loop over a bounded grid: few blocks, so few global adds per table.
-  const int64_t blocks = std::min<int64_t>((n + threads - 1) / threads, 1024);
+  // A grid-stride loop over a bounded grid: few blocks, so few global adds per table (one block
+  // at least: it writes the sizes column).
+  const int64_t blocks = std::max<int64_t>(std::min<int64_t>((n + threads - 1) / threads, 1024), 1);
   placement_counts_kernel<<<blocks, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), nw.data_ptr<bool>(), n, num_tables,
+      tid.data_ptr<int64_t>(), sl.data_ptr<int64_t>(), nw.data_ptr<bool>(),
+      sz.data_ptr<int64_t>(), n, num_tables,
       reinterpret_cast<unsigned long long*>(out.data_ptr<int64_t>()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;

@@ -189,8 +189,8 @@ class TableGroup:
     ) -> Tuple[torch.Tensor, ...]:
         """The batch's unique ``(table id, key)`` pairs (``lookup_ops.segmented_unique``'s, with
         ``order`` when ``ordered``), then ``check`` verified. Table ids come from the feature-major
-        offsets on the device; the same pass counts the numbers ``check`` needs, and they come
-        back in the unique's readback (no synchronisation of their own)."""
+        offsets on the device; the same pass counts the numbers ``check`` needs (on CUDA they
+        come back in the unique's readback: no synchronisation of their own)."""
         n, T = indices.numel(), self.num_tables
         extra = None
         if batch_size == 0 or n == 0:
@@ -198,7 +198,10 @@ class TableGroup:
         else:
             tids, flags = lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
             if check is not None and check.waiting:
-                extra = flags
+                if flags.device.type == "cuda":
+                    extra = flags
+                else:
+                    check.attach(flags)  # already on the host
         unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
         out = unique(indices, tids, T, extra)
         if extra is not None:
@@ -517,7 +520,8 @@ class TableGroup:
         assert step.slots is not None
         storage = self.storage
         try:
-            self._update(step, grad_out.float(), mode, it)
+            grads = grad_out if grad_out.dtype == torch.float32 else grad_out.float()
+            self._update(step, grads, mode, it)
         finally:
             step.staged = None
             if step.pins is not None:

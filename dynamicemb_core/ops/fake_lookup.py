@@ -122,10 +122,10 @@ def _bag_table_ids_fake(
 
 
 def _placement_counts_fake(
-    table_ids: Tensor, slots: Tensor, is_new: Tensor, num_tables: int
+    table_ids: Tensor, slots: Tensor, is_new: Tensor, sizes: Tensor
 ) -> Tensor:
     torch._check(table_ids.dim() == 1, lambda: "placement_counts: table_ids must be 1-D")
-    return table_ids.new_empty(num_tables, 2)
+    return table_ids.new_empty(sizes.shape[0], 3)
 
 
 def _grouped_gather_fake(

@@ -257,12 +257,14 @@ def bag_table_ids(
 
 
 def placement_counts(
-    table_ids: torch.Tensor, slots: torch.Tensor, is_new: torch.Tensor, num_tables: int
+    table_ids: torch.Tensor, slots: torch.Tensor, is_new: torch.Tensor, sizes: torch.Tensor
 ) -> torch.Tensor:
-    """(T, 2) int64 on the ids' device: per table, the keys a placing call stored new
-    (``is_new & slot >= 0``) and the keys it left unplaced (``slot < 0``); counted per block in
-    shared memory on CUDA, so a few tables' counters take no hot global atomics."""
-    return _ops().placement_counts.default(table_ids, slots, is_new, num_tables)
+    """(T, 3) int64 on the ids' device, T = ``sizes.numel()``: per table, the keys a placing call
+    stored new (``is_new & slot >= 0``), the keys it left unplaced (``slot < 0``) and
+    ``sizes[t]`` (the hash table's sizes after the call): a placing call's whole outcome in one
+    tensor, one launch, for one copy to the host. Counted per block in shared memory on CUDA, so
+    a few tables' counters take no hot global atomics."""
+    return _ops().placement_counts.default(table_ids, slots, is_new, sizes)
 
 
 def grouped_gather(

@@ -69,7 +69,7 @@ class _PendingPlacement:
     """A deferred placement readback: the insert's per-table outcome and sizes on their way to
     pinned host memory, read when the next step synchronises anyway (:meth:`settle`)."""
 
-    host: torch.Tensor  # (3T,) [placed, unplaced] per table, then the sizes after the insert
+    host: torch.Tensor  # (T, 3) per table [placed, unplaced, size after the insert]
     event: Optional[Any]  # the CUDA event after the copy (None on CPU)
     table_counts: List[int]
     sizes_before: List[int]
@@ -184,6 +184,9 @@ class GroupedDeviceStorage(DeviceStorage):
         # the last deferred placement readback (acquire_all(defer=True)), and the unplaced keys
         # per table of the settled ones, for the caller's safe check (take_unplaced)
         self._pending_placement: Optional[_PendingPlacement] = None
+        # the deferred readback's pinned buffer and event, made by the first one (see _defer)
+        self._readback_host: Optional[torch.Tensor] = None
+        self._readback_event: Optional[Any] = None
         # a deferred placement whose outcome is not counted yet (see send_placement)
         self._unsent: Optional[Tuple[Any, ...]] = None
         self._late_unplaced: Optional[List[int]] = None
@@ -414,16 +417,17 @@ class GroupedDeviceStorage(DeviceStorage):
 
     def _account(
         self,
-        host: List[int],
+        host: List[List[int]],
         table_counts: Sequence[int],
         sizes: Sequence[int],
         write_count: int,
     ) -> List[int]:
-        """Count one insert's outcome from its readback ``host`` (``[placed, unplaced]`` per table,
-        then the sizes after it): counters, evictions, and the sizes when nothing has written the
-        table since. Returns the unplaced keys per table."""
-        T = len(self.tables)
-        placed, unplaced_by_table, after = host[0 : 2 * T : 2], host[1 : 2 * T : 2], host[2 * T :]
+        """Count one insert's outcome from its readback ``host`` (``[placed, unplaced, size
+        after]`` per table, :meth:`_outcome`'s): counters, evictions, and the sizes when nothing
+        has written the table since. Returns the unplaced keys per table."""
+        placed = [row[0] for row in host]
+        unplaced_by_table = [row[1] for row in host]
+        after = [row[2] for row in host]
         # A table's size moves only by keys placed and keys evicted during the call.
         evicted = [b + p - a for b, p, a in zip(sizes, placed, after)]
         self.table.counters.add(table_counts, placed, evicted, unplaced_by_table)
@@ -444,7 +448,6 @@ class GroupedDeviceStorage(DeviceStorage):
     ) -> GroupAcquire:
         """``acquire_all`` of pairs that all go through the hash table."""
         cache = self.cache
-        T = len(self.tables)
         sizes = self._known_sizes()
         res = self.table.find_or_insert_counted(
             keys, table_ids, table_counts, sizes, report_evicted=self._retain or cache is not None
@@ -468,7 +471,7 @@ class GroupedDeviceStorage(DeviceStorage):
             return GroupAcquire(slots, unplaced, slots[:0], None, counted if unplaced else None)
         host = self._outcome(table_ids, slots, is_new).tolist()
         unplaced_by_table = self._account(host, table_counts, sizes, write_count)
-        num_missing, unplaced = sum(host[0 : 2 * T : 2]), sum(unplaced_by_table)
+        num_missing, unplaced = sum(row[0] for row in host), sum(unplaced_by_table)
         by_table = unplaced_by_table if unplaced else None
         # Keys that got a slot get initial rows (an unplaced key, slot -1, reads as zeros); so do
         # keys of cached tables without a slot (they live in the backing store for this step).
@@ -503,10 +506,9 @@ class GroupedDeviceStorage(DeviceStorage):
     def _outcome(
         self, table_ids: torch.Tensor, slots: torch.Tensor, is_new: torch.Tensor
     ) -> torch.Tensor:
-        """(3T,) int64 on the device: the placing call's outcome, per table the keys placed new
-        and the keys left unplaced (counted without hot atomics), then the sizes after it."""
-        per_table = lookup_ops.placement_counts(table_ids, slots, is_new, len(self.tables))
-        return torch.cat([per_table.reshape(-1), self.table.state.sizes])
+        """(T, 3) int64 on the device: the placing call's outcome, per table the keys placed new,
+        the keys left unplaced (counted without hot atomics) and the size after it."""
+        return lookup_ops.placement_counts(table_ids, slots, is_new, self.table.state.sizes)
 
     def send_placement(self) -> None:
         """Count the last deferred placement's outcome and start its copy to the host (no
@@ -532,9 +534,14 @@ class GroupedDeviceStorage(DeviceStorage):
         event: Optional[Any] = None
         host = readback
         if readback.device.type == "cuda":
-            host = torch.empty(readback.shape, dtype=readback.dtype, pin_memory=True)
+            # one pinned buffer and one event, kept: the last copy into them was read (settled)
+            if self._readback_host is None:
+                self._readback_host = torch.empty(
+                    readback.shape, dtype=readback.dtype, pin_memory=True
+                )
+                self._readback_event = torch.cuda.Event()
+            host, event = self._readback_host, self._readback_event
             host.copy_(readback, non_blocking=True)
-            event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(readback.device))
         self._pending_placement = _PendingPlacement(
             host, event, list(table_counts), list(sizes), write_count

@@ -278,13 +278,30 @@ def test_placement_counts_match_python(device):
     tids = torch.randint(0, T, (n,), generator=g)
     slots = torch.randint(-1, 9, (n,), generator=g)
     is_new = torch.rand(n, generator=g) < 0.4
-    got = lookup_ops.placement_counts(tids.to(device), slots.to(device), is_new.to(device), T)
+    sizes = torch.randint(0, 100, (T,), generator=g)
+    got = lookup_ops.placement_counts(
+        tids.to(device), slots.to(device), is_new.to(device), sizes.to(device)
+    )
     placed = torch.bincount(tids[is_new & (slots >= 0)], minlength=T)
     unplaced = torch.bincount(tids[slots < 0], minlength=T)
     assert got.device.type == torch.device(device).type
-    assert torch.equal(got.cpu(), torch.stack([placed, unplaced], 1))
+    assert torch.equal(got.cpu(), torch.stack([placed, unplaced, sizes], 1))
+    # more tables than the CUDA kernel counts in shared memory; and no pair at all
+    many = torch.arange(300)
+    wide = lookup_ops.placement_counts(
+        tids.to(device), slots.to(device), is_new.to(device), many.to(device)
+    )
+    assert torch.equal(wide.cpu()[:T, :2], got.cpu()[:, :2])
+    assert torch.equal(wide.cpu()[:, 2], many)
+    assert bool((wide.cpu()[T:, :2] == 0).all())
+    none = lookup_ops.placement_counts(
+        tids[:0].to(device), slots[:0].to(device), is_new[:0].to(device), sizes.to(device)
+    )
+    assert torch.equal(none.cpu(), torch.stack([sizes * 0, sizes * 0, sizes], 1))
     with pytest.raises(TypeError, match="is_new"):
-        lookup_ops.placement_counts(tids, slots, slots, T)
+        lookup_ops.placement_counts(tids, slots, slots, sizes)
+    with pytest.raises(TypeError, match="sizes must be int64"):
+        lookup_ops.placement_counts(tids, slots, is_new, sizes.float())
 
 
 def _hot_batch(device, seed, batch=8, feature_tables=(0, 1, 2, 0)):
@@ -581,7 +598,7 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
         (ops.segmented_unique.default, (utids.clone(), utids, 3, True)),
         (ops.segmented_unique.default, (utids.clone(), utids, 3, True, slots[:3].clone())),
         (ops.bag_table_ids.default, (offsets, ft, B, inverse.numel())),
-        (ops.placement_counts.default, (utids, slots, slots >= 1, 3)),
+        (ops.placement_counts.default, (utids, slots, slots >= 1, utids[:3].clone())),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6)),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6, True, inverse)),
         (

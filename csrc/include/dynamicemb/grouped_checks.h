@@ -185,16 +185,22 @@ inline void check_bag_table_ids(const at::Tensor& offsets, const at::Tensor& fea
   check_on_device(feature_tables, offsets.device(), "feature_tables", op);
 }
 
-/// The placement counts op: table_ids, slots (u,) int64 and is_new (u,) bool on one device.
+/// The placement counts op: table_ids, slots (u,) int64, is_new (u,) bool and sizes (T,) int64 on
+/// one device.
 inline void check_placement_counts(const at::Tensor& table_ids, const at::Tensor& slots,
-                                   const at::Tensor& is_new, int64_t num_tables, const char* op) {
+                                   const at::Tensor& is_new, const at::Tensor& sizes,
+                                   const char* op) {
   check_row_ids(table_ids, slots, table_ids.device(), op);
   DEMB_CHECK_TYPE(is_new.scalar_type() == at::kBool && is_new.dim() == 1 &&
                       is_new.numel() == slots.numel(),
                   op, ": is_new must be (", slots.numel(), ",) bool, got ", is_new.sizes(), " ",
                   is_new.scalar_type());
-  DEMB_CHECK_VALUE(num_tables >= 1, op, ": num_tables must be >= 1, got ", num_tables);
+  DEMB_CHECK_TYPE(sizes.scalar_type() == at::kLong, op, ": sizes must be int64, got ",
+                  sizes.scalar_type());
+  DEMB_CHECK_VALUE(sizes.dim() == 1 && sizes.numel() >= 1, op,
+                   ": sizes must be (T,) with T >= 1, got ", sizes.sizes());
   check_on_device(is_new, table_ids.device(), "is_new", op);
+  check_on_device(sizes, table_ids.device(), "sizes", op);
 }
 
 /// The reduction's optional key order (segmented_unique's ``order`` and ``counts``): key_counts
