@@ -203,7 +203,7 @@ class TableGroup:
                 else:
                     check.attach(flags)  # already on the host
         unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
-        out = unique(indices, tids, T, extra)
+        out: Tuple[torch.Tensor, ...] = unique(indices, tids, T, extra)
         if extra is not None:
             assert check is not None
             counts = out[4]

@@ -541,6 +541,7 @@ class GroupedDeviceStorage(DeviceStorage):
                 )
                 self._readback_event = torch.cuda.Event()
             host, event = self._readback_host, self._readback_event
+            assert event is not None
             host.copy_(readback, non_blocking=True)
             event.record(torch.cuda.current_stream(readback.device))
         self._pending_placement = _PendingPlacement(
