@@ -883,14 +883,6 @@ void grouped_reduce_update_cpu(at::Tensor& values, const at::Tensor& meta,
   });
 }
 
-// A unique pair and its number of occurrences. ``Count`` is int32 for batches below 2^31 ids
-// and fewer than 2^31 tables (16-byte pairs, four to a cache line), else int64.
-template <typename Count>
-struct UniquePair {
-  int64_t key;
-  Count tid, count;
-};
-
 /// Hash of a (table id, key) pair: the key's hash mixed with the table id times an odd constant.
 DEMB_ALWAYS_INLINE uint64_t pair_hash(int64_t key, int64_t tid) {
   return hash_key(key) ^ (static_cast<uint64_t>(tid) * 0x9E3779B97F4A7C15ULL);
@@ -902,38 +894,54 @@ DEMB_ALWAYS_INLINE uint64_t pair_hash(int64_t key, int64_t tid) {
 // are the same whatever the array's size.
 thread_local int64_t t_last_unique = 0;
 
-// The open-addressing dedup of segmented_unique_cpu, in one serial pass in input order. Probe
-// slots hold pair ids of type Index (32-bit below 2^31 ids: half the bytes), the pairs live in one
-// array in order of first occurrence. The array is sized from the previous batch's pairs, not from
-// the batch (a batch repeats its hot keys, so its pairs are often a small part of its ids: an array
-// sized by the ids would be mostly empty lines, each probe a cache miss). A probe waits on two
-// random reads, its slot and then the pair that slot names, so both are prefetched: the slot
-// 2 x kPrefetchAhead positions ahead (its hash kept in a ring, computed once), the pair
-// kPrefetchAhead ahead. ``kOneTable``: every table id is ``tp[0]``, checked by the caller (a
-// one-table group: no table id is read or compared per index). Otherwise table ids are checked as
-// they are read (the outputs are new tensors: raising midway leaves nothing written).
-template <typename Index, typename Count, bool kOneTable>
-std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n,
-                                           int64_t num_tables, int64_t* inv, int64_t* tc,
-                                           const char* op) {
-  using Pair = UniquePair<Count>;
+/// One slot of the dedup's probe array: a pair and its unique id (id < 0: empty). ``Index`` is
+/// int32 for batches below 2^31 ids and fewer than 2^31 tables (16-byte slots, four to a line).
+template <typename Index>
+struct ProbeSlot {
+  int64_t key;
+  Index tid, id;
+};
+
+/// The dedup's answer: the pairs in order of first occurrence and each one's count.
+template <typename Index>
+struct Dedup {
+  std::vector<int64_t> keys;
+  std::vector<Index> tids, counts;
+};
+
+// The open-addressing dedup of segmented_unique_cpu, in one serial pass in input order. Each probe
+// slot holds its pair itself (key, table id, unique id), so a probe waits on one random read, the
+// slot's line, prefetched 2 x kPrefetchAhead positions ahead (its hash kept in a ring, computed
+// once); the counts live in their own array by unique id (hot keys' counts stay in L1). The array
+// is sized from the previous batch's pairs, not from the batch (a batch repeats its hot keys, so
+// its pairs are often a small part of its ids: an array sized by the ids would be mostly empty
+// lines), and kept at most half full. ``kOneTable``: every table id is ``tp[0]``, checked by the
+// caller (a one-table group: no table id is read or compared per index). Otherwise table ids are
+// checked as they are read (the outputs are new tensors: raising midway leaves nothing written).
+template <typename Index, bool kOneTable>
+Dedup<Index> dedup_pairs(const int64_t* kp, const int64_t* tp, int64_t n, int64_t num_tables,
+                         int64_t* inv, int64_t* tc, const char* op) {
+  using Slot = ProbeSlot<Index>;
   int64_t cap = 1024;
   const int64_t want = 2 * (t_last_unique + t_last_unique / 4);
   while (cap < 2 * n && cap < want) cap <<= 1;
   uint64_t mask = static_cast<uint64_t>(cap - 1);
-  std::vector<Index> slot_of(cap, Index(-1));
-  std::vector<Pair> pairs;
-  pairs.reserve(n);
+  std::vector<Slot> slots(cap, Slot{0, 0, Index(-1)});
+  Dedup<Index> out;
+  const int64_t expect = std::min(n, std::max<int64_t>(1024, want));
+  out.keys.reserve(expect);
+  out.tids.reserve(expect);
+  out.counts.reserve(expect);
   int64_t size = 0;
   // Half full: double the array and place the pairs found so far again.
   auto grow = [&] {
     cap *= 2;
     mask = static_cast<uint64_t>(cap - 1);
-    slot_of.assign(cap, Index(-1));
+    slots.assign(cap, Slot{0, 0, Index(-1)});
     for (int64_t id = 0; id < size; ++id) {
-      uint64_t h = pair_hash(pairs[id].key, pairs[id].tid) & mask;
-      while (slot_of[h] >= 0) h = (h + 1) & mask;
-      slot_of[h] = static_cast<Index>(id);
+      uint64_t h = pair_hash(out.keys[id], out.tids[id]) & mask;
+      while (slots[h].id >= 0) h = (h + 1) & mask;
+      slots[h] = Slot{out.keys[id], out.tids[id], static_cast<Index>(id)};
     }
   };
   const int64_t t0 = n > 0 ? tp[0] : 0;
@@ -945,11 +953,7 @@ std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp,
     if (i + kFar < n) {
       const uint64_t h = pair_hash(kp[i + kFar], tid_at(i + kFar));
       ring[(i + kFar) % kRing] = h;
-      __builtin_prefetch(&slot_of[h & mask], 0, 3);
-    }
-    if (i + kPrefetchAhead < n) {
-      const Index u = slot_of[ring[(i + kPrefetchAhead) % kRing] & mask];
-      if (u >= 0) __builtin_prefetch(&pairs.data()[u], 1, 3);
+      __builtin_prefetch(&slots[h & mask], 0, 3);
     }
     const int64_t key = kp[i], t = tid_at(i);
     if constexpr (!kOneTable) {
@@ -958,31 +962,32 @@ std::vector<UniquePair<Count>> dedup_pairs(const int64_t* kp, const int64_t* tp,
     }
     uint64_t h = ring[i % kRing] & mask;
     while (true) {
-      const Index u = slot_of[h];
-      if (__builtin_expect(u < 0, 0)) {
+      const Slot& sl = slots[h];
+      if (__builtin_expect(sl.id < 0, 0)) {
         if (2 * (size + 1) > cap) {  // half full: grow, then look for this absent pair's slot
           grow();
           h = ring[i % kRing] & mask;
-          while (slot_of[h] >= 0) h = (h + 1) & mask;
+          while (slots[h].id >= 0) h = (h + 1) & mask;
         }
-        slot_of[h] = static_cast<Index>(size);
+        slots[h] = Slot{key, static_cast<Index>(t), static_cast<Index>(size)};
         inv[i] = size;
-        pairs.push_back(Pair{key, static_cast<Count>(t), 1});
+        out.keys.push_back(key);
+        out.tids.push_back(static_cast<Index>(t));
+        out.counts.push_back(1);
         ++size;
         ++tc[t];
         break;
       }
-      Pair& p = pairs[u];
-      if (p.key == key && (kOneTable || p.tid == t)) {
-        inv[i] = u;
-        ++p.count;
+      if (sl.key == key && (kOneTable || sl.tid == t)) {
+        inv[i] = sl.id;
+        ++out.counts[sl.id];
         break;
       }
       h = (h + 1) & mask;
     }
   }
   t_last_unique = size;
-  return pairs;
+  return out;
 }
 
 /// Raises unless every one of the n table ids is ``0`` (the one table of a one-table group): one
@@ -996,15 +1001,14 @@ void check_one_table(const int64_t* tp, int64_t n, const char* op) {
   }
 }
 
-/// The pairs into segmented_unique's (u,) keys, table ids and counts.
-template <typename Count>
-void write_pairs(const std::vector<UniquePair<Count>>& pairs, int64_t* ok, int64_t* ot,
-                 int64_t* oc) {
-  const int64_t m = static_cast<int64_t>(pairs.size());
+/// The dedup's pairs into segmented_unique's (u,) keys, table ids and counts.
+template <typename Index>
+void write_pairs(const Dedup<Index>& d, int64_t* ok, int64_t* ot, int64_t* oc) {
+  const int64_t m = static_cast<int64_t>(d.keys.size());
+  std::copy(d.keys.begin(), d.keys.end(), ok);
   for (int64_t u = 0; u < m; ++u) {
-    ok[u] = pairs[u].key;
-    ot[u] = pairs[u].tid;
-    oc[u] = pairs[u].count;
+    ot[u] = d.tids[u];
+    oc[u] = d.counts[u];
   }
 }
 
@@ -1047,7 +1051,7 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   constexpr int64_t kNarrow = std::numeric_limits<int32_t>::max();
   at::Tensor out_keys, out_tids, out_counts;
   auto emit = [&](const auto& pairs) {
-    const int64_t m = static_cast<int64_t>(pairs.size());
+    const int64_t m = static_cast<int64_t>(pairs.keys.size());
     out_keys = at::empty({m}, k.options());
     out_tids = at::empty({m}, k.options());
     out_counts = at::empty({m}, k.options());
@@ -1056,11 +1060,11 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   };
   if (num_tables == 1) check_one_table(tp, n, op);
   if (n < kNarrow && num_tables == 1) {
-    emit(dedup_pairs<int32_t, int32_t, true>(kp, tp, n, num_tables, inv, tc, op));
+    emit(dedup_pairs<int32_t, true>(kp, tp, n, num_tables, inv, tc, op));
   } else if (n < kNarrow && num_tables < kNarrow) {
-    emit(dedup_pairs<int32_t, int32_t, false>(kp, tp, n, num_tables, inv, tc, op));
+    emit(dedup_pairs<int32_t, false>(kp, tp, n, num_tables, inv, tc, op));
   } else {
-    emit(dedup_pairs<int64_t, int64_t, false>(kp, tp, n, num_tables, inv, tc, op));
+    emit(dedup_pairs<int64_t, false>(kp, tp, n, num_tables, inv, tc, op));
   }
   at::Tensor order = with_order ? positions_by_key(inverse, out_counts) : k.new_empty({0});
   if (extra.defined()) table_counts = at::cat({table_counts, extra});
