@@ -7,7 +7,7 @@ sample ``b`` of feature ``f``. The module's one pass derives each index's table 
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -122,6 +122,7 @@ class OffsetsCheck:
         self.offsets, self.n, self.num_features = offsets, n, num_features
         self._event: Optional[Any] = None
         self._host: Optional[torch.Tensor] = None
+        self._given: Optional[List[int]] = None  # the numbers as host ints (give)
         self._done = False
 
     def attach(self, flags: torch.Tensor) -> None:
@@ -140,14 +141,14 @@ class OffsetsCheck:
     @property
     def waiting(self) -> bool:
         """Whether the numbers are still to come (nothing attached or given, not verified)."""
-        return not self._done and self._host is None
+        return not self._done and self._host is None and self._given is None
 
-    def give(self, numbers: torch.Tensor) -> None:
-        """The batch's numbers, (3,) int64 on the host, read back by the caller with its own
+    def give(self, numbers: Sequence[int]) -> None:
+        """The batch's three numbers as host ints, read back by the caller with its own
         readback (the grouped lookup: with the unique's counts)."""
         if self._done:
             return
-        self._host, self._event = numbers, None
+        self._given, self._event = [int(x) for x in numbers], None
 
     def _own_flags(self) -> torch.Tensor:
         offsets = self.offsets
@@ -163,12 +164,15 @@ class OffsetsCheck:
         """
         if self._done:
             return
-        if self._host is None:
-            self.attach(self._own_flags())
-        assert self._host is not None
-        if self._event is not None and not self._event.query():
-            self._event.synchronize()
-        first, last, num_decreasing = self._host.tolist()
+        if self._given is not None:
+            first, last, num_decreasing = self._given
+        else:
+            if self._host is None:
+                self.attach(self._own_flags())
+            assert self._host is not None
+            if self._event is not None and not self._event.query():
+                self._event.synchronize()
+            first, last, num_decreasing = self._host.tolist()
         self._done = True
         offsets, n = self.offsets, self.n
         if first != 0 or last != n:

@@ -186,9 +186,10 @@ class TableGroup:
         batch_size: int,
         check: Optional[OffsetsCheck],
         ordered: bool,
-    ) -> Tuple[torch.Tensor, ...]:
+    ) -> Tuple[Any, ...]:
         """The batch's unique ``(table id, key)`` pairs (``lookup_ops.segmented_unique``'s, with
-        ``order`` when ``ordered``), then ``check`` verified. Table ids come from the feature-major
+        ``order`` when ``ordered``; the per-table counts as a host list), then ``check``
+        verified. Table ids come from the feature-major
         offsets on the device; the same pass counts the numbers ``check`` needs (on CUDA they
         come back in the unique's readback: no synchronisation of their own)."""
         n, T = indices.numel(), self.num_tables
@@ -204,14 +205,14 @@ class TableGroup:
                     check.attach(flags)  # already on the host
         unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
         out: Tuple[torch.Tensor, ...] = unique(indices, tids, T, extra)
+        counts = out[4].tolist()  # one host read for the counts and the check's numbers
         if extra is not None:
             assert check is not None
-            counts = out[4]
             check.give(counts[T:])
-            out = out[:4] + (counts[:T],) + out[5:]
+            counts = counts[:T]
         if check is not None:
             check.verify()
-        return out
+        return out[:4] + (counts,) + out[5:]
 
     def lookup(
         self,
@@ -248,7 +249,7 @@ class TableGroup:
             return self._source(step, slots, slots, idx, rows) + (None,)
         if self._plain:
             acquire = self.storage.acquire_all(
-                keys, utids, counts.tolist(), self._row_init(), defer=self.defer_placement
+                keys, utids, counts, self._row_init(), defer=self.defer_placement
             )
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
             self._hold(step, acquire.backed)
@@ -480,8 +481,8 @@ class TableGroup:
         if keep is not None:
             idx = keep.nonzero().squeeze(1)
             keys, utids = keys[idx], utids[idx]
-            counts = torch.bincount(utids, minlength=self.num_tables)
-        acquire = storage.acquire_all(keys, utids, counts.tolist(), self._row_init())
+            counts = torch.bincount(utids, minlength=self.num_tables).tolist()
+        acquire = storage.acquire_all(keys, utids, counts, self._row_init())
         if cache is not None:
             mine = cache.cached_dev[utids] & (acquire.slots >= 0)
             pairs = mine.nonzero().squeeze(1)

@@ -66,3 +66,22 @@ def test_offsets_check_reads_its_flags_once() -> None:
         check.verify()
     check.verify()
     OffsetsCheck(torch.tensor([0, 2, 2, 3]), 3, 3).verify()
+
+
+def test_offsets_check_given_numbers_decide_as_its_own() -> None:
+    """Numbers read back by the caller (``give``: the grouped lookup's unique readback on CUDA)
+    decide as the check's own would: no longer waiting, the same errors, once."""
+    bad_start = OffsetsCheck(torch.tensor([1, 2, 3]), 3, 1)
+    assert bad_start.waiting
+    bad_start.give([1, 3, 0])
+    assert not bad_start.waiting
+    with pytest.raises(ValueError, match="start at 0 and end at len\\(indices\\)=3, got first=1"):
+        bad_start.verify()
+    bad_start.verify()
+    decreasing = OffsetsCheck(torch.tensor([0, 2, 1, 3]), 3, 1)
+    decreasing.give([0, 3, 1])
+    with pytest.raises(ValueError, match="offsets\\[1\\]=2 > offsets\\[2\\]=1"):
+        decreasing.verify()
+    good = OffsetsCheck(torch.tensor([0, 2, 2, 3]), 3, 3)
+    good.give([0, 3, 0])
+    good.verify()
