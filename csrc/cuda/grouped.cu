@@ -301,11 +301,9 @@ void grouped_init_rows_cuda(at::Tensor& values, const at::Tensor& meta, const at
                             const at::Tensor& slots, const at::Tensor& keys, const at::Tensor& init,
                             int64_t seed, bool check, const std::optional<at::Tensor>& only_in) {
   const char* op = "grouped_init_rows";
-  check_group(values, meta, op);
-  check_row_ids(table_ids, slots, values.device(), op);
+  const at::Tensor only =
+      check_init_rows_args(values, meta, table_ids, slots, keys, init, only_in, op);
   const int64_t n = slots.numel();
-  check_init_args(keys, init, n, meta.size(0), values.device(), op);
-  const at::Tensor only = check_init_only(only_in, n, values.device(), op);
   const at::cuda::CUDAGuard guard(values.device());
   const auto tid = table_ids.contiguous();
   const auto sl = slots.contiguous();

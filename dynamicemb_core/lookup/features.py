@@ -52,11 +52,9 @@ def validate_batch(
     """:func:`validate_inputs` with the offsets' data check left pending: ``(B, check)``.
 
     Everything known on the host (types, devices, shapes, weights) is checked now; the offsets'
-    values (start, end, order) are checked by ``check.verify()``. On CUDA their flags are copied
-    to the host without waiting, so a caller that verifies after its next readback (the grouped
-    lookup: after the unique's) spends no synchronisation of its own on them; it must write
-    nothing before verifying. On the CPU the same pass (``bag_table_ids``) counts them, so the
-    check costs no torch ops of its own there either.
+    values (start, end, order) are checked by ``check.verify()``. The grouped lookup counts
+    them in its ``bag_table_ids`` pass and reads them back with the unique's counts, so it spends
+    no synchronisation of its own on them; it must write nothing before verifying.
 
     Raises:
         TypeError, ValueError: as :func:`validate_inputs` (the offsets' values: at ``verify``).
@@ -109,51 +107,34 @@ def validate_batch(
 class OffsetsCheck:
     """The offsets' data check of one batch: they start at 0, end at ``n`` and never decrease.
 
-    The three numbers it needs (first, last, decreasing bags) come from the device: on CUDA the
-    grouped step's ``bag_table_ids`` computes them in the pass that labels the indices and the
-    unique's readback brings them to the host (:meth:`give`); elsewhere :meth:`attach` copies
-    them to pinned host memory without waiting. :meth:`verify` reads them,
-    waiting only when the copy has not finished (a caller that verifies after one of its own
-    readbacks never waits: the copy came first on the stream). A check verified with nothing
-    attached computes its numbers itself.
+    The three numbers it needs (first, last, decreasing bags) are counted on the offsets' device
+    by the grouped step's ``bag_table_ids`` and come back in the unique's readback
+    (:meth:`give`), so the check costs no synchronisation of its own. A check verified with
+    nothing given computes its numbers itself.
     """
 
     def __init__(self, offsets: torch.Tensor, n: int, num_features: int) -> None:
         self.offsets, self.n, self.num_features = offsets, n, num_features
-        self._event: Optional[Any] = None
-        self._host: Optional[torch.Tensor] = None
         self._given: Optional[List[int]] = None  # the numbers as host ints (give)
         self._done = False
 
-    def attach(self, flags: torch.Tensor) -> None:
-        """The batch's numbers, (3,) int64 ``[offsets[0], offsets[-1], decreasing bags]`` on the
-        offsets' device (``lookup_ops.bag_table_ids``'s second output)."""
-        if self._done:
-            return
-        if flags.device.type == "cuda":
-            self._host = torch.empty(3, dtype=torch.int64, pin_memory=True)
-            self._host.copy_(flags, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host = flags
-
     @property
     def waiting(self) -> bool:
-        """Whether the numbers are still to come (nothing attached or given, not verified)."""
-        return not self._done and self._host is None and self._given is None
+        """Whether the numbers are still to come (nothing given, not verified)."""
+        return not self._done and self._given is None
 
     def give(self, numbers: Sequence[int]) -> None:
-        """The batch's three numbers as host ints, read back by the caller with its own
-        readback (the grouped lookup: with the unique's counts)."""
+        """The batch's three numbers ``[offsets[0], offsets[-1], decreasing bags]`` as host
+        ints, read back by the caller with its own readback (the grouped lookup: with the
+        unique's counts)."""
         if self._done:
             return
-        self._given, self._event = [int(x) for x in numbers], None
+        self._given = [int(x) for x in numbers]
 
-    def _own_flags(self) -> torch.Tensor:
+    def _own_numbers(self) -> List[int]:
         offsets = self.offsets
         decreasing = (offsets[1:] < offsets[:-1]).sum()
-        return torch.stack([offsets[0], offsets[-1], decreasing])
+        return torch.stack([offsets[0], offsets[-1], decreasing]).tolist()
 
     def verify(self) -> None:
         """Raise ValueError when the offsets do not describe the batch (once; later calls return).
@@ -164,15 +145,9 @@ class OffsetsCheck:
         """
         if self._done:
             return
-        if self._given is not None:
-            first, last, num_decreasing = self._given
-        else:
-            if self._host is None:
-                self.attach(self._own_flags())
-            assert self._host is not None
-            if self._event is not None and not self._event.query():
-                self._event.synchronize()
-            first, last, num_decreasing = self._host.tolist()
+        first, last, num_decreasing = (
+            self._given if self._given is not None else self._own_numbers()
+        )
         self._done = True
         offsets, n = self.offsets, self.n
         if first != 0 or last != n:

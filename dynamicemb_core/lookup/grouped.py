@@ -190,8 +190,8 @@ class TableGroup:
         """The batch's unique ``(table id, key)`` pairs (``lookup_ops.segmented_unique``'s, with
         ``order`` when ``ordered``; the per-table counts as a host list), then ``check``
         verified. Table ids come from the feature-major
-        offsets on the device; the same pass counts the numbers ``check`` needs (on CUDA they
-        come back in the unique's readback: no synchronisation of their own)."""
+        offsets on the device; the same pass counts the numbers ``check`` needs, and they come
+        back in the unique's readback (no synchronisation of their own)."""
         n, T = indices.numel(), self.num_tables
         extra = None
         if batch_size == 0 or n == 0:
@@ -199,10 +199,7 @@ class TableGroup:
         else:
             tids, flags = lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
             if check is not None and check.waiting:
-                if flags.device.type == "cuda":
-                    extra = flags
-                else:
-                    check.attach(flags)  # already on the host
+                extra = flags
         unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
         out: Tuple[torch.Tensor, ...] = unique(indices, tids, T, extra)
         counts = out[4].tolist()  # one host read for the counts and the check's numbers

@@ -92,7 +92,7 @@ inline void check_update_keys(const std::optional<at::Tensor>& keys, int64_t n,
 }
 
 /// grouped_init_rows' ``keys`` (n,) int64 and ``init`` (T, 8) float64 (row_init.h), on ``device``.
-inline void check_init_args(const at::Tensor& keys, const at::Tensor& init, int64_t n, int64_t T,
+inline void check_init_keys(const at::Tensor& keys, const at::Tensor& init, int64_t n, int64_t T,
                             const at::Device& device, const char* op) {
   DEMB_CHECK_TYPE(keys.scalar_type() == at::kLong, op, ": keys must be int64, got ",
                   keys.scalar_type());
@@ -117,6 +117,19 @@ inline at::Tensor check_init_only(const std::optional<at::Tensor>& only, int64_t
                    ",), one per slot, got ", only->sizes());
   check_on_device(*only, device, "only", op);
   return only->contiguous();
+}
+
+/// Every argument of grouped_init_rows that the host can check (both kernels): the group, the
+/// (table id, slot) pairs, keys, init and ``only``. Returns ``only`` contiguous, or undefined.
+inline at::Tensor check_init_rows_args(const at::Tensor& values, const at::Tensor& meta,
+                                       const at::Tensor& table_ids, const at::Tensor& slots,
+                                       const at::Tensor& keys, const at::Tensor& init,
+                                       const std::optional<at::Tensor>& only, const char* op) {
+  check_group(values, meta, op);
+  check_row_ids(table_ids, slots, values.device(), op);
+  const int64_t n = slots.numel();
+  check_init_keys(keys, init, n, meta.size(0), values.device(), op);
+  return check_init_only(only, n, values.device(), op);
 }
 
 /// The bag layout: ``offsets`` (F*B+1,) feature-major, ``feature_tables`` (F,), ``d_offsets``
