@@ -86,9 +86,9 @@ std::pair<Tensor, Tensor> check_keys(const char* op, const Tensor& keys_in,
   return {keys_in.contiguous(), table_ids};
 }
 
-/** Params of the upsert engine with everything but mode-specific fields filled in. */
-UpsertParams upsert_params(UpsertMode mode, const Tensor& keys, const Tensor& table_ids,
-                           const StateView& s, Tensor& protect_bits) {
+/** Params of the upsert engine with the state and the keys filled in (no scratch). */
+UpsertParams upsert_state_params(UpsertMode mode, const Tensor& keys, const Tensor& table_ids,
+                                 const StateView& s) {
   UpsertParams p{};
   p.mode = mode;
   p.keys = keys.data_ptr<int64_t>();
@@ -102,20 +102,148 @@ UpsertParams upsert_params(UpsertMode mode, const Tensor& keys, const Tensor& ta
   p.policies = s.policies;
   p.sizes = s.sizes;
   p.num_tables = s.num_tables;
-  // the protect bits, then the key-parallel engine's pending and eviction counts: one zero fill
-  const int64_t words = (s.total_slots + 31) / 32;
-  protect_bits = at::zeros({words + 2}, keys.options().dtype(at::kInt));
-  p.protect_bits = reinterpret_cast<uint32_t*>(protect_bits.data_ptr<int32_t>());
-  p.pending_count = protect_bits.data_ptr<int32_t>() + words;
-  p.evicted_count = p.pending_count + 1;
   return p;
+}
+
+/** 32-bit protect words of a table of `total_slots` slots. */
+inline int64_t protect_words(int64_t total_slots) { return (total_slots + 31) / 32; }
+
+/** upsert_state_params plus zeroed protect bits (erase, insert_at: no other scratch). */
+UpsertParams upsert_params(UpsertMode mode, const Tensor& keys, const Tensor& table_ids,
+                           const StateView& s, Tensor& protect_bits) {
+  UpsertParams p = upsert_state_params(mode, keys, table_ids, s);
+  protect_bits = at::zeros({protect_words(s.total_slots)}, keys.options().dtype(at::kInt));
+  p.protect_bits = reinterpret_cast<uint32_t*>(protect_bits.data_ptr<int32_t>());
+  return p;
+}
+
+/** Bytes rounded up to whole 16-byte words. */
+inline int64_t whole_vecs(int64_t bytes) { return (bytes + 15) / 16; }
+
+/**
+ * The scratch of one inserting call, one allocation of 16-byte words: the call's score per table;
+ * for the key-parallel engine its pending list (one 16-byte entry per key at most), its list of
+ * leaders placed in empty slots (8 bytes each) and of followers (4 bytes each); the protect bits
+ * with the engine's four counts after them (pending, evicted, placed, followers); its leader map.
+ * One upsert_init_kernel zeroes the bits and counts, fills the map with -1 and resolves the score:
+ * one allocation and one launch before the first pass, where there were four and three (the H200
+ * profile of docs/benchmarks.md: the host's launches, not their GPU time, kept the GPU waiting).
+ * Returns `now`, a view of the first T words (the score functions' ranks read it).
+ */
+Tensor insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
+                      const Tensor& cur_scores, bool parallel, const at::TensorOptions& opts,
+                      cudaStream_t stream, Tensor& scratch) {
+  const int64_t n = p.n;
+  const int64_t now_vecs = whole_vecs(s.num_tables * 8);
+  const int64_t list_vecs = parallel ? n : 0;
+  const int64_t placed_vecs = parallel ? whole_vecs(n * 8) : 0;
+  const int64_t follow_vecs = parallel ? whole_vecs(n * 4) : 0;
+  const int64_t words = protect_words(s.total_slots);
+  const int64_t zero_vecs = whole_vecs((words + 4) * 4);
+  const int64_t map_words = parallel ? dedup_words(n) : 0;
+  const int64_t map_vecs = whole_vecs(map_words * 4);
+  scratch = at::empty(
+      {2 * (now_vecs + list_vecs + placed_vecs + follow_vecs + zero_vecs + map_vecs)},
+      opts.dtype(at::kLong));
+  auto* base = reinterpret_cast<uint4*>(scratch.data_ptr<int64_t>());
+  uint4* list = base + now_vecs;
+  uint4* placed = list + list_vecs;
+  uint4* follow = placed + placed_vecs;
+  uint4* zero = follow + follow_vecs;
+  uint4* map = zero + zero_vecs;
+  p.protect_bits = reinterpret_cast<uint32_t*>(zero);
+  p.pending_count = reinterpret_cast<int32_t*>(zero) + words;
+  p.evicted_count = p.pending_count + 1;
+  if (parallel) {
+    p.pending = reinterpret_cast<int64_t*>(list);
+    p.placed = reinterpret_cast<uint64_t*>(placed);
+    p.placed_count = p.pending_count + 2;
+    p.followers = reinterpret_cast<int32_t*>(follow);
+    p.follower_count = p.pending_count + 3;
+    p.dedup = reinterpret_cast<int32_t*>(map);
+    p.dedup_mask = map_words - 1;
+  }
+  Tensor now = scratch.narrow(0, 0, s.num_tables);
+  p.now = now.data_ptr<int64_t>();
+  launch_upsert_init(zero, zero_vecs, map, map_vecs, policies.data_ptr<int64_t>(),
+                     cur_scores.data_ptr<int64_t>(), s.num_tables, now.data_ptr<int64_t>(),
+                     stream);
+  return now;
 }
 
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
 struct UpsertResult {
   Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores, ev_table_ids;
-  Tensor counts;  // key-parallel insert_and_evict: (pending, evicted) read back, pinned host
+  // key-parallel insert_and_evict: pending leaders and victims, as read back
+  int64_t pending = 0, evicted = 0;
 };
+
+/** The key-parallel engine's eviction report, `n` entries (one per pending leader at most). */
+void alloc_parallel_evicted(UpsertResult& r, UpsertParams& p, int64_t n,
+                            const at::TensorOptions& opts) {
+  r.ev_flag = at::empty({n}, opts.dtype(at::kBool));
+  r.ev_keys = at::empty({n}, opts);
+  r.ev_slots = at::empty({n}, opts);
+  r.ev_scores = at::empty({n, 2}, opts);
+  r.ev_table_ids = at::empty({n}, opts);
+  p.ev_flag = r.ev_flag.data_ptr<bool>();
+  p.ev_keys = r.ev_keys.data_ptr<int64_t>();
+  p.ev_slots = r.ev_slots.data_ptr<int64_t>();
+  p.ev_scores = r.ev_scores.data_ptr<int64_t>();
+  p.ev_table_ids = r.ev_table_ids.data_ptr<int64_t>();
+}
+
+/**
+ * Copies (pending, evicted) into pinned `counts` on `stream`, records an event after the copy and
+ * returns it: the host waits for that event (wait_counts), not for the stream, so whatever is
+ * queued after the copy keeps the GPU busy meanwhile.
+ */
+cudaEvent_t copy_counts(const UpsertParams& p, const Tensor& counts, cudaStream_t stream) {
+  C10_CUDA_CHECK(cudaMemcpyAsync(counts.data_ptr<int32_t>(), p.pending_count,
+                                 2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  cudaEvent_t event = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventRecord(event, stream));
+  return event;
+}
+
+/** Waits for copy_counts' event, frees it and reads the counts into `r`. */
+void wait_counts(cudaEvent_t event, const Tensor& counts, UpsertResult& r) {
+  const cudaError_t waited = cudaEventSynchronize(event);
+  C10_CUDA_CHECK(cudaEventDestroy(event));
+  C10_CUDA_CHECK(waited);
+  r.pending = counts.data_ptr<int32_t>()[0];
+  r.evicted = counts.data_ptr<int32_t>()[1];
+}
+
+/**
+ * The key-parallel insert_and_evict, its counts read while the GPU works: present pass, a copy of
+ * the counts, evict pass queued, then the host waits for the copy only. No pending leader means no
+ * victim: the finish pass is queued and the call returns. Otherwise a second copy after the evict
+ * pass, the finish pass queued behind it, and the host waits for that copy. Every copy into the
+ * pinned counts has completed when this returns (the buffer goes back to the allocator).
+ */
+void run_insert_and_evict_parallel(UpsertResult& r, UpsertParams& p,
+                                   const at::TensorOptions& opts, cudaStream_t stream) {
+  if (p.n == 0) {
+    alloc_parallel_evicted(r, p, 0, opts);
+    return;
+  }
+  check_upsert_parallel(p);
+  const Tensor counts = at::empty({2}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+  launch_present(p, stream);
+  const cudaEvent_t first = copy_counts(p, counts, stream);
+  alloc_parallel_evicted(r, p, p.n, opts);  // while the present pass runs
+  launch_evict(p, stream);
+  wait_counts(first, counts, r);
+  if (r.pending == 0) {
+    launch_finish(p, stream);
+    return;
+  }
+  const cudaEvent_t second = copy_counts(p, counts, stream);
+  launch_finish(p, stream);
+  wait_counts(second, counts, r);
+}
 
 /**
  * The shared body of insert, find_or_insert and insert_and_evict: the key-parallel engine, or with
@@ -149,21 +277,11 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   const auto opts = keys.options();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
-  Tensor protect_bits;
-  UpsertParams p = upsert_params(mode, keys, table_ids, s, protect_bits);
+  UpsertParams p = upsert_state_params(mode, keys, table_ids, s);
+  Tensor scratch;
+  const Tensor now = insert_scratch(p, s, policies, cur_scores, !deterministic, opts, stream,
+                                    scratch);
   p.pins = pin_counts;
-  Tensor scratch, pending;  // the key-parallel engine's leader map (-1 filled) and pending list
-  if (!deterministic && n > 0) {
-    const int64_t map_words = dedup_words(n);
-    scratch = at::empty({map_words}, opts.dtype(at::kInt));
-    p.dedup = scratch.data_ptr<int32_t>();
-    p.dedup_mask = map_words - 1;
-    pending = at::empty({n, 2}, opts);
-    p.pending = pending.data_ptr<int64_t>();
-    C10_CUDA_CHECK(cudaMemsetAsync(p.dedup, 0xff, map_words * sizeof(int32_t), stream));
-  }
-  const Tensor now = resolve_now_cuda(policies, cur_scores);
-  p.now = now.data_ptr<int64_t>();
   p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
 
   // Score functions: handles are read on the host (a CPU score_fns costs no synchronisation).
@@ -183,17 +301,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   p.out_slots = r.slots.data_ptr<int64_t>();
   p.out_flag = r.flag.data_ptr<bool>();
   if (mode == UpsertMode::kInsertAndEvict && !deterministic) {
-    // the key-parallel engine reports evictions by pending entry; every entry sets its flag
-    r.ev_flag = at::empty({n}, opts.dtype(at::kBool));
-    r.ev_keys = at::empty({n}, opts);
-    r.ev_slots = at::empty({n}, opts);
-    r.ev_scores = at::empty({n, 2}, opts);
-    r.ev_table_ids = at::empty({n}, opts);
-    p.ev_flag = r.ev_flag.data_ptr<bool>();
-    p.ev_keys = r.ev_keys.data_ptr<int64_t>();
-    p.ev_slots = r.ev_slots.data_ptr<int64_t>();
-    p.ev_scores = r.ev_scores.data_ptr<int64_t>();
-    p.ev_table_ids = r.ev_table_ids.data_ptr<int64_t>();
+    run_insert_and_evict_parallel(r, p, opts, stream);
   } else if (mode == UpsertMode::kInsertAndEvict) {
     r.ev_flag = at::zeros({n}, opts.dtype(at::kBool));
     r.ev_keys = at::empty({n}, opts);
@@ -203,38 +311,27 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
     p.ev_keys = r.ev_keys.data_ptr<int64_t>();
     p.ev_slots = r.ev_slots.data_ptr<int64_t>();
     p.ev_scores = r.ev_scores.data_ptr<int64_t>();
-  }
-  if (deterministic) {
+    select_upsert(p, s.total_slots, opts, stream);
+  } else if (deterministic) {
     select_upsert(p, s.total_slots, opts, stream);
   } else {
     select_upsert_parallel(p, stream);
-  }
-  if (mode == UpsertMode::kInsertAndEvict && !deterministic) {
-    r.counts = at::zeros({2}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-    if (n > 0) {
-      C10_CUDA_CHECK(cudaMemcpyAsync(r.counts.data_ptr<int32_t>(), p.pending_count,
-                                     2 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-    }
   }
   return r;
 }
 
 /**
- * The key-parallel engine's evictions: entry w of the pending list reports its victim at w. One
- * read of (pending, evicted) after the engine; when every pending leader evicted (no holes), the
- * report is the first `evicted` entries as they are; otherwise the entries that evicted are
- * compacted (one more read of the count).
+ * The key-parallel engine's evictions: entry w of the pending list reports its victim at w. When
+ * every pending leader evicted (no holes), the report is the first `evicted` entries as they are;
+ * otherwise the entries that evicted are compacted (one more read of the count).
  */
 std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r,
                                                             cudaStream_t stream) {
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const int64_t pending = r.counts.data_ptr<int32_t>()[0];
-  const int64_t evicted = r.counts.data_ptr<int32_t>()[1];
-  if (pending == evicted) {
-    return {r.ev_keys.narrow(0, 0, evicted), r.ev_slots.narrow(0, 0, evicted),
-            r.ev_scores.narrow(0, 0, evicted), r.ev_table_ids.narrow(0, 0, evicted)};
+  if (r.pending == r.evicted) {
+    return {r.ev_keys.narrow(0, 0, r.evicted), r.ev_slots.narrow(0, 0, r.evicted),
+            r.ev_scores.narrow(0, 0, r.evicted), r.ev_table_ids.narrow(0, 0, r.evicted)};
   }
-  return compact_evicted(r.ev_flag.narrow(0, 0, pending), r.ev_keys, r.ev_slots, r.ev_scores,
+  return compact_evicted(r.ev_flag.narrow(0, 0, r.pending), r.ev_keys, r.ev_slots, r.ev_scores,
                          r.ev_table_ids, stream);
 }
 
@@ -337,10 +434,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, input_scores, check, pins,
                               deterministic);
-  // Evictions (one device sync: m depends on data): deterministic, in input order of the keys
-  // that caused them; key-parallel, in pending-list order.
+  // Evictions (m depends on data: the host reads a count): deterministic, in input order of the
+  // keys that caused them (compact_evicted reads it); key-parallel, in pending-list order (the
+  // counts were read inside run_insert, with the finish pass still queued).
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (r.counts.defined()) {
+  if (!deterministic) {
     auto [ek, es, ew, et] = pending_evicted(r, stream);
     return {r.slots, r.flag, ek, es, ew, et};
   }

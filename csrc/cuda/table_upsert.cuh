@@ -79,6 +79,12 @@ struct UpsertParams {
   int64_t* ev_scores;           // (n, 2) internal order
   int64_t* ev_table_ids;        // key-parallel engine: (n,) table of each report entry
   int32_t* evicted_count;       // key-parallel engine: victims taken (zeroed; after pending_count)
+  // key-parallel engine: pass 1 lists the leaders it placed in empty slots (global slot | digest
+  // << 56; pass 2 writes their digests) and the followers (pass 3 runs over them only)
+  uint64_t* placed;             // (n,)
+  int32_t* placed_count;        // zeroed, after evicted_count
+  int32_t* followers;           // (n,) key indices
+  int32_t* follower_count;      // zeroed, after placed_count
 };
 
 namespace cg = cooperative_groups;
@@ -466,6 +472,40 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> compact_evicte
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {keys, slots, scores, tids};
+}
+
+/**
+ * @brief Everything an inserting call sets up before its first pass, in one kernel: `zero_vecs`
+ * 16-byte words zeroed (the protect bits and the counts after them), `map_vecs` filled with all
+ * ones (the key-parallel engine's leader map, -1 per int32 word) and the call's score per table
+ * resolved (resolve_now_kernel's job, by thread 0). One launch where there were three (a fill, a
+ * memset and the clock kernel): on the H200's host those launches, not their GPU time, kept the
+ * GPU waiting before the first pass (docs/benchmarks.md, issue 14, session 10).
+ */
+__global__ void __launch_bounds__(kBlockThreads)
+    upsert_init_kernel(uint4* __restrict__ zero, int64_t zero_vecs, uint4* __restrict__ map,
+                       int64_t map_vecs, const int64_t* __restrict__ policies,
+                       const int64_t* __restrict__ cur_scores, int64_t num_tables,
+                       int64_t* __restrict__ now) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlockThreads;
+  if (first == 0) {
+    const int64_t clock = global_timer_ns();
+    for (int64_t t = 0; t < num_tables; ++t) now[t] = resolve_now(policies[t], cur_scores[t], clock);
+  }
+  for (int64_t i = first; i < zero_vecs; i += stride) zero[i] = make_uint4(0u, 0u, 0u, 0u);
+  for (int64_t i = first; i < map_vecs; i += stride) map[i] = make_uint4(~0u, ~0u, ~0u, ~0u);
+}
+
+/** @brief Launcher of upsert_init_kernel: a grid-stride fill, at most 2048 blocks. */
+inline void launch_upsert_init(uint4* zero, int64_t zero_vecs, uint4* map, int64_t map_vecs,
+                               const int64_t* policies, const int64_t* cur_scores,
+                               int64_t num_tables, int64_t* now, cudaStream_t stream) {
+  const int64_t blocks =
+      std::min<int64_t>(blocks_for(std::max(zero_vecs, map_vecs), kBlockThreads), 2048);
+  upsert_init_kernel<<<blocks, kBlockThreads, 0, stream>>>(zero, zero_vecs, map, map_vecs,
+                                                           policies, cur_scores, num_tables, now);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 /** @brief Number of bits that hold every value in [0, total_slots] (the sentinel included). */

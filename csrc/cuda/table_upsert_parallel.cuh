@@ -18,10 +18,11 @@
  *     claimed (it tries the lowest empty slot it does not know to be claimed; the word a lost
  *     atomicOr returns tells it which slots of that word are taken) and writes its key and score
  *     words there, but not its digest: a probe of this pass never matches a key placed in it, so
- *     every occurrence of a key sees the same table. A leader that finds no free empty slot is
- *     appended to the call's pending list (listed per block in shared memory, then one atomicAdd
- *     per block reserves its place), as its key and its index | table << 32: everything the next
- *     pass needs about it in one 16-byte entry.
+ *     every occurrence of a key sees the same table; the slot and digest go to the call's placed
+ *     list, and a follower to its follower list. A leader that finds no free empty slot is
+ *     appended to the call's pending list, as its key and its index | table << 32: everything the
+ *     next pass needs about it in one 16-byte entry. Each list is gathered per block in shared
+ *     memory, then one atomicAdd per block reserves its place.
  *  2. evict pass (a tile of 16 threads per pending leader, grid-stride over the list, as many
  *     tiles as fit on the GPU at once): a leader of an evicting table takes the victim, the
  *     occupied slot of lowest rank (then lowest slot) that is neither protected nor pinned. Each
@@ -29,13 +30,16 @@
  *     reduction picks the lowest, rank 0 claims it, reports it (insert_and_evict: at the entry's
  *     place w in the list, with its flag and table, and one count per block, so the op reads
  *     (pending, evicted) once and, when every pending leader evicted, returns the first `evicted`
- *     entries as they are: no scan) and writes key, words and digest. In a bucket of up to 128 slots the protect bits are not read at all: a
- *     claim of a protected slot fails like one lost to another key, and the word its atomicOr
- *     returns drops every protected or claimed slot it covers from the candidates, which stay in
- *     registers. Every present key of the call was protected by the end of pass 1, so no key of
- *     the call is a victim.
- *  3. finish pass (a thread per key): leaders placed in empty slots write their digests; followers
- *     take their leader's slot and flag and touch its words (atomics: c occurrences add c counts).
+ *     entries as they are: no scan) and writes key, words and digest. In a bucket of up to 128
+ *     slots the protect bits are not read at all: a claim of a protected slot fails like one lost
+ *     to another key, and the word its atomicOr returns drops every protected or claimed slot it
+ *     covers from the candidates, which stay in registers. Every present key of the call was
+ *     protected by the end of pass 1, so no key of the call is a victim. Then the pass writes the
+ *     digests of the placed list (grid-stride): those keys are findable from here on. A victim
+ *     scan that reads such a digest meanwhile sees a slot claimed in pass 1, whose claim fails.
+ *  3. finish pass (grid-stride over the follower list; nothing to do when the keys are distinct):
+ *     followers take their leader's slot and flag and touch its words (atomics: c occurrences add
+ *     c counts).
  *
  * What holds whatever the schedule: each (table, key) is present at most once; every returned slot
  * holds its key; present keys keep their slots; each victim is evicted once and reported with the
@@ -64,6 +68,7 @@ constexpr int kPresentVec = 2;   // 4 x 2 x 16 = 128 digests per step
 constexpr int kEvictTile = 16;   // threads per pending key in the evict pass (two keys a warp)
 constexpr int kEvictSlots = 8;   // adjacent slots per thread there: 16 x 8 = 128 a step
 constexpr int64_t kFollowerBase = -3;  // out_slots of a follower: kFollowerBase - leader index
+constexpr unsigned long long kPlacedSlotMask = (1ull << 56) - 1;  // placed entry: slot | digest << 56
 
 /** @brief Words of the call's (table, key) -> leader map for n keys: a power of two >= 2n. */
 inline int64_t dedup_words(int64_t n) {
@@ -159,16 +164,22 @@ __device__ __forceinline__ int64_t claim_empty(const Tile& tile, const UpsertPar
 
 /**
  * @brief What one block of the present pass gathers before it writes to global memory once: its
- * new keys per table (added to `sizes`) and its pending leaders (appended to the call's list with
- * one atomicAdd on the count per block, not one per key: a single counter that every new key of an
- * evicting call hit would serialise them at L2). A pending entry is the key and its index | table
- * << 32, so the evict pass reads everything it needs about the key with one 16-byte load.
+ * new keys per table (added to `sizes`), its pending leaders, the leaders it placed in empty slots
+ * and its followers (each appended to the call's list with one atomicAdd on its count per block,
+ * not one per key: a single counter that every new key of an evicting call hit would serialise
+ * them at L2). A pending entry is the key and its index | table << 32, so the evict pass reads
+ * everything it needs about the key with one 16-byte load; a placed entry is the global slot |
+ * digest << 56.
  */
 struct PresentBlock {
   unsigned long long delta[kSharedSizeTables];
   int pending;                                     // leaders listed in `list`
   int base;                                        // where they go in the call's list
   longlong2 list[kBlockThreads / kPresentTile];    // one key per tile at most
+  int placed_n, placed_base;                       // leaders placed in empty slots
+  int follow_n, follow_base;                       // followers
+  unsigned long long placed[kBlockThreads / kPresentTile];
+  int follow[kBlockThreads / kPresentTile];
 };
 
 /**
@@ -209,7 +220,10 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   if (lead) leader = register_key(p, i, key, t);
   leader = tile.shfl(leader, 0);
   if (leader != i) {
-    if (lead) p.out_slots[i] = kFollowerBase - leader;
+    if (lead) {
+      p.out_slots[i] = kFollowerBase - leader;
+      block.follow[atomicAdd(&block.follow_n, 1)] = static_cast<int>(i);
+    }
     return;
   }
   const int64_t e = claim_empty<kPresentVec>(tile, p, home);
@@ -225,6 +239,8 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   p.table_keys[e] = key;
   p.out_slots[i] = e - home.layout.offset;
   p.out_flag[i] = true;
+  block.placed[atomicAdd(&block.placed_n, 1)] =
+      static_cast<unsigned long long>(e) | (static_cast<unsigned long long>(home.digest) << 56);
   if (t < kSharedSizeTables) {
     atomicAdd(&block.delta[t], 1ull);
   } else {
@@ -240,7 +256,11 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
 __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) {
   __shared__ PresentBlock block;
   if (threadIdx.x < kSharedSizeTables) block.delta[threadIdx.x] = 0;
-  if (threadIdx.x == 0) block.pending = 0;
+  if (threadIdx.x == 0) {
+    block.pending = 0;
+    block.placed_n = 0;
+    block.follow_n = 0;
+  }
   __syncthreads();
   const auto tile = cg::tiled_partition<kPresentTile>(cg::this_thread_block());
   const int64_t i =
@@ -250,6 +270,12 @@ __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) 
   if (threadIdx.x == 0 && block.pending > 0) {
     block.base = atomicAdd(p.pending_count, block.pending);
   }
+  if (threadIdx.x == 32 && block.placed_n > 0) {
+    block.placed_base = atomicAdd(p.placed_count, block.placed_n);
+  }
+  if (threadIdx.x == 64 && block.follow_n > 0) {
+    block.follow_base = atomicAdd(p.follower_count, block.follow_n);
+  }
   if (threadIdx.x < kSharedSizeTables && threadIdx.x < p.num_tables &&
       block.delta[threadIdx.x] != 0) {
     atomicAdd(reinterpret_cast<unsigned long long*>(p.sizes + threadIdx.x),
@@ -258,6 +284,12 @@ __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) 
   __syncthreads();
   if (threadIdx.x < block.pending) {
     reinterpret_cast<longlong2*>(p.pending)[block.base + threadIdx.x] = block.list[threadIdx.x];
+  }
+  if (threadIdx.x < block.placed_n) {
+    p.placed[block.placed_base + threadIdx.x] = block.placed[threadIdx.x];
+  }
+  if (threadIdx.x < block.follow_n) {
+    p.followers[block.follow_base + threadIdx.x] = block.follow[threadIdx.x];
   }
 }
 
@@ -484,7 +516,8 @@ __device__ __forceinline__ int64_t claim_victim(const Tile& tile, const ScanView
  * @brief Pass 2: a tile of kEvictTile threads per pending leader, grid-stride over the pending
  * list (its length is read here, on the device: no synchronisation; each entry carries the key
  * and its table, so a tile goes from the entry straight to the bucket). A leader of an evicting
- * table takes a victim; otherwise (NO_EVICTION, or nothing left to evict) slot -1.
+ * table takes a victim; otherwise (NO_EVICTION, or nothing left to evict) slot -1. Then every
+ * thread writes digests of the placed list (grid-stride), as many as fit the grid at once.
  */
 __global__ void __launch_bounds__(kBlockThreads, 3) evict_kernel(UpsertParams p) {
   __shared__ unsigned int block_evicted;  // insert_and_evict: this block's victims
@@ -534,29 +567,21 @@ __global__ void __launch_bounds__(kBlockThreads, 3) evict_kernel(UpsertParams p)
     p.table_keys[g] = key;
     p.digests[g] = home.digest;
   }
+  // the digests of the leaders pass 1 placed in empty slots: findable from here on
+  const int64_t placed = *p.placed_count;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x; j < placed;
+       j += static_cast<int64_t>(gridDim.x) * kBlockThreads) {
+    const unsigned long long e = p.placed[j];
+    p.digests[e & kPlacedSlotMask] = static_cast<uint8_t>(e >> 56);
+  }
   __syncthreads();  // every thread leaves the loop: the count is one atomicAdd per block
   if (threadIdx.x == 0 && block_evicted != 0) {
     atomicAdd(p.evicted_count, static_cast<int>(block_evicted));
   }
 }
 
-/**
- * @brief Pass 3, a thread per key: a leader placed in an empty slot writes its digest (the key is
- * findable from here on); a follower takes its leader's answer and touches the leader's slot
- * (input words: one occurrence's words win).
- */
-__global__ void __launch_bounds__(kBlockThreads) finish_kernel(UpsertParams p) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
-  if (i >= p.n) return;
-  const int64_t s = p.out_slots[i];
-  if (s >= 0) {
-    if (!p.out_flag[i]) return;  // a present key
-    const int64_t t = p.table_ids[i];
-    const TableLayout layout = table_layout(p.slot_offsets, p.bucket_caps, t);
-    p.digests[layout.offset + s] = digest_of(hash_key(p.keys[i]));  // again after an eviction
-    return;
-  }
-  if (s > kFollowerBase) return;  // not placed (-1)
+/** @brief Follower i takes its leader's answer and touches its slot (input words: one wins). */
+__device__ __forceinline__ void finish_follower(const UpsertParams& p, int64_t i, int64_t s) {
   const int64_t leader = kFollowerBase - s;
   const int64_t ls = p.out_slots[leader];  // a leader's answer is final after pass 2
   p.out_slots[i] = ls;
@@ -569,6 +594,19 @@ __global__ void __launch_bounds__(kBlockThreads) finish_kernel(UpsertParams p) {
     store_words(p.scores, g, w);
   } else {
     touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+  }
+}
+
+/**
+ * @brief Pass 3, grid-stride over the followers pass 1 listed (none when the keys are distinct):
+ * each takes its leader's answer, final after pass 2, and touches the leader's slot.
+ */
+__global__ void __launch_bounds__(kBlockThreads) finish_kernel(UpsertParams p) {
+  const int64_t count = *p.follower_count;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x; j < count;
+       j += static_cast<int64_t>(gridDim.x) * kBlockThreads) {
+    const int64_t i = p.followers[j];
+    finish_follower(p, i, p.out_slots[i]);
   }
 }
 
@@ -589,30 +627,49 @@ inline int evict_grid(int64_t n) {
       std::min<int64_t>(blocks_for(n, kBlockThreads / kEvictTile), int64_t{sms} * per_sm));
 }
 
-/**
- * @brief Launcher: present, evict, finish. `p.protect_bits` must be zeroed, `p.pending_count`
- * zeroed, `p.pending` hold 2n words, `p.dedup` filled with -1 (dedup_words(n) words); `p.now` set
- * (the ops resolve it for every inserting call).
- */
-inline void launch_upsert_parallel(const UpsertParams& p, cudaStream_t stream) {
+/** @brief Pass 1's launch (a tile per key). */
+inline void launch_present(const UpsertParams& p, cudaStream_t stream) {
   present_kernel<<<blocks_for(p.n, kBlockThreads / kPresentTile), kBlockThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  evict_kernel<<<evict_grid(p.n), kBlockThreads, 0, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  finish_kernel<<<blocks_for(p.n, kBlockThreads), kBlockThreads, 0, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-/** @brief Selector: the key-parallel engine has one variant (kInsert / kFindOrInsert /
- * kInsertAndEvict; erase and insert_at stay on the bucket-ordered engine). */
-inline void select_upsert_parallel(const UpsertParams& p, cudaStream_t stream) {
-  if (p.n == 0) return;
+/** @brief Pass 2's launch (grid-stride over the pending list, whose length it reads itself). */
+inline void launch_evict(const UpsertParams& p, cudaStream_t stream) {
+  evict_kernel<<<evict_grid(p.n), kBlockThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+/** @brief Pass 3's launch (grid-stride over the followers, four blocks per SM at most). */
+inline void launch_finish(const UpsertParams& p, cudaStream_t stream) {
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t blocks = std::min<int64_t>(blocks_for(p.n, kBlockThreads), int64_t{sms} * 4);
+  finish_kernel<<<blocks, kBlockThreads, 0, stream>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+/**
+ * @brief What the key-parallel engine accepts: an inserting mode (erase and insert_at stay on the
+ * bucket-ordered engine) and at most 2^31-1 keys (pending entries carry an int32 index).
+ */
+inline void check_upsert_parallel(const UpsertParams& p) {
   DEMB_CHECK(p.mode == UpsertMode::kInsert || p.mode == UpsertMode::kFindOrInsert ||
                  p.mode == UpsertMode::kInsertAndEvict,
              "dynamicemb table (CUDA): the key-parallel engine only inserts");
   DEMB_CHECK_VALUE(p.n <= INT32_MAX, "dynamicemb table (CUDA): at most 2^31-1 keys per call, got ",
                    p.n, "; split the call");
-  launch_upsert_parallel(p, stream);
+}
+
+/**
+ * @brief Selector: present, evict, finish, one after the other on `stream`. `p.protect_bits` must
+ * be zeroed, `p.pending_count` zeroed, `p.pending` hold 2n words, `p.dedup` filled with -1
+ * (dedup_words(n) words); `p.now` set (the ops resolve it for every inserting call).
+ */
+inline void select_upsert_parallel(const UpsertParams& p, cudaStream_t stream) {
+  if (p.n == 0) return;
+  check_upsert_parallel(p);
+  launch_present(p, stream);
+  launch_evict(p, stream);
+  launch_finish(p, stream);
 }
 
 }  // namespace cuda_table
