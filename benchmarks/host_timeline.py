@@ -44,7 +44,7 @@ REC = Recorder()
 def wrap_ops() -> None:
     names = [
         "segmented_unique",
-        "bag_table_ids",
+        "bag_unique",
         "find_or_insert",
         "placement_counts",
         "grouped_init_rows",

@@ -106,14 +106,13 @@ TORCH_LIBRARY(dynamicemb, m) {
   // counts (u,), unique keys per table (T,) on the CPU: read back with u, in the same copy, order).
   // order, with with_order: (n,) the positions grouped by unique pair (pair 0's first), each pair's
   // in input order (what the reduction's sort computes; the CUDA sort gives it for free); else (0,).
-  // extra: (k,) int64 numbers on the keys' device copied back in the same readback, after the
-  // per-table counts (which are then (T + k,)): the caller's offsets check costs no sync of its own.
-  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables, bool with_order=False, Tensor? extra=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // (n,) int64 table of each index of a feature-major batch: feature_tables[f] for the indices of
-  // feature f's bags [offsets[f*B], offsets[(f+1)*B]) (offsets trusted: checked by the caller),
-  // and (3,) int64 on the offsets' device: [offsets[0], offsets[-1], bags whose offsets decrease],
-  // the numbers the caller's offsets check reads (computed in the same pass).
-  m.def("bag_table_ids(Tensor offsets, Tensor feature_tables, int batch_size, int n) -> (Tensor, Tensor)");
+  m.def("segmented_unique(Tensor keys, Tensor table_ids, int num_tables, bool with_order=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // segmented_unique of a feature-major batch's keys, each key's table taken from the batch:
+  // feature_tables[f] for the indices of feature f's bags [offsets[f*B], offsets[(f+1)*B]) (the
+  // offsets are not trusted: every id is one of feature_tables whatever they hold). The fifth
+  // output is (T + 3,): the per-table counts, then the numbers of the caller's offsets check,
+  // [offsets[0], offsets[-1], bags whose offsets decrease], read back in the same copy.
+  m.def("bag_unique(Tensor keys, Tensor offsets, Tensor feature_tables, int batch_size, int num_tables, bool with_order=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // (T, 3) int64 per table on the ids' device: [keys placed new (is_new and slot >= 0), keys left
   // unplaced (slot < 0), sizes[t]] of one placing call (T = sizes.numel(), the hash table's sizes
   // after it: the whole outcome in one tensor for one copy); ids outside [0, T) are not counted.

@@ -1031,12 +1031,11 @@ at::Tensor positions_by_key(const at::Tensor& inverse, const at::Tensor& counts)
   return order;
 }
 
-UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
-                                  int64_t num_tables, bool with_order,
-                                  const std::optional<at::Tensor>& extra_in) {
-  const char* op = "segmented_unique";
-  check_segmented_unique(keys, table_ids, num_tables, op);
-  const at::Tensor extra = check_unique_extra(extra_in, keys, op);
+/// The dedup of (n,) pairs; ``extra`` (k,) int64 numbers (or undefined) follow the per-table
+/// counts in the fifth output.
+UniqueResult unique_pairs_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                              int64_t num_tables, bool with_order, const at::Tensor& extra,
+                              const char* op) {
   const auto k = keys.contiguous();
   const auto tid = table_ids.contiguous();
   const int64_t n = k.numel();
@@ -1069,11 +1068,18 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   return {out_keys, out_tids, inverse, out_counts, table_counts, order};
 }
 
-std::tuple<at::Tensor, at::Tensor> bag_table_ids_cpu(const at::Tensor& offsets,
-                                                     const at::Tensor& feature_tables,
-                                                     int64_t batch_size, int64_t n) {
-  const char* op = "bag_table_ids";
-  check_bag_table_ids(offsets, feature_tables, batch_size, n, op);
+UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                                  int64_t num_tables, bool with_order) {
+  const char* op = "segmented_unique";
+  check_segmented_unique(keys, table_ids, num_tables, op);
+  return unique_pairs_cpu(keys, table_ids, num_tables, with_order, at::Tensor(), op);
+}
+
+/// (n,) table of each index of a feature-major batch and the offsets check's numbers (3,):
+/// [offsets[0], offsets[-1], bags whose offsets decrease], in one pass over the offsets.
+std::tuple<at::Tensor, at::Tensor> bag_table_ids(const at::Tensor& offsets,
+                                                 const at::Tensor& feature_tables,
+                                                 int64_t batch_size, int64_t n) {
   const auto off = offsets.contiguous();
   const auto ft = feature_tables.contiguous();
   const int64_t F = ft.numel();
@@ -1099,6 +1105,15 @@ std::tuple<at::Tensor, at::Tensor> bag_table_ids_cpu(const at::Tensor& offsets,
   fl[1] = o[bags];
   fl[2] = decreasing;
   return {out, flags};
+}
+
+UniqueResult bag_unique_cpu(const at::Tensor& keys, const at::Tensor& offsets,
+                            const at::Tensor& feature_tables, int64_t batch_size,
+                            int64_t num_tables, bool with_order) {
+  const char* op = "bag_unique";
+  check_bag_unique(keys, offsets, feature_tables, batch_size, num_tables, op);
+  const auto [tids, numbers] = bag_table_ids(offsets, feature_tables, batch_size, keys.numel());
+  return unique_pairs_cpu(keys, tids, num_tables, with_order, numbers, op);
 }
 
 at::Tensor placement_counts_cpu(const at::Tensor& table_ids, const at::Tensor& slots,
@@ -1132,7 +1147,7 @@ at::Tensor placement_counts_cpu(const at::Tensor& table_ids, const at::Tensor& s
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("segmented_unique", &segmented_unique_cpu);
-  m.impl("bag_table_ids", &bag_table_ids_cpu);
+  m.impl("bag_unique", &bag_unique_cpu);
   m.impl("placement_counts", &placement_counts_cpu);
   m.impl("grouped_gather", &grouped_gather_cpu);
   m.impl("grouped_scatter", &grouped_scatter_cpu);

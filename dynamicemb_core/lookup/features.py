@@ -53,7 +53,7 @@ def validate_batch(
 
     Everything known on the host (types, devices, shapes, weights) is checked now; the offsets'
     values (start, end, order) are checked by ``check.verify()``. The grouped lookup counts
-    them in its ``bag_table_ids`` pass and reads them back with the unique's counts, so it spends
+    them in its ``bag_unique`` op and reads them back with the unique's counts, so it spends
     no synchronisation of its own on them; it must write nothing before verifying.
 
     Raises:
@@ -108,7 +108,7 @@ class OffsetsCheck:
     """The offsets' data check of one batch: they start at 0, end at ``n`` and never decrease.
 
     The three numbers it needs (first, last, decreasing bags) are counted on the offsets' device
-    by the grouped step's ``bag_table_ids`` and come back in the unique's readback
+    by the grouped step's ``bag_unique`` op and come back in the unique's readback
     (:meth:`give`), so the check costs no synchronisation of its own. A check verified with
     nothing given computes its numbers itself.
     """
@@ -117,11 +117,6 @@ class OffsetsCheck:
         self.offsets, self.n, self.num_features = offsets, n, num_features
         self._given: Optional[List[int]] = None  # the numbers as host ints (give)
         self._done = False
-
-    @property
-    def waiting(self) -> bool:
-        """Whether the numbers are still to come (nothing given, not verified)."""
-        return not self._done and self._given is None
 
     def give(self, numbers: Sequence[int]) -> None:
         """The batch's three numbers ``[offsets[0], offsets[-1], decreasing bags]`` as host

@@ -187,25 +187,24 @@ class TableGroup:
         check: Optional[OffsetsCheck],
         ordered: bool,
     ) -> Tuple[Any, ...]:
-        """The batch's unique ``(table id, key)`` pairs (``lookup_ops.segmented_unique``'s, with
+        """The batch's unique ``(table id, key)`` pairs (``lookup_ops.bag_unique``'s, with
         ``order`` when ``ordered``; the per-table counts as a host list), then ``check``
-        verified. Table ids come from the feature-major
-        offsets on the device; the same pass counts the numbers ``check`` needs, and they come
-        back in the unique's readback (no synchronisation of their own)."""
+        verified. The op takes each key's table from the feature-major offsets on the device
+        and counts the numbers ``check`` needs in the same pass; they come back in the
+        unique's readback (no synchronisation of their own)."""
         n, T = indices.numel(), self.num_tables
-        extra = None
         if batch_size == 0 or n == 0:
             tids = torch.zeros(n, dtype=torch.int64, device=self.device)
+            unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
+            out: Tuple[Any, ...] = unique(indices, tids, T)
+            counts = out[4].tolist()
         else:
-            tids, flags = lookup_ops.bag_table_ids(offsets, self.feature_tables, batch_size, n)
-            if check is not None and check.waiting:
-                extra = flags
-        unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
-        out: Tuple[torch.Tensor, ...] = unique(indices, tids, T, extra)
-        counts = out[4].tolist()  # one host read for the counts and the check's numbers
-        if extra is not None:
-            assert check is not None
-            check.give(counts[T:])
+            out = lookup_ops.bag_unique(
+                indices, offsets, self.feature_tables, batch_size, T, ordered
+            )
+            counts = out[4].tolist()  # one host read for the counts and the check's numbers
+            if check is not None:
+                check.give(counts[T:])
             counts = counts[:T]
         if check is not None:
             check.verify()

@@ -93,17 +93,12 @@ def _adam_update_fake(
     _check_update(values, slots, grads)
 
 
-def _segmented_unique_fake(
-    keys: Tensor,
-    table_ids: Tensor,
-    num_tables: int,
-    with_order: bool = False,
-    extra: Optional[Tensor] = None,
+def _unique_outputs(
+    keys: Tensor, num_counts: int, with_order: bool
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    torch._check(keys.dim() == 1, lambda: "segmented_unique: keys must be 1-D")
+    """The unique ops' outputs: u data-dependent, the counts (and numbers) on the CPU."""
     u = torch.library.get_ctx().new_dynamic_size()
-    k = 0 if extra is None else extra.shape[0]
-    counts = torch.empty(num_tables + k, dtype=torch.int64, device="cpu")
+    counts = torch.empty(num_counts, dtype=torch.int64, device="cpu")
     return (
         keys.new_empty(u),
         keys.new_empty(u),
@@ -114,11 +109,27 @@ def _segmented_unique_fake(
     )
 
 
-def _bag_table_ids_fake(
-    offsets: Tensor, feature_tables: Tensor, batch_size: int, n: int
-) -> Tuple[Tensor, Tensor]:
-    torch._check(offsets.dim() == 1, lambda: "bag_table_ids: offsets must be 1-D")
-    return offsets.new_empty(n), offsets.new_empty(3)
+def _segmented_unique_fake(
+    keys: Tensor,
+    table_ids: Tensor,
+    num_tables: int,
+    with_order: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    torch._check(keys.dim() == 1, lambda: "segmented_unique: keys must be 1-D")
+    return _unique_outputs(keys, num_tables, with_order)
+
+
+def _bag_unique_fake(
+    keys: Tensor,
+    offsets: Tensor,
+    feature_tables: Tensor,
+    batch_size: int,
+    num_tables: int,
+    with_order: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    torch._check(keys.dim() == 1, lambda: "bag_unique: keys must be 1-D")
+    torch._check(offsets.dim() == 1, lambda: "bag_unique: offsets must be 1-D")
+    return _unique_outputs(keys, num_tables + 3, with_order)
 
 
 def _placement_counts_fake(
@@ -275,7 +286,7 @@ FAKE_KERNELS = {
     "rowwise_adagrad_update": _rowwise_adagrad_update_fake,
     "adam_update": _adam_update_fake,
     "segmented_unique": _segmented_unique_fake,
-    "bag_table_ids": _bag_table_ids_fake,
+    "bag_unique": _bag_unique_fake,
     "placement_counts": _placement_counts_fake,
     "grouped_gather": _grouped_gather_fake,
     "grouped_scatter": _grouped_scatter_fake,

@@ -32,7 +32,7 @@ __all__ = [
     "POOL_SUM",
     "adagrad_update",
     "adam_update",
-    "bag_table_ids",
+    "bag_unique",
     "grouped_gather",
     "grouped_init_rows",
     "initial_rows",
@@ -198,10 +198,7 @@ OPTIMIZER_CODES = {
 
 
 def segmented_unique(
-    keys: torch.Tensor,
-    table_ids: torch.Tensor,
-    num_tables: int,
-    extra: Optional[torch.Tensor] = None,
+    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Deduplicate ``(table id, key)`` pairs of all tables at once.
 
@@ -216,44 +213,44 @@ def segmented_unique(
         first occurrence on CPU; on CUDA, by one 64-bit sort word per pair (the key XOR the table id
         times an odd constant), or by (table id, key) in the rare batch where two pairs share a word.
         Deterministic on both.
-
-    ``extra``: (k,) int64 numbers on the keys' device to read back with the counts (on CUDA in
-    the same copy: no synchronisation of their own); ``table_counts`` is then (T + k,), the k
-    numbers after the per-table counts.
     """
-    return _ops().segmented_unique.default(keys, table_ids, num_tables, False, extra)[:5]
+    return _ops().segmented_unique.default(keys, table_ids, num_tables, False)[:5]
 
 
 def segmented_unique_ordered(
-    keys: torch.Tensor,
-    table_ids: torch.Tensor,
-    num_tables: int,
-    extra: Optional[torch.Tensor] = None,
+    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`segmented_unique` and ``order`` (n,) int64: the positions grouped by unique pair
     (pair 0's first), each pair's in input order, i.e. ``argsort(inverse, stable=True)``.
 
     The backward's reduction needs exactly this grouping; on CUDA the dedup's sort already made it
     (no extra work), and :func:`grouped_reduce_update` given ``order`` and the counts skips its own
-    sort of the inverse. On CPU it costs one counting pass. ``extra``: as :func:`segmented_unique`.
+    sort of the inverse. On CPU it costs one counting pass.
     """
-    return _ops().segmented_unique.default(keys, table_ids, num_tables, True, extra)
+    return _ops().segmented_unique.default(keys, table_ids, num_tables, True)
 
 
-def bag_table_ids(
-    offsets: torch.Tensor, feature_tables: torch.Tensor, batch_size: int, n: int
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(n,) int64 table of each index of a feature-major batch, and the batch's offsets-check
-    numbers (one launch, no host sync).
+def bag_unique(
+    keys: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    batch_size: int,
+    num_tables: int,
+    ordered: bool = False,
+) -> Tuple[torch.Tensor, ...]:
+    """:func:`segmented_unique` (``ordered``: :func:`segmented_unique_ordered`) of a feature-major
+    batch, each key's table taken from the batch in the same op (no table-id tensor of the
+    caller's, one launch on CUDA before the sort).
 
-    Index ``i`` of feature ``f``'s bags ``[offsets[f*B], offsets[(f+1)*B])`` gets
-    ``feature_tables[f]``: ``repeat_interleave(feature_tables, offsets[::B].diff())`` without its
-    passes. ``offsets`` (F*B+1,) are not trusted to be valid (the ids stay in range whatever they
-    are); the second output, (3,) int64 on their device, is ``[offsets[0], offsets[-1], number of
-    bags whose end is below their start]``, which :class:`~dynamicemb_core.lookup.features.OffsetsCheck`
-    reads to check them.
+    Index ``i`` of feature ``f``'s bags ``[offsets[f*B], offsets[(f+1)*B])`` belongs to table
+    ``feature_tables[f]``. ``offsets`` (F*B+1,) are not trusted to be valid (every id is one of
+    ``feature_tables`` whatever they hold); the fifth output, (T + 3,) on the CPU, is the per-table
+    counts and then ``[offsets[0], offsets[-1], number of bags whose end is below their start]``,
+    read back in the unique's one copy: the numbers
+    :class:`~dynamicemb_core.lookup.features.OffsetsCheck` needs, at no synchronisation of their own.
     """
-    return _ops().bag_table_ids.default(offsets, feature_tables, batch_size, n)
+    out = _ops().bag_unique.default(keys, offsets, feature_tables, batch_size, num_tables, ordered)
+    return out if ordered else out[:5]
 
 
 def placement_counts(

@@ -37,7 +37,7 @@ def test_bag_lengths_rule() -> None:
 
 def test_offsets_check_raises_at_verify(device) -> None:
     """The offsets' values are checked by ``verify``, on every device (after the lookup's dedup,
-    whose ``bag_table_ids`` pass counts the check's numbers: no synchronisation of its own on
+    whose ``bag_unique`` op counts the check's numbers: no synchronisation of its own on
     CUDA, no torch ops of its own on the CPU); ``validate_batch`` checks only what the host
     knows."""
     indices = torch.arange(6, device=device)
@@ -70,11 +70,9 @@ def test_offsets_check_reads_its_flags_once() -> None:
 
 def test_offsets_check_given_numbers_decide_as_its_own() -> None:
     """Numbers read back by the caller (``give``: the grouped lookup's unique readback on CUDA)
-    decide as the check's own would: no longer waiting, the same errors, once."""
+    decide as the check's own would: the same errors, once."""
     bad_start = OffsetsCheck(torch.tensor([1, 2, 3]), 3, 1)
-    assert bad_start.waiting
     bad_start.give([1, 3, 0])
-    assert not bad_start.waiting
     with pytest.raises(ValueError, match="start at 0 and end at len\\(indices\\)=3, got first=1"):
         bad_start.verify()
     bad_start.verify()

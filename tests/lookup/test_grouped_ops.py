@@ -206,70 +206,86 @@ def test_segmented_unique_ordered_groups_positions_by_pair(device):
     assert lookup_ops.segmented_unique_ordered(empty, empty, 2)[5].numel() == 0
 
 
-def test_segmented_unique_reads_back_extra_numbers(device):
-    """``extra`` rides on the unique's readback: the per-table counts come back followed by its
-    numbers (the grouped lookup's offsets check), the rest of the answer unchanged; in the
-    sorting path where two pairs share a word too, and for an empty batch."""
-    mix = 0x9E3779B97F4A7C15
-    clash = (5 ^ mix) - (1 << 64) if (5 ^ mix) >= 1 << 63 else 5 ^ mix
-    extra = torch.tensor([0, 41, -3], device=device)
-    g = torch.Generator().manual_seed(3)
-    cases = [
-        (torch.randint(0, 30, (300,), generator=g), torch.randint(0, 3, (300,), generator=g)),
-        (torch.tensor([5, clash, 5, clash, 7]), torch.tensor([0, 1, 0, 1, 1])),
-        (torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)),
-    ]
-    for keys, tids in cases:
-        keys, tids = keys.to(device), tids.to(device)
-        plain = lookup_ops.segmented_unique_ordered(keys, tids, 3)
-        got = lookup_ops.segmented_unique_ordered(keys, tids, 3, extra)
-        assert got[4].device.type == "cpu"
-        assert got[4].tolist() == plain[4].tolist() + [0, 41, -3]
-        for a, b in zip(plain[:4] + plain[5:], got[:4] + got[5:]):
-            assert torch.equal(a, b)
-        short = lookup_ops.segmented_unique(keys, tids, 3, extra)
-        assert short[4].tolist() == got[4].tolist()
-    keys = torch.zeros(4, dtype=torch.int64, device=device)
-    with pytest.raises(TypeError, match="extra must be int64"):
-        lookup_ops.segmented_unique(keys, keys, 1, extra.float())
-    with pytest.raises(ValueError, match="extra must be 1-D"):
-        lookup_ops.segmented_unique(keys, keys, 1, extra.view(1, 3))
-
-
-@pytest.mark.parametrize("batch", [1, 4])
-def test_bag_table_ids_match_repeat_interleave(device, batch):
-    g = torch.Generator().manual_seed(batch)
-    feature_tables = torch.tensor([0, 2, 1, 0, 2])
+def _feature_batch(feature_tables: torch.Tensor, batch: int, seed: int, key_space: int = 30):
+    """A feature-major batch with empty features (the second and the last) and hot keys:
+    ``(keys, offsets, the table of each index)``."""
+    g = torch.Generator().manual_seed(seed)
     F = feature_tables.numel()
     lengths = torch.randint(0, 4, (F * batch,), generator=g)
     lengths.view(F, batch)[1] = 0  # a feature with no index
     lengths.view(F, batch)[-1] = 0  # the last one too
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     n = int(offsets[-1])
-    got, flags = lookup_ops.bag_table_ids(offsets.to(device), feature_tables.to(device), batch, n)
-    expected = torch.repeat_interleave(feature_tables, lengths.view(F, batch).sum(1))
-    assert torch.equal(got.cpu(), expected)
-    assert flags.device == got.device and flags.tolist() == [0, n, 0]
-    none = torch.zeros(F * batch + 1, dtype=torch.int64, device=device)
-    got, flags = lookup_ops.bag_table_ids(none, feature_tables.to(device), batch, 0)
-    assert got.numel() == 0 and flags.tolist() == [0, 0, 0]
+    keys = torch.randint(0, key_space, (n,), generator=g)
+    tids = torch.repeat_interleave(feature_tables, lengths.view(F, batch).sum(1))
+    return keys, offsets, tids
+
+
+@pytest.mark.parametrize("batch", [1, 4, 200])
+def test_bag_unique_is_segmented_unique_of_the_batch_tables(device, batch):
+    """bag_unique takes each index's table from the offsets (as repeat_interleave of the feature
+    tables by the features' lengths) and answers as segmented_unique over those ids, ordered or
+    not; the counts come back followed by the offsets check's numbers."""
+    feature_tables = torch.tensor([0, 2, 1, 0, 2])
+    keys, offsets, tids = _feature_batch(feature_tables, batch, batch)
+    n = keys.numel()
+    ft = feature_tables.to(device)
+    for ordered in (False, True):
+        unique = lookup_ops.segmented_unique_ordered if ordered else lookup_ops.segmented_unique
+        want = unique(keys.to(device), tids.to(device), 3)
+        got = lookup_ops.bag_unique(keys.to(device), offsets.to(device), ft, batch, 3, ordered)
+        assert len(got) == len(want)
+        assert got[4].device.type == "cpu"
+        assert got[4].tolist() == want[4].tolist() + [0, n, 0]
+        for a, b in zip(want[:4] + want[5:], got[:4] + got[5:]):
+            assert a.device == b.device and torch.equal(a, b)
+        uk, ut, inv = got[0].cpu(), got[1].cpu(), got[2].cpu()
+        assert torch.equal(ut[inv], tids) and torch.equal(uk[inv], keys)
+    # an empty batch: no pair, the numbers all the same
+    none = torch.zeros(feature_tables.numel() * batch + 1, dtype=torch.int64, device=device)
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    got = lookup_ops.bag_unique(empty, none, ft, batch, 3, True)
+    assert got[0].numel() == got[2].numel() == got[5].numel() == 0
+    assert got[4].tolist() == [0, 0, 0, 0, 0, 0]
     with pytest.raises(ValueError, match="F\\*B\\+1"):
-        lookup_ops.bag_table_ids(offsets[:-1].to(device), feature_tables.to(device), batch, n)
+        lookup_ops.bag_unique(keys.to(device), offsets[:-1].to(device), ft, batch, 3)
+    with pytest.raises(ValueError, match="no bag"):
+        lookup_ops.bag_unique(keys[:2].to(device), none[:1], ft[:0], batch, 3)
 
 
-def test_bag_table_ids_count_the_offsets_check_numbers(device):
-    """The second output: offsets[0], offsets[-1] and how many bags' offsets decrease (the
-    batch's offsets check reads them; the table ids of bad offsets are still in range)."""
+def test_bag_unique_keeps_pairs_whose_sort_words_clash(device):
+    """Table 1's sort word of ``clash`` is table 0's key 5: bag_unique falls back to its exact
+    sort as segmented_unique does, and still reads back the offsets check's numbers."""
+    mix = 0x9E3779B97F4A7C15
+    clash = (5 ^ mix) - (1 << 64) if (5 ^ mix) >= 1 << 63 else 5 ^ mix
+    keys = torch.tensor([5, 5, clash, clash, 7], device=device)
+    offsets = torch.tensor([0, 2, 5], device=device)  # F=2 (tables 0, 1), B=1
+    ft = torch.tensor([0, 1], device=device)
+    uk, ut, inv, counts, numbers, order = lookup_ops.bag_unique(keys, offsets, ft, 1, 2, True)
+    pairs = sorted(zip(ut.cpu().tolist(), uk.cpu().tolist()))
+    assert pairs == sorted([(0, 5), (1, clash), (1, 7)])
+    assert torch.equal(uk[inv].cpu(), keys.cpu())
+    assert ut[inv].cpu().tolist() == [0, 0, 1, 1, 1]
+    assert numbers.tolist() == [1, 2, 0, 5, 0]
+    assert sorted(counts.cpu().tolist()) == [1, 2, 2]
+    assert torch.equal(order.cpu(), torch.sort(inv.cpu(), stable=True).indices)
+
+
+def test_bag_unique_counts_the_offsets_check_numbers(device):
+    """The numbers after the counts: offsets[0], offsets[-1] and how many bags' offsets decrease
+    (the batch's offsets check reads them; the table ids of bad offsets are still in range)."""
     feature_tables = torch.tensor([1, 0], device=device)
     offsets = torch.tensor([2, 5, 3, 4, 1], device=device)  # F=2, B=2: two decreases
-    got, flags = lookup_ops.bag_table_ids(offsets, feature_tables, 2, 6)
-    assert flags.tolist() == [2, 1, 2]
-    assert bool(((got == 0) | (got == 1)).all())  # in range, whatever the offsets
+    keys = torch.arange(6, device=device)
+    uk, ut, inv, counts, numbers = lookup_ops.bag_unique(keys, offsets, feature_tables, 2, 2)
+    assert numbers.tolist()[2:] == [2, 1, 2]
+    assert bool(((ut == 0) | (ut == 1)).all())  # in range, whatever the offsets
     # many more bags than indices: every bag is checked
     offsets = torch.zeros(2 * 300 + 1, dtype=torch.int64, device=device)
     offsets[-1] = 3
     offsets[-2] = 5
-    assert lookup_ops.bag_table_ids(offsets, feature_tables, 300, 3)[1].tolist() == [0, 3, 1]
+    got = lookup_ops.bag_unique(keys[:3], offsets, feature_tables, 300, 2)
+    assert got[4].tolist()[2:] == [0, 3, 1]
 
 
 def test_placement_counts_match_python(device):
@@ -596,8 +612,8 @@ def _opcheck_cases(device) -> List[Tuple[object, tuple]]:
     return [
         (ops.segmented_unique.default, (utids.clone(), utids, 3)),
         (ops.segmented_unique.default, (utids.clone(), utids, 3, True)),
-        (ops.segmented_unique.default, (utids.clone(), utids, 3, True, slots[:3].clone())),
-        (ops.bag_table_ids.default, (offsets, ft, B, inverse.numel())),
+        (ops.bag_unique.default, (inverse * 5 + 1, offsets, ft, B, 3)),
+        (ops.bag_unique.default, (inverse * 5 + 1, offsets, ft, B, 3, True)),
         (ops.placement_counts.default, (utids, slots, slots >= 1, utids[:3].clone())),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6)),
         (ops.grouped_gather.default, (values, meta, utids, slots, 6, True, inverse)),

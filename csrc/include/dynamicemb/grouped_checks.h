@@ -168,18 +168,6 @@ inline void check_segmented_unique(const at::Tensor& keys, const at::Tensor& tab
   check_on_device(table_ids, keys.device(), "table_ids", op);
 }
 
-/// segmented_unique's ``extra``: (k,) int64 numbers on the keys' device that ride on the unique's
-/// readback (the caller's offsets check). Returns them contiguous, or an undefined tensor.
-inline at::Tensor check_unique_extra(const std::optional<at::Tensor>& extra, const at::Tensor& keys,
-                                     const char* op) {
-  if (!extra.has_value() || !extra->defined()) return at::Tensor();
-  DEMB_CHECK_TYPE(extra->scalar_type() == at::kLong, op, ": extra must be int64, got ",
-                  extra->scalar_type());
-  DEMB_CHECK_VALUE(extra->dim() == 1, op, ": extra must be 1-D, got ", extra->sizes());
-  check_on_device(*extra, keys.device(), "extra", op);
-  return extra->contiguous();
-}
-
 /// The table id op: offsets (F*B+1,) int64 feature-major, feature_tables (F,) int64, on one device.
 inline void check_bag_table_ids(const at::Tensor& offsets, const at::Tensor& feature_tables,
                                 int64_t batch_size, int64_t n, const char* op) {
@@ -196,6 +184,22 @@ inline void check_bag_table_ids(const at::Tensor& offsets, const at::Tensor& fea
                    " elements (F=", feature_tables.numel(), ", B=", batch_size, "), got ",
                    offsets.numel());
   check_on_device(feature_tables, offsets.device(), "feature_tables", op);
+}
+
+/// bag_unique's inputs: keys (n,) int64 on the offsets' device, the batch as check_bag_table_ids
+/// wants it, num_tables >= 1, and a bag for every index (n == 0 when F or B is 0).
+inline void check_bag_unique(const at::Tensor& keys, const at::Tensor& offsets,
+                             const at::Tensor& feature_tables, int64_t batch_size,
+                             int64_t num_tables, const char* op) {
+  DEMB_CHECK_TYPE(keys.scalar_type() == at::kLong, op, ": keys must be int64, got ",
+                  keys.scalar_type());
+  DEMB_CHECK_VALUE(keys.dim() == 1, op, ": keys must be 1-D, got ", keys.sizes());
+  check_on_device(offsets, keys.device(), "offsets", op);
+  check_bag_table_ids(offsets, feature_tables, batch_size, keys.numel(), op);
+  DEMB_CHECK_VALUE(num_tables >= 1, op, ": num_tables must be >= 1, got ", num_tables);
+  DEMB_CHECK_VALUE(keys.numel() == 0 || (feature_tables.numel() > 0 && batch_size > 0), op, ": ",
+                   keys.numel(), " indices but no bag (F=", feature_tables.numel(),
+                   ", B=", batch_size, ")");
 }
 
 /// The placement counts op: table_ids, slots (u,) int64, is_new (u,) bool and sizes (T,) int64 on
