@@ -369,7 +369,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             and torch.is_grad_enabled()
         )
         out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights, check)
-        if self.training and any(o.training for o in self.table_options):
+        if self.training and self._group.any_trains:  # some table's options train
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
             advance_clocks(self._clocks)  # STEP scores: this forward wrote the old step
@@ -397,11 +397,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         if per_sample_weights is not None:
             step.weights = per_sample_weights.detach().float()
         # The output first: on CUDA the device reads the rows while the host does the rest (the
-        # placement's deferred readback, the reports, autograd's bookkeeping).
+        # placement's deferred readback, the slots' hold, the reports, autograd's bookkeeping).
         try:
             out = group.output(step, rows, slots, mode)
         finally:
             group.storage.send_placement()
+            if step.slots is not None:
+                group.hold(step)
         # earlier steps' deferred outcomes (this step's placement is read later: by its backward,
         # the next step or a counter read)
         self.report_unplaced(group.storage.take_unplaced(settle=False))

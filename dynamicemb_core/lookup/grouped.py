@@ -248,7 +248,7 @@ class TableGroup:
                 keys, utids, counts, self._row_init(), defer=self.defer_placement
             )
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
-            self._hold(step, acquire.backed)
+            step.backed = acquire.backed
             out = self._source(
                 step, acquire.slots, acquire.slots, acquire.backed, acquire.backed_rows
             )
@@ -261,15 +261,16 @@ class TableGroup:
             step.order, step.key_counts = order, key_counts
         return out + (acquire.unplaced_per_table,)
 
-    def _hold(self, step: GroupStep, backed: Optional[torch.Tensor]) -> None:
-        """Hold the forward's slots until its backward (or until the step is dropped: pinned by
-        the next placing call, see ``GroupedDeviceStorage.hold``), release the prefetch this
-        forward consumes, and note the pairs the backing store holds."""
+    def hold(self, step: GroupStep) -> None:
+        """Hold a training forward's slots until its backward (or until the step is dropped:
+        pinned by the next placing call, see ``GroupedDeviceStorage.hold``) and release the
+        prefetch this forward consumes. The caller calls it once the output is launched and
+        before any other call places keys (the pins matter only from the next placing call on,
+        so the device reads the rows while the host does this)."""
         storage = self.storage
         assert step.slots is not None
         step.pins = storage.hold(step.table_ids, step.slots)
         weakref.finalize(step, storage.unpin, step.pins)
-        step.backed = backed
         if storage.cache is not None:
             storage.cache.consume(step.table_ids, step.slots)
 
@@ -331,7 +332,7 @@ class TableGroup:
         read = torch.where(trained, slots, stored)
         step = self._step(keys, utids, inverse, slots, trained, offsets, batch_size)
         backed = None if acquire.backed is None else take[acquire.backed]
-        self._hold(step, backed)
+        step.backed = backed
         # Rows that are not in the hash table: eval-initialised misses of tables that do not
         # train, their rows in a backing store, rows of rejected keys, trained pairs whose home
         # is a backing store (keys that found no room read slot -1: zeros).
