@@ -359,6 +359,15 @@ def _hot_batch(device, seed, batch=8, feature_tables=(0, 1, 2, 0)):
     )
 
 
+def _reduce_bags(mode, inverse, offsets, weights, ft, d_offsets, B):
+    """The output gradient's shape for ``mode`` (a row per index with POOL_NONE, per bag
+    otherwise; sequence rows of dim 8) and the bag arguments of the reduce ops (no per-sample
+    weights without pooling)."""
+    none = mode == lookup_ops.POOL_NONE
+    shape = (inverse.numel(), 8) if none else (B, int(d_offsets[-1]))
+    return shape, (inverse, offsets, None if none else weights, ft, d_offsets, mode, B)
+
+
 @pytest.mark.parametrize("optimizer", [0, 1, 2, 3])
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN, lookup_ops.POOL_NONE])
 def test_grouped_reduce_update_with_key_order_and_strided_grads(device, optimizer, mode):
@@ -369,11 +378,8 @@ def test_grouped_reduce_update_with_key_order_and_strided_grads(device, optimize
     slots, utids, inverse, offsets, weights, ft, d_offsets, B, counts, order = _hot_batch(
         device, seed=11 + optimizer
     )
-    n, u = inverse.numel(), slots.numel()
-    rows = n if mode == lookup_ops.POOL_NONE else B
-    cols = 8 if mode == lookup_ops.POOL_NONE else int(d_offsets[-1])
-    w = weights if mode != lookup_ops.POOL_NONE else None
-    bags = (inverse, offsets, w, ft, d_offsets, mode, B)
+    u = slots.numel()
+    (rows, cols), bags = _reduce_bags(mode, inverse, offsets, weights, ft, d_offsets, B)
     dense = torch.randn(rows, cols, device=device)
     grads_of = {
         "contiguous": dense,
@@ -411,11 +417,8 @@ def test_grouped_reduce_update_one_table_with_key_counts(device, mode):
     )
     base, meta = _group(device, 3, seed=4)
     meta = meta[:1].contiguous()  # table 0 alone: a one-table group
-    n, u = inverse.numel(), slots.numel()
-    rows = n if mode == lookup_ops.POOL_NONE else B
-    cols = 8 if mode == lookup_ops.POOL_NONE else int(d_offsets[-1])
-    w = weights if mode != lookup_ops.POOL_NONE else None
-    bags = (inverse, offsets, w, ft, d_offsets, mode, B)
+    u = slots.numel()
+    (rows, cols), bags = _reduce_bags(mode, inverse, offsets, weights, ft, d_offsets, B)
     grad_out = torch.randn(rows, cols, device=device)
     expected = base.clone()
     g = lookup_ops.grouped_reduce_grads(grad_out, meta, *bags, u, 8)

@@ -183,16 +183,16 @@ def test_scatter_writes_each_row_in_its_own_part(device, copy_host, host_calls):
     )
 
 
-@pytest.mark.parametrize("seed", [-1, 7], ids=["nearest", "seeded"])
-@pytest.mark.parametrize("pooling", ["none", "sum"])
-def test_reduce_update_matches_the_device_twin(device, copy_host, host_calls, pooling, seed):
-    """ADAM (rows carry state) through the backward's reduce_update: each part updates its own
-    keys' rows, the host part with only its own keys' gradients. A sequence output has one dim.
-    With a rounding seed each part gets its pairs' keys (the op checks them: one per slot, on
-    its device; float32 rows are not rounded, so the rows stay the twin's)."""
-    dims = [8, 8, 8] if pooling == "none" else DIMS
-    split, twin = _pair(device, [3 * d for d in dims], dims, copy_host)
-    _mark_host(split)
+def _backward_dims(pooling: str) -> List[int]:
+    """The tables' dims of a backward batch: one dim for a sequence output (POOL_NONE)."""
+    return [8, 8, 8] if pooling == "none" else DIMS
+
+
+def _backward_batch(
+    device: torch.device, dims: List[int], pooling: str, optimizer: Tuple
+) -> Tuple[Tuple[torch.Tensor, ...], Tuple]:
+    """A batch for ``reduce_update``: ``(keys, table ids, slots)`` of the unique pairs, and the
+    arguments after them (the output gradient, the bags, the pooling mode, ``optimizer``)."""
     tids, slots = _unique_pairs(device)
     inverse, offsets, ft, d_off, B = _bags(device, tids, dims)
     g = torch.Generator().manual_seed(1)
@@ -203,11 +203,23 @@ def test_reduce_update_matches_the_device_twin(device, copy_host, host_calls, po
         mode = lookup_ops.POOL_SUM
         grad_out = torch.randn(B, sum(dims), generator=g).to(device)
     keys = torch.arange(tids.numel(), device=device) * 31 + 5
+    bags = (grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims), optimizer)
+    return (keys, tids, slots), bags
+
+
+@pytest.mark.parametrize("seed", [-1, 7], ids=["nearest", "seeded"])
+@pytest.mark.parametrize("pooling", ["none", "sum"])
+def test_reduce_update_matches_the_device_twin(device, copy_host, host_calls, pooling, seed):
+    """ADAM (rows carry state) through the backward's reduce_update: each part updates its own
+    keys' rows, the host part with only its own keys' gradients. A sequence output has one dim.
+    With a rounding seed each part gets its pairs' keys (the op checks them: one per slot, on
+    its device; float32 rows are not rounded, so the rows stay the twin's)."""
+    dims = _backward_dims(pooling)
+    split, twin = _pair(device, [3 * d for d in dims], dims, copy_host)
+    _mark_host(split)
+    (keys, tids, slots), bags = _backward_batch(device, dims, pooling, ADAM[:-1] + (seed,))
     for rows in (split, twin):
-        rows.reduce_update(
-            keys, tids, slots, grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims),
-            ADAM[:-1] + (seed,),
-        )  # fmt: skip
+        rows.reduce_update(keys, tids, slots, *bags)
     _assert_same_rows(split, twin)
     assert host_calls["grouped_update"] == _expect(
         split, tids.numel(), _num_host(split, tids, slots)
@@ -246,21 +258,11 @@ def _staged_pair(device, pooling):
     """A mapped split group that stages (forced: the policy stages SGD rows on CUDA only; the
     mechanism is the same for rows with state, which these ADAM rows check) and its twin, a
     batch."""
-    dims = [8, 8, 8] if pooling == "none" else DIMS
+    dims = _backward_dims(pooling)
     split, twin = _pair(device, [3 * d for d in dims], dims)
     split.stages = True
-    tids, slots = _unique_pairs(device)
-    inverse, offsets, ft, d_off, B = _bags(device, tids, dims)
-    g = torch.Generator().manual_seed(1)
-    if pooling == "none":
-        mode = lookup_ops.POOL_NONE
-        grad_out = torch.randn(inverse.numel(), 8, generator=g).to(device)
-    else:
-        mode = lookup_ops.POOL_SUM
-        grad_out = torch.randn(B, sum(dims), generator=g).to(device)
-    keys = torch.arange(tids.numel(), device=device) * 31 + 5
-    bags = (grad_out, inverse, offsets, None, ft, d_off, mode, B, max(dims), ADAM)
-    return split, twin, dims, (keys, tids, slots), bags
+    pairs, bags = _backward_batch(device, dims, pooling, ADAM)
+    return split, twin, dims, pairs, bags
 
 
 @pytest.mark.parametrize("pooling", ["none", "sum"])
