@@ -9,8 +9,8 @@
  *
  * - Rows of whole aligned 16-byte vectors (every fp32 width that is a multiple of 4), the staged
  *   kernel: one thread per key, whose 128 digests a step reach shared memory by asynchronous copies
- *   (cp.async), so the loads in flight hold no registers and 1,536 keys per SM are probed at once
- *   (4 threads a key held 384). Then the warp copies its 32 keys' rows, one contiguous span of the
+ *   (cp.async) that the warp shares out (4 whole lines a copy instruction), so the loads in flight
+ *   hold no registers and 1,536 keys per SM are probed at once (4 threads a key held 384). Then the warp copies its 32 keys' rows, one contiguous span of the
  *   output, through the same shared memory, again with asynchronous loads: up to 8 vectors a lane
  *   in flight at 40 registers. On the H200 this is 1.00x-1.05x the tile kernel at dim 64 and
  *   1.05x-1.30x at dims 8 / 32 (docs/benchmarks.md, issue 14, helper find, third round).
@@ -101,55 +101,97 @@ __device__ __forceinline__ void wait_async_copies() {
 }
 
 /**
- * @brief A one-thread probe whose digest loads hold no registers: the thread copies a step's 128
- * digests into its own 128 bytes of shared memory (`line`; chunk v at ((v + rot) & 7), so that the
- * warp reading chunk v hits every bank once per 8 lanes), waits, then scans them. A bucket that is
- * not whole aligned 16-byte chunks is scanned from global memory (scan16). Candidates in slot
- * order; a digest match loads the key evict-first, as find_probe does.
+ * @brief The staged kernel's probe, one key a lane, with the warp's digest copies shared out: in a
+ * step, copy v of lane l fetches chunk l & 7 of the 128-digest line of lane 4 v + (l >> 3), so each
+ * copy instruction of the warp reads 4 whole 128-byte lines (one request a line) instead of 16
+ * bytes of 32 different lines (the H200 A/B of docs/benchmarks.md, session 12: 12-16% less time
+ * at dim 64 than a lane copying its own line). Line k lands in `stage` at 8 k, chunk c at
+ * ((c + k) & 7) so that a warp reading chunk v hits every bank once per 8 lanes; each lane then
+ * scans its own line. A bucket that is not whole aligned 16-byte chunks is scanned from global
+ * memory by its lane (scan16); wider buckets take more steps, the warp stepping until every lane
+ * is done. Candidates in slot order; a digest match loads the key evict-first, as find_probe does.
  */
-__device__ __forceinline__ int64_t staged_probe(uint4* line, int rot, const int64_t* table_keys,
-                                                const uint8_t* digests, int64_t key,
-                                                const KeyHome& home) {
-  const bool aligned =
-      ((reinterpret_cast<uintptr_t>(digests + home.begin) | (home.end - home.begin)) & 15) == 0;
-  for (int64_t base = home.begin; base < home.end; base += 128) {
-    uint32_t m[4] = {0, 0, 0, 0};  // bit b of m[q]: slot base + 32 q + b matches the digest
-    if (aligned) {
-#pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        if (base + 16 * v < home.end) copy16_async(line + ((v + rot) & 7), digests + base + 16 * v);
-      }
+class WarpStagedProbe {
+ public:
+  /** @brief `live`: the lane has a key whose home is valid (the others only help copy). */
+  __device__ __forceinline__ WarpStagedProbe(const uint8_t* digests, bool live, const KeyHome& home)
+      : aligned_(live && ((reinterpret_cast<uintptr_t>(digests + home.begin) |
+                           (home.end - home.begin)) &
+                          15) == 0),
+        base_(live ? home.begin : -1),
+        end_(live ? home.end : 0),
+        digest_(live ? home.digest : 0) {}
+
+  /** @brief The slot holding `key`, or -1. Every lane of the warp calls it (shuffles). */
+  __device__ __forceinline__ int64_t run(uint4* stage, const int64_t* table_keys,
+                                         const uint8_t* digests, int64_t key) {
+    while (__any_sync(0xffffffffu, base_ >= 0)) {
+      issue(stage, digests);
       wait_async_copies();
-#pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        if (base + 16 * v >= home.end) continue;
-        const uint4 w = line[(v + rot) & 7];
-        const uint32_t bits =
-            byte_matches(w.x, home.digest) | (byte_matches(w.y, home.digest) << 4) |
-            (byte_matches(w.z, home.digest) << 8) | (byte_matches(w.w, home.digest) << 12);
-        m[v / 2] |= bits << (16 * (v % 2));
-      }
-    } else {
-#pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        uint32_t bits = 0, empty;
-        if (base + 16 * v < home.end) {
-          scan16(digests, base + 16 * v, home.end, home.digest, &bits, &empty);
-        }
-        m[v / 2] |= bits << (16 * (v % 2));
-      }
+      __syncwarp();  // the lines other lanes copied are visible after their waits and this barrier
+      scan(stage, table_keys, digests, key);
+      __syncwarp();  // every lane has read its line before the next step overwrites the stage
     }
+    return hit_;
+  }
+
+ private:
+  /** @brief The warp's asynchronous copies of every lane's current step. */
+  __device__ __forceinline__ void issue(uint4* stage, const uint8_t* digests) const {
+    const int lane = threadIdx.x & 31;
+    const int c = lane & 7;  // the chunk this lane copies for others
+    const bool coop = base_ >= 0 && aligned_;
+    const auto src = reinterpret_cast<unsigned long long>(coop ? digests + base_ : digests);
+    const int len = coop ? static_cast<int>(end_ - base_ < 128 ? end_ - base_ : 128) : 0;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      while (m[q]) {
-        const int64_t g = base + 32 * q + __ffs(m[q]) - 1;
-        m[q] &= m[q] - 1;
-        if (__ldcs(reinterpret_cast<const long long*>(table_keys + g)) == key) return g;
+    for (int v = 0; v < 8; ++v) {
+      const int k = 4 * v + (lane >> 3);
+      const auto s = __shfl_sync(0xffffffffu, src, k);
+      const int l = __shfl_sync(0xffffffffu, len, k);
+      if (16 * c < l) {
+        copy16_async(stage + 8 * k + ((c + k) & 7), reinterpret_cast<const uint8_t*>(s) + 16 * c);
       }
     }
   }
-  return -1;
-}
+
+  /** @brief This lane's scan of its step and its key compares. */
+  __device__ __forceinline__ void scan(const uint4* stage, const int64_t* table_keys,
+                                       const uint8_t* digests, int64_t key) {
+    if (base_ < 0) return;
+    const int lane = threadIdx.x & 31;
+    const uint4* line = stage + 8 * lane;
+    uint32_t m[4] = {0, 0, 0, 0};  // bit b of m[q]: slot base_ + 32 q + b matches the digest
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      if (base_ + 16 * v >= end_) continue;
+      uint32_t bits = 0;
+      if (aligned_) {
+        const uint4 w = line[(v + lane) & 7];
+        bits = byte_matches(w.x, digest_) | (byte_matches(w.y, digest_) << 4) |
+               (byte_matches(w.z, digest_) << 8) | (byte_matches(w.w, digest_) << 12);
+      } else {
+        uint32_t empty;
+        scan16(digests, base_ + 16 * v, end_, digest_, &bits, &empty);
+      }
+      m[v / 2] |= bits << (16 * (v % 2));
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      while (m[q] != 0 && hit_ < 0) {
+        const int64_t g = base_ + 32 * q + __ffs(m[q]) - 1;
+        m[q] &= m[q] - 1;
+        if (__ldcs(reinterpret_cast<const long long*>(table_keys + g)) == key) hit_ = g;
+      }
+    }
+    base_ = (hit_ >= 0 || base_ + 128 >= end_) ? -1 : base_ + 128;
+  }
+
+  bool aligned_;    // the lane's bucket is whole aligned 16-byte chunks (copied by the warp)
+  int64_t base_;    // the lane's next step; -1: done
+  int64_t end_;     // one past its bucket
+  uint8_t digest_;  // its key's digest
+  int64_t hit_ = -1;
+};
 
 /**
  * @brief The tile kernel: one tile of 4 threads per key, the probe (find_probe), then the key's
@@ -239,7 +281,7 @@ __device__ __forceinline__ void staged_copy_rows(const FindRowsParams& p, int64_
 }
 
 /**
- * @brief The staged kernel: one thread per key (staged_probe), then the warp copies its keys' rows
+ * @brief The staged kernel: one key a lane (WarpStagedProbe), then the warp copies its keys' rows
  * (staged_copy_rows) through the same shared memory; every lane stays to the end for the warp's
  * shuffles.
  */
@@ -249,24 +291,27 @@ __global__ void __launch_bounds__(FindRowsStagedShape::kThreads, FindRowsStagedS
   static_assert(S::kTile == 1 && kStagedUnroll * 16 * 32 <= 32 * 128, "stage: 128 B a thread");
   __shared__ uint4 stage[S::kThreads * 8];
   const int64_t i = static_cast<int64_t>(blockIdx.x) * S::kThreads + threadIdx.x;
-  int64_t local = -1;
+  const int64_t w0 = i & ~int64_t{31};
+  if (w0 >= p.n) return;  // a whole warp past the end
+  uint4* const warp_stage = stage + 8 * (threadIdx.x & ~31u);
+  int64_t key = 0;
+  KeyHome home{};
+  bool live = false;
   if (i < p.n) {
-    const int64_t key = __ldcs(reinterpret_cast<const long long*>(p.keys + i));
+    key = __ldcs(reinterpret_cast<const long long*>(p.keys + i));
     const int64_t t = __ldcs(reinterpret_cast<const long long*>(p.table_ids + i));
-    KeyHome home;
-    if (key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home)) {
-      const int64_t g = staged_probe(stage + 8 * threadIdx.x, threadIdx.x & 7, p.table_keys,
-                                     p.digests, key, home);
-      if (g >= 0) local = g - home.layout.offset;
-    }
+    live = key_home(key, t, p.num_tables, p.slot_offsets, p.bucket_caps, &home);
+  }
+  const int64_t g = WarpStagedProbe(p.digests, live, home).run(warp_stage, p.table_keys,
+                                                               p.digests, key);
+  const int64_t local = g >= 0 ? g - home.layout.offset : -1;
+  if (i < p.n) {
     __stcs(reinterpret_cast<long long*>(p.out_slots + i), static_cast<long long>(local));
     __stcs(reinterpret_cast<unsigned char*>(p.out_found + i),
            static_cast<unsigned char>(local >= 0));
   }
-  const int64_t w0 = i & ~int64_t{31};
-  if (w0 >= p.n) return;  // a whole warp past the end
-  __syncwarp();           // every lane's digests read before the rows reuse the stage
-  staged_copy_rows(p, w0, local, stage + 8 * (threadIdx.x & ~31u));
+  __syncwarp();  // every lane's digests read before the rows reuse the stage
+  staged_copy_rows(p, w0, local, warp_stage);
 }
 
 /** @brief Launcher of the tile kernel: one tile per key, vectors of V bytes. */
