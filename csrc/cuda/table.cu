@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 #include "score_fn_launch.cuh"
 #include "table_common.cuh"
@@ -128,9 +129,11 @@ inline int64_t whole_vecs(int64_t bytes) { return (bytes + 15) / 16; }
  * One upsert_init_kernel zeroes the bits and counts, fills the map with -1 and resolves the score:
  * one allocation and one launch before the first pass, where there were four and three (the H200
  * profile of docs/benchmarks.md: the host's launches, not their GPU time, kept the GPU waiting).
- * Returns `now`, a view of the first T words (the score functions' ranks read it).
+ * `p.now` points at the call's score (the first T words); no tensor view of it is made here, as a
+ * view is one more dispatch per call (the H200 A/B of docs/benchmarks.md, session 12): the score
+ * functions' ranks, the one reader that needs a tensor, narrow `scratch` themselves.
  */
-Tensor insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
+void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
                       const Tensor& cur_scores, bool parallel, const at::TensorOptions& opts,
                       cudaStream_t stream, Tensor& scratch) {
   const int64_t n = p.n;
@@ -163,12 +166,10 @@ Tensor insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policie
     p.dedup = reinterpret_cast<int32_t*>(map);
     p.dedup_mask = map_words - 1;
   }
-  Tensor now = scratch.narrow(0, 0, s.num_tables);
-  p.now = now.data_ptr<int64_t>();
+  int64_t* now = scratch.data_ptr<int64_t>();
+  p.now = now;
   launch_upsert_init(zero, zero_vecs, map, map_vecs, policies.data_ptr<int64_t>(),
-                     cur_scores.data_ptr<int64_t>(), s.num_tables, now.data_ptr<int64_t>(),
-                     stream);
-  return now;
+                     cur_scores.data_ptr<int64_t>(), s.num_tables, now, stream);
 }
 
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
@@ -279,8 +280,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
 
   UpsertParams p = upsert_state_params(mode, keys, table_ids, s);
   Tensor scratch;
-  const Tensor now = insert_scratch(p, s, policies, cur_scores, !deterministic, opts, stream,
-                                    scratch);
+  insert_scratch(p, s, policies, cur_scores, !deterministic, opts, stream, scratch);
   p.pins = pin_counts;
   p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
 
@@ -290,7 +290,8 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   const int64_t* handles = fns_host.data_ptr<int64_t>();  // a plain loop: no tensor ops per call
   if (n > 0 && std::any_of(handles, handles + s.num_tables, [](int64_t h) { return h != 0; })) {
     fn_ranks = at::empty({s.total_slots}, opts.dtype(at::kDouble));
-    has_fn = compute_fn_ranks(fns_host, scores, slot_offsets, now, fn_ranks, stream);
+    has_fn = compute_fn_ranks(fns_host, scores, slot_offsets, scratch.narrow(0, 0, s.num_tables),
+                              fn_ranks, stream);
     p.fn_scores = fn_ranks.data_ptr<double>();
     p.has_fn = has_fn.data_ptr<uint8_t>();
   }
@@ -321,15 +322,29 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
 }
 
 /**
+ * Shrinks a tensor this call allocated, and that nothing else references yet, to its first `rows`
+ * rows in place: the same result as narrow() without a dispatch and a new tensor per output (the
+ * H200 A/B of docs/benchmarks.md, session 12). The storage keeps its size, as a view's would.
+ */
+void shrink_fresh_output(const Tensor& t, int64_t rows) {
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes[0] = rows;
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+}
+
+/**
  * The key-parallel engine's evictions: entry w of the pending list reports its victim at w. When
- * every pending leader evicted (no holes), the report is the first `evicted` entries as they are;
- * otherwise the entries that evicted are compacted (one more read of the count).
+ * every pending leader evicted (no holes), the report is the first `evicted` entries as they are
+ * (the fresh outputs shrunk in place); otherwise the entries that evicted are compacted (one more
+ * read of the count).
  */
 std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r,
                                                             cudaStream_t stream) {
   if (r.pending == r.evicted) {
-    return {r.ev_keys.narrow(0, 0, r.evicted), r.ev_slots.narrow(0, 0, r.evicted),
-            r.ev_scores.narrow(0, 0, r.evicted), r.ev_table_ids.narrow(0, 0, r.evicted)};
+    for (const Tensor* t : {&r.ev_keys, &r.ev_slots, &r.ev_scores, &r.ev_table_ids}) {
+      shrink_fresh_output(*t, r.evicted);
+    }
+    return {r.ev_keys, r.ev_slots, r.ev_scores, r.ev_table_ids};
   }
   return compact_evicted(r.ev_flag.narrow(0, 0, r.pending), r.ev_keys, r.ev_slots, r.ev_scores,
                          r.ev_table_ids, stream);
