@@ -58,6 +58,23 @@ _NON_CLOCK = (ref.STEP, ref.CUSTOMIZED, ref.LFU)
 # ----------------------------------------------------------------------------------------------
 
 
+# Positions of up to 6 picks among a list that the table's state gives (occupied or pinned slots).
+# They are drawn before that list is known, in a fixed range, so that the draws of a step never
+# depend on the state: under the key-parallel engine the state depends on the schedule, and
+# hypothesis replays a choice sequence expecting the same draws (FlakyStrategyDefinition otherwise).
+_PICKS = st.lists(st.integers(0, 255), max_size=6)
+
+
+def _picked(positions: List[int], options: List[int], unique: bool) -> List[int]:
+    """``options[p % len(options)]`` for each position, first occurrences only when ``unique``."""
+    out: List[int] = []
+    for p in positions:
+        v = options[p % len(options)]
+        if not unique or v not in out:
+            out.append(v)
+    return out
+
+
 class TableMachine(RuleBasedStateMachine):
     """Applies each random call to the model and to every subject; all must agree."""
 
@@ -323,10 +340,11 @@ class TableMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def write_rows(self, data: Any) -> None:
         t = data.draw(st.integers(0, len(self.specs) - 1), label="table")
+        picks = data.draw(_PICKS, label="slots")
         occupied = self.model.export(t).slots
         if self.specs[t].row_width == 0 or not occupied:
             return
-        slots = data.draw(st.lists(st.sampled_from(occupied + [-1]), max_size=6, unique=True))
+        slots = _picked(picks, occupied + [-1], unique=True)
         rows = self._draw_rows(data, len(slots), t) or [(0.0,) * self.specs[t].row_width] * len(
             slots
         )
@@ -362,15 +380,17 @@ class TableMachine(RuleBasedStateMachine):
     def pin_or_unpin(self, data: Any) -> None:
         """Pins (slots never evicted): on occupied slots, or off slots that hold pins."""
         t = data.draw(st.integers(0, len(self.specs) - 1), label="table")
+        unpin = data.draw(st.booleans(), label="unpin")
+        picks = data.draw(_PICKS, label="slots")
         counts = self.model.pin_counts(t)
         pinned = [s for s, c in enumerate(counts) if c > 0]
-        if pinned and data.draw(st.booleans(), label="unpin"):
-            slots = data.draw(st.lists(st.sampled_from(pinned), max_size=4, unique=True))
+        if pinned and unpin:
+            slots = _picked(picks[:4], pinned, unique=True)
             self._apply("unpin", lambda tbl: tbl.unpin_slots(slots, t), self._same)
             return
         occupied = self.model.export(t).slots
         if occupied:
-            slots = data.draw(st.lists(st.sampled_from(occupied + [-1]), max_size=6))
+            slots = _picked(picks, occupied + [-1], unique=False)
             self._apply("pin", lambda tbl: tbl.pin_slots(slots, t), self._same)
 
     @rule(data=st.data())
