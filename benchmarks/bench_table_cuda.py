@@ -24,7 +24,9 @@ The columns: ``ours`` (table op, plus value rows where HKV's API moves them: fin
 and the fused ``find_rows`` (one kernel: each warp probes its keys and copies their rows), both
 against HKV's find;
 insert + scatter_rows; find_or_insert + gather_rows; insert_and_evict + gather_rows of the evicted
-rows + scatter_rows of the new ones), ``index_select`` (the same number of fp32 rows of the same
+rows + scatter_rows of the new ones; the fused ``find_or_insert_rows`` (found rows out, new rows
+in) and ``insert_and_evict_rows`` (victims' rows out, every key's row in), HKV's API shape, where
+the insert engine's passes move each row as they learn its slot), ``index_select`` (the same number of fp32 rows of the same
 width from a static tensor of the same shape, timed in the same run), the bytes each call moves by a
 simple model (key in, digest line, key compare, score words, outputs, value rows) per second and as
 a share of the ~4.3 TB/s the device copies at, and the ratio to HKV's figure for the same API.
@@ -84,12 +86,17 @@ for _dim, _row in {
     ):
         HKV[(0.5, _dim, _api)] = _v
     HKV[(0.5, _dim, "find_rows")] = _row[0]  # the fused op moves what HKV's find moves
+    # the fused inserting ops are HKV's find_or_insert / insert_and_evict API, values included
+    HKV[(0.5, _dim, "find_or_insert_rows")] = _row[2]
+    HKV[(0.5, _dim, "insert_and_evict_rows")] = _row[4]
 HKV.update(
     {
         (1.0, 32, "find+gather"): 3.61,
         (1.0, 32, "find_rows"): 3.61,
         (1.0, 32, "find_or_insert"): 1.27,
         (1.0, 32, "insert_and_evict"): 0.82,
+        (1.0, 32, "find_or_insert_rows"): 1.27,
+        (1.0, 32, "insert_and_evict_rows"): 0.82,
     }
 )
 # Every op the bench times, in its order (--ops picks some).
@@ -100,7 +107,9 @@ OPS = (
     "find_rows/present",
     "insert",
     "find_or_insert",
+    "find_or_insert_rows",
     "insert_and_evict",
+    "insert_and_evict_rows",
     "export_if",
 )
 # Targets of issue 3, as multiples of HKV's figure.
@@ -110,6 +119,8 @@ TARGET = {
     "find_rows": 1.2,
     "find_or_insert": 1.1,
     "insert_and_evict": 1.1,
+    "find_or_insert_rows": 1.1,
+    "insert_and_evict_rows": 1.1,
     "export_if": 1.0,
 }
 # --small: every op at two load factors (1.0: inserts evict) and two dims, 4096 keys, 64k slots.
@@ -187,7 +198,9 @@ def probe_bytes(dim: int) -> Dict[str, float]:
         "find_rows/present": look + 8 + 8 + 1 + 2 * row,
         "insert": base + 16 + 8 + 8 + 16 + 2 * row,  # + sort pass, write key/score, rows in/out
         "find_or_insert": base + 16 + 8 + 8 + 1 + 16 + 2 * row,
+        "find_or_insert_rows": base + 16 + 8 + 8 + 1 + 16 + 2 * row,
         "insert_and_evict": base + 16 + 8 + 8 + 1 + 16 + 4 * row,
+        "insert_and_evict_rows": base + 16 + 8 + 8 + 1 + 16 + 4 * row,
         "index_select": 8 + 2 * row,
     }
 
@@ -263,10 +276,20 @@ def cases_for(
             ops.gather_rows(values, out[3], **c)
             ops.scatter_rows(values, out[0], new_rows, **c)
 
+        io_rows = new_rows.clone()  # find_or_insert_rows reads and writes it
+
+        def foi_rows() -> None:
+            ops.find_or_insert_rows(k, t, st, fns, clock, values, io_rows, **e)
+
+        def iae_rows() -> None:
+            ops.insert_and_evict_rows(k, t, st, fns, clock, values, new_rows, **e)
+
         return [
             ("insert", engine, ins, f.restore),
             ("find_or_insert", engine, foi, f.restore),
+            ("find_or_insert_rows", engine, foi_rows, f.restore),
             ("insert_and_evict", engine, iae, f.restore),
+            ("insert_and_evict_rows", engine, iae_rows, f.restore),
         ]
 
     def exp() -> None:

@@ -134,8 +134,8 @@ inline int64_t whole_vecs(int64_t bytes) { return (bytes + 15) / 16; }
  * functions' ranks, the one reader that needs a tensor, narrow `scratch` themselves.
  */
 void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
-                      const Tensor& cur_scores, bool parallel, const at::TensorOptions& opts,
-                      cudaStream_t stream, Tensor& scratch) {
+                    const Tensor& cur_scores, bool parallel, bool rows,
+                    const at::TensorOptions& opts, cudaStream_t stream, Tensor& scratch) {
   const int64_t n = p.n;
   const int64_t now_vecs = whole_vecs(s.num_tables * 8);
   const int64_t list_vecs = parallel ? n : 0;
@@ -144,7 +144,8 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
   const int64_t words = protect_words(s.total_slots);
   const int64_t zero_vecs = whole_vecs((words + 4) * 4);
   const int64_t map_words = parallel ? dedup_words(n) : 0;
-  const int64_t map_vecs = whole_vecs(map_words * 4);
+  // the *_rows ops: each leader's first / last follower (row_rank), -1 filled like the map
+  const int64_t map_vecs = whole_vecs(map_words * 4) + (parallel && rows ? whole_vecs(n * 4) : 0);
   scratch = at::empty(
       {2 * (now_vecs + list_vecs + placed_vecs + follow_vecs + zero_vecs + map_vecs)},
       opts.dtype(at::kLong));
@@ -165,6 +166,7 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
     p.follower_count = p.pending_count + 3;
     p.dedup = reinterpret_cast<int32_t*>(map);
     p.dedup_mask = map_words - 1;
+    if (rows) p.row_rank = reinterpret_cast<int32_t*>(map + whole_vecs(map_words * 4));
   }
   int64_t* now = scratch.data_ptr<int64_t>();
   p.now = now;
@@ -172,9 +174,43 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
                      cur_scores.data_ptr<int64_t>(), s.num_tables, now, stream);
 }
 
+/** values and rows of the *_rows ops (both contiguous, checked by check_insert_rows_args). */
+struct RowsArgs {
+  Tensor values, rows;
+};
+
+/** The key-parallel engine's row fields; a row of 0 bytes moves nothing (values stays null). */
+void set_rows_params(UpsertParams& p, const RowsArgs& r) {
+  p.row_bytes = r.values.size(1) * r.values.element_size();
+  if (p.row_bytes == 0) return;
+  p.values = static_cast<char*>(r.values.data_ptr());
+  p.values_rows = r.values.size(0);
+  p.rows = static_cast<char*>(r.rows.data_ptr());
+  p.row_vec = row_vector_bytes(p.row_bytes, p.values, p.rows);  // ev_rows: a fresh allocation
+}
+
+/**
+ * With ``check``: values must hold every local slot of each table the keys name (ids checked
+ * already), else ValueError naming the first such key. One read of the index found.
+ */
+void check_values_cover(const char* op, const Tensor& values, const Tensor& slot_offsets,
+                        const Tensor& table_ids) {
+  if (table_ids.numel() == 0) return;
+  const int64_t T = slot_offsets.numel() - 1;
+  const Tensor caps = slot_offsets.narrow(0, 1, T) - slot_offsets.narrow(0, 0, T);
+  const Tensor need = caps.index_select(0, table_ids).contiguous();
+  const int64_t i =
+      first_outside(need, 0, values.size(0) + 1, c10::cuda::getCurrentCUDAStream());
+  if (i >= 0) {
+    raise_short_values(op, i, table_ids[i].item<int64_t>(), need[i].item<int64_t>(),
+                       values.size(0));
+  }
+}
+
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
 struct UpsertResult {
   Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores, ev_table_ids;
+  Tensor ev_rows;  // key-parallel insert_and_evict_rows: the victims' rows, by pending entry
   // key-parallel insert_and_evict: pending leaders and victims, as read back
   int64_t pending = 0, evicted = 0;
 };
@@ -192,6 +228,10 @@ void alloc_parallel_evicted(UpsertResult& r, UpsertParams& p, int64_t n,
   p.ev_slots = r.ev_slots.data_ptr<int64_t>();
   p.ev_scores = r.ev_scores.data_ptr<int64_t>();
   p.ev_table_ids = r.ev_table_ids.data_ptr<int64_t>();
+  if (p.values != nullptr) {
+    r.ev_rows = at::empty({n, p.row_bytes}, opts.dtype(at::kByte));
+    p.ev_rows = static_cast<char*>(r.ev_rows.data_ptr());
+  }
 }
 
 /**
@@ -256,9 +296,12 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                         const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                         const Tensor& sizes, const Tensor& cur_scores_in,
                         const c10::optional<Tensor>& input_scores_in, bool check,
-                        const c10::optional<Tensor>& pins, bool deterministic) {
+                        const c10::optional<Tensor>& pins, bool deterministic,
+                        const RowsArgs* rows = nullptr) {
   const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
+  if (rows != nullptr) check_insert_rows_args(op, rows->values, rows->rows, keys_in.numel(),
+                                              table_keys.device());
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
   auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev, s.num_tables, check);
@@ -274,13 +317,16 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
     input_scores = input_scores_in->contiguous();
   }
   const int32_t* pin_counts = check_pins_arg(op, pins, s.total_slots, dev);
+  if (rows != nullptr && check) check_values_cover(op, rows->values, slot_offsets, table_ids);
   const int64_t n = keys.numel();
   const auto opts = keys.options();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   UpsertParams p = upsert_state_params(mode, keys, table_ids, s);
   Tensor scratch;
-  insert_scratch(p, s, policies, cur_scores, !deterministic, opts, stream, scratch);
+  const bool move_rows = rows != nullptr && !deterministic;  // the deterministic engine composes
+  if (move_rows) set_rows_params(p, *rows);
+  insert_scratch(p, s, policies, cur_scores, !deterministic, move_rows, opts, stream, scratch);
   p.pins = pin_counts;
   p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
 
@@ -350,6 +396,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r
                          r.ev_table_ids, stream);
 }
 
+/** pending_evicted's rows: the victims' rows of the entries that evicted, in the same order. */
+Tensor pending_evicted_rows(const UpsertResult& r) {
+  if (r.pending == r.evicted) {
+    shrink_fresh_output(r.ev_rows, r.evicted);
+    return r.ev_rows;
+  }
+  const Tensor took = r.ev_flag.narrow(0, 0, r.pending).nonzero().squeeze(1);
+  return r.ev_rows.index_select(0, took);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Ops
 // ------------------------------------------------------------------------------------------------
@@ -393,7 +449,7 @@ std::tuple<Tensor, Tensor, Tensor> find_rows_cuda(
     const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
     const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes, const Tensor& values,
     bool check) {
-  check_find_rows_values(values, table_keys.device());  // first: values may be what is off-device
+  check_values_arg("find_rows", values, table_keys.device());  // first: values may be what is off-device
   const StateView s = check_state("find_rows", table_keys, digests, scores, slot_offsets,
                                   bucket_caps, policies, sizes);
   const at::Device dev = table_keys.device();
@@ -460,6 +516,72 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
   auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
                                           table_ids.contiguous(), stream);
   return {r.slots, r.flag, ek, es, ew, et};
+}
+
+/**
+ * find_or_insert_rows: the key-parallel engine moves the rows in its passes; the deterministic one
+ * composes: the new keys' rows scattered in reverse input order (scatter_rows keeps the last
+ * write of a slot, so the first occurrence's row wins), then every placed key's row gathered into
+ * rows; a slot past values' rows moves nothing.
+ */
+std::tuple<Tensor, Tensor> find_or_insert_rows_cuda(
+    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
+    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
+    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
+    const Tensor& values, const Tensor& rows, bool check, const c10::optional<Tensor>& pins,
+    bool deterministic) {
+  const RowsArgs ra{values, rows};
+  UpsertResult r = run_insert("find_or_insert_rows", UpsertMode::kFindOrInsert, keys, table_ids,
+                              table_keys, digests, scores, slot_offsets, bucket_caps, policies,
+                              score_fns, sizes, cur_scores, c10::nullopt, check, pins,
+                              deterministic, &ra);
+  if (deterministic && keys.numel() > 0 && values.size(1) > 0) {
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    const Tensor placed = r.slots.ge(0).logical_and_(r.slots.lt(values.size(0)));
+    Tensor v = values;  // the schema declares the mutation (e!)
+    const Tensor new_slots = at::where(r.flag.logical_and(placed), r.slots, -1);
+    select_scatter_rows(v, new_slots.flip(0), rows.flip(0), stream);
+    Tensor got = at::empty_like(rows);
+    select_gather_rows(values, at::where(placed, r.slots, -1), got, stream);
+    Tensor out = rows;  // (f!)
+    out.copy_(at::where(placed.unsqueeze(1), got, rows));
+  }
+  return {r.slots, r.flag};
+}
+
+/**
+ * insert_and_evict_rows: as insert_and_evict, plus the evicted keys' rows (read before any new row
+ * is written) and every placed key's row written, the last occurrence's winning. Key-parallel:
+ * moved by the passes; deterministic: composed (gather of the victims, then scatter_rows).
+ */
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_rows_cuda(
+    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
+    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
+    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
+    const c10::optional<Tensor>& input_scores, const Tensor& values, const Tensor& rows,
+    bool check, const c10::optional<Tensor>& pins, bool deterministic) {
+  const RowsArgs ra{values, rows};
+  UpsertResult r = run_insert("insert_and_evict_rows", UpsertMode::kInsertAndEvict, keys,
+                              table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
+                              policies, score_fns, sizes, cur_scores, input_scores, check, pins,
+                              deterministic, &ra);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (!deterministic) {
+    auto [ek, es, ew, et] = pending_evicted(r, stream);
+    Tensor ev_rows = r.ev_rows.defined()
+                         ? pending_evicted_rows(r).view(values.scalar_type())
+                         : at::empty({ek.numel(), values.size(1)}, values.options());
+    return {r.slots, r.flag, ek, es, ew, et, ev_rows};
+  }
+  auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
+                                          table_ids.contiguous(), stream);
+  Tensor ev_rows = at::empty({ek.numel(), values.size(1)}, values.options());
+  if (values.size(1) > 0) {
+    select_gather_rows(values, es, ev_rows, stream);  // before any new row is written
+    Tensor v = values;
+    select_scatter_rows(v, r.slots, rows, stream);
+  }
+  return {r.slots, r.flag, ek, es, ew, et, ev_rows};
 }
 
 Tensor erase_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
@@ -590,6 +712,8 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("insert", &dynamicemb::insert_cuda);
   m.impl("find_or_insert", &dynamicemb::find_or_insert_cuda);
   m.impl("insert_and_evict", &dynamicemb::insert_and_evict_cuda);
+  m.impl("find_or_insert_rows", &dynamicemb::find_or_insert_rows_cuda);
+  m.impl("insert_and_evict_rows", &dynamicemb::insert_and_evict_rows_cuda);
   m.impl("erase", &dynamicemb::erase_cuda);
   m.impl("export_if", &dynamicemb::export_if_cuda);
   m.impl("insert_at", &dynamicemb::insert_at_cuda);

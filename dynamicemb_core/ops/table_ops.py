@@ -35,10 +35,12 @@ __all__ = [
     "export_if",
     "find",
     "find_or_insert",
+    "find_or_insert_rows",
     "find_rows",
     "gather_rows",
     "insert",
     "insert_and_evict",
+    "insert_and_evict_rows",
     "insert_at",
     "scatter_rows",
 ]
@@ -172,6 +174,82 @@ def insert_and_evict(
         *_with_score_fns(state, score_fns),
         cur_scores,
         input_scores,
+        check,
+        pins,
+        _deterministic(deterministic),
+    )
+
+
+def find_or_insert_rows(
+    keys: Tensor,
+    table_ids: Tensor,
+    state: TableState,
+    score_fns: Tensor,
+    cur_scores: Tensor,
+    values: Tensor,
+    rows: Tensor,
+    *,
+    check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: Optional[bool] = None,
+) -> Tuple[Tensor, Tensor]:
+    """find_or_insert and the keys' value rows in one call (HKV's find_or_insert with values).
+
+    ``values`` is the (capacity, width) tensor of the tables the keys name (rows by local slot, as
+    :func:`find_rows`); with ``check`` it must hold every slot of those tables (ValueError
+    otherwise, nothing written). ``rows`` (n, width), of values' dtype, is read and written in
+    place: a key found gets its slot's row; a key new in this call has the row of its *first*
+    occurrence written to its slot, and every occurrence ends with that row; a key not placed
+    (slot -1) leaves its ``rows[i]`` as given. The result is that of :func:`find_or_insert`,
+    then :func:`scatter_rows` of the new keys' first occurrences, then :func:`gather_rows` of
+    every placed key; on CUDA with ``deterministic=False`` the engine's passes move the rows as
+    they learn each slot. Returns ``(slots (n,), is_new (n,) bool)``.
+    """
+    return _ops().find_or_insert_rows.default(
+        keys,
+        table_ids,
+        *_with_score_fns(state, score_fns),
+        cur_scores,
+        values,
+        rows,
+        check,
+        pins,
+        _deterministic(deterministic),
+    )
+
+
+def insert_and_evict_rows(
+    keys: Tensor,
+    table_ids: Tensor,
+    state: TableState,
+    score_fns: Tensor,
+    cur_scores: Tensor,
+    values: Tensor,
+    rows: Tensor,
+    input_scores: Optional[Tensor] = None,
+    *,
+    check: bool = True,
+    pins: Optional[Tensor] = None,
+    deterministic: Optional[bool] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """insert_and_evict and the value rows in one call (HKV's insert_and_evict with values).
+
+    ``values`` as :func:`find_or_insert_rows`; every placed key's slot gets the row of the key's
+    *last* occurrence in ``rows`` (n, width) (:func:`scatter_rows`' rule), and each evicted key is
+    reported with the row it had before the call.
+
+    Returns:
+        insert_and_evict's ``(slots, is_new, ev_keys, ev_slots, ev_scores, ev_table_ids)`` and
+        ``ev_rows (m, width)``.
+    """
+    return _ops().insert_and_evict_rows.default(
+        keys,
+        table_ids,
+        *_with_score_fns(state, score_fns),
+        cur_scores,
+        input_scores,
+        values,
+        rows,
         check,
         pins,
         _deterministic(deterministic),

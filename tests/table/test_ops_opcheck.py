@@ -18,6 +18,8 @@ TABLE_OPS = [
     "insert",
     "find_or_insert",
     "insert_and_evict",
+    "find_or_insert_rows",
+    "insert_and_evict_rows",
     "erase",
     "export_if",
     "insert_at",
@@ -81,6 +83,14 @@ def _samples(device: torch.device) -> Dict[str, List[Tuple[Any, ...]]]:
         "insert": [(*evict, None, *det), (*evict, words, True, pins, True)],
         "find_or_insert": [(*evict, *det), (*evict, True, pins, True)],
         "insert_and_evict": [(*evict, None, *det), (*evict, words, True, pins, True)],
+        "find_or_insert_rows": [
+            (*evict, values, torch.randn(6, 3, device=device), *det),
+            (*evict, values, torch.randn(6, 3, device=device), True, pins, True),
+        ],
+        "insert_and_evict_rows": [
+            (*evict, None, values, torch.randn(6, 3, device=device), *det),
+            (*evict, words, values, torch.randn(6, 3, device=device), True, pins, True),
+        ],
         "erase": [(keys, tids, *s)],
         "export_if": [
             (*s, torch.tensor([INT64_MIN, INT64_MIN], **i64), 0),
