@@ -33,10 +33,12 @@ a share of the ~4.3 TB/s the device copies at, and the ratio to HKV's figure for
 ``export_if`` exports keys, slots and scores (no values) of the whole table; its throughput counts
 exported keys (HKV's export_batch_if counts the keys it dumps, with values).
 
-The inserting ops run on each engine of ``--engines`` (default both): ``parallel``, the key-parallel
-CUDA engine (the default; csrc/cuda/table_upsert_parallel.cuh), and ``deterministic``, the
-bucket-ordered one that ``DEMB_DETERMINISM_MODE=1`` selects (csrc/cuda/table_upsert.cuh); lookups
-and export have one engine ("-").
+The inserting ops run on each engine of ``--engines`` (default all three): ``parallel``, the
+key-parallel CUDA engine (the default; csrc/cuda/table_upsert_parallel.cuh); ``unique``, the same
+engine called with ``unique_keys=True`` (the keys are distinct, so it builds no leader map: what a
+grouped lookup, whose keys come out of its unique, runs); and ``deterministic``, the bucket-ordered
+one that ``DEMB_DETERMINISM_MODE=1`` selects (csrc/cuda/table_upsert.cuh); lookups and export have
+one engine ("-").
 
 The ops run with ``check=False`` unless ``--checked``: ScoredHashTable validates its input and then
 calls them so, and HKV checks nothing either; ``--checked`` shows what the ops' own data checks
@@ -263,7 +265,8 @@ def cases_for(
     threshold = torch.zeros(1, dtype=torch.int64, device=values.device)  # every clock time passes
 
     def inserting(engine: str):
-        e = {**c, "deterministic": engine == "deterministic"}
+        # "unique": the key-parallel engine told the keys are distinct (they are: HKV's key set)
+        e = {**c, "deterministic": engine == "deterministic", "unique_keys": engine == "unique"}
 
         def ins() -> None:
             ops.scatter_rows(values, ops.insert(k, t, st, fns, clock, **e), new_rows, **c)
@@ -448,8 +451,8 @@ def main() -> None:
     p.add_argument(
         "--engines",
         nargs="+",
-        choices=["parallel", "deterministic"],
-        default=["parallel", "deterministic"],
+        choices=["parallel", "unique", "deterministic"],
+        default=["parallel", "unique", "deterministic"],
         help="CUDA insert engines to time the inserting ops on (lookups have one)",
     )
     p.add_argument(

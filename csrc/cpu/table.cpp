@@ -516,7 +516,8 @@ Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& tab
                   const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                   const Tensor& sizes, const Tensor& cur_scores,
                   const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
-                  const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/) {
+                  const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
+    bool /*unique_keys: no leader map on CPU*/) {
   InsertArgs a = check_insert("insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                               bucket_caps, policies, score_fns, sizes, cur_scores, input_scores);
   Tensor slots = at::empty({a.keys.numel()}, a.keys.options());
@@ -533,7 +534,8 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
                                               const Tensor& score_fns, const Tensor& sizes,
                                               const Tensor& cur_scores, bool /*check: the CPU kernels always check*/,
                                               const c10::optional<Tensor>& pins,
-                                              bool /*deterministic: always, on CPU*/) {
+                                              bool /*deterministic: always, on CPU*/,
+    bool /*unique_keys: no leader map on CPU*/) {
   InsertArgs a =
       check_insert("find_or_insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                    bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
@@ -551,7 +553,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
-    const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/) {
+    const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
+    bool /*unique_keys: no leader map on CPU*/) {
   InsertArgs a = check_insert("insert_and_evict", keys, table_ids, table_keys, digests, scores,
                               slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
                               input_scores);
@@ -819,7 +822,8 @@ std::tuple<Tensor, Tensor> find_or_insert_rows_cpu(
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const Tensor& values, const Tensor& rows, bool /*check: the CPU kernels always check*/,
-    const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/) {
+    const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
+    bool /*unique_keys: no leader map on CPU*/) {
   const char* op = "find_or_insert_rows";
   InsertArgs a = check_insert(op, keys, table_ids, table_keys, digests, scores, slot_offsets,
                               bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
@@ -860,7 +864,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_ev
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const c10::optional<Tensor>& input_scores, const Tensor& values, const Tensor& rows,
-    bool check, const c10::optional<Tensor>& pins, bool deterministic) {
+    bool check, const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys) {
   const char* op = "insert_and_evict_rows";
   {  // every check before insert_and_evict writes anything
     InsertArgs a = check_insert(op, keys, table_ids, table_keys, digests, scores, slot_offsets,
@@ -872,7 +876,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_ev
   auto [sl, is_new, ek, es, ew, et] =
       insert_and_evict_cpu(keys, table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
                            policies, score_fns, sizes, cur_scores, input_scores, check, pins,
-                           deterministic);
+                           deterministic, unique_keys);
   Tensor ev_rows = at::empty({es.numel(), values.size(1)}, values.options());
   copy_rows(values, es.data_ptr<int64_t>(), es.numel(), ev_rows);  // before any new row lands
   scatter_rows_into(values, sl.data_ptr<int64_t>(), sl.numel(), rows);

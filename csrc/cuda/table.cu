@@ -143,7 +143,7 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
   const int64_t follow_vecs = parallel ? whole_vecs(n * 4) : 0;
   const int64_t words = protect_words(s.total_slots);
   const int64_t zero_vecs = whole_vecs((words + 4) * 4);
-  const int64_t map_words = parallel ? dedup_words(n) : 0;
+  const int64_t map_words = parallel && !p.unique_keys ? dedup_words(n) : 0;  // none: distinct keys
   // the *_rows ops: each leader's first / last follower (row_rank), -1 filled like the map
   const int64_t map_vecs = whole_vecs(map_words * 4) + (parallel && rows ? whole_vecs(n * 4) : 0);
   scratch = at::empty(
@@ -297,7 +297,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                         const Tensor& sizes, const Tensor& cur_scores_in,
                         const c10::optional<Tensor>& input_scores_in, bool check,
                         const c10::optional<Tensor>& pins, bool deterministic,
-                        const RowsArgs* rows = nullptr) {
+                        bool unique_keys, const RowsArgs* rows = nullptr) {
   const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   if (rows != nullptr) check_insert_rows_args(op, rows->values, rows->rows, keys_in.numel(),
@@ -323,6 +323,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   UpsertParams p = upsert_state_params(mode, keys, table_ids, s);
+  p.unique_keys = unique_keys && !deterministic;
   Tensor scratch;
   const bool move_rows = rows != nullptr && !deterministic;  // the deterministic engine composes
   if (move_rows) set_rows_params(p, *rows);
@@ -473,10 +474,10 @@ Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& ta
                    const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                    const Tensor& sizes, const Tensor& cur_scores,
                    const c10::optional<Tensor>& input_scores, bool check,
-                   const c10::optional<Tensor>& pins, bool deterministic) {
+                   const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys) {
   return run_insert("insert", UpsertMode::kInsert, keys, table_ids, table_keys, digests, scores,
                     slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
-                    input_scores, check, pins, deterministic)
+                    input_scores, check, pins, deterministic, unique_keys)
       .slots;
 }
 
@@ -487,11 +488,11 @@ std::tuple<Tensor, Tensor> find_or_insert_cuda(const Tensor& keys, const Tensor&
                                                const Tensor& score_fns, const Tensor& sizes,
                                                const Tensor& cur_scores, bool check,
                                                const c10::optional<Tensor>& pins,
-                                               bool deterministic) {
+                                               bool deterministic, bool unique_keys) {
   UpsertResult r = run_insert("find_or_insert", UpsertMode::kFindOrInsert, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, c10::nullopt, check, pins,
-                              deterministic);
+                              deterministic, unique_keys);
   return {r.slots, r.flag};
 }
 
@@ -500,11 +501,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const c10::optional<Tensor>& input_scores, bool check, const c10::optional<Tensor>& pins,
-    bool deterministic) {
+    bool deterministic, bool unique_keys) {
   UpsertResult r = run_insert("insert_and_evict", UpsertMode::kInsertAndEvict, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, input_scores, check, pins,
-                              deterministic);
+                              deterministic, unique_keys);
   // Evictions (m depends on data: the host reads a count): deterministic, in input order of the
   // keys that caused them (compact_evicted reads it); key-parallel, in pending-list order (the
   // counts were read inside run_insert, with the finish pass still queued).
@@ -529,12 +530,12 @@ std::tuple<Tensor, Tensor> find_or_insert_rows_cuda(
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const Tensor& values, const Tensor& rows, bool check, const c10::optional<Tensor>& pins,
-    bool deterministic) {
+    bool deterministic, bool unique_keys) {
   const RowsArgs ra{values, rows};
   UpsertResult r = run_insert("find_or_insert_rows", UpsertMode::kFindOrInsert, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, c10::nullopt, check, pins,
-                              deterministic, &ra);
+                              deterministic, unique_keys, &ra);
   if (deterministic && keys.numel() > 0 && values.size(1) > 0) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     const Tensor placed = r.slots.ge(0).logical_and_(r.slots.lt(values.size(0)));
@@ -559,12 +560,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_ev
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const c10::optional<Tensor>& input_scores, const Tensor& values, const Tensor& rows,
-    bool check, const c10::optional<Tensor>& pins, bool deterministic) {
+    bool check, const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys) {
   const RowsArgs ra{values, rows};
   UpsertResult r = run_insert("insert_and_evict_rows", UpsertMode::kInsertAndEvict, keys,
                               table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
                               policies, score_fns, sizes, cur_scores, input_scores, check, pins,
-                              deterministic, &ra);
+                              deterministic, unique_keys, &ra);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (!deterministic) {
     auto [ek, es, ew, et] = pending_evicted(r, stream);

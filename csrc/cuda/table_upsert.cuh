@@ -67,6 +67,7 @@ struct UpsertParams {
   const int32_t* pins;          // (total_slots,) pin counts, or null: a pinned slot is no victim
   int32_t* dedup;               // key-parallel engine: (table, key) -> first index map, -1 filled
   int64_t dedup_mask;           // its words - 1 (a power of two >= 2n)
+  bool unique_keys;             // the caller promises distinct (table, key): no map (n/a: 0 words)
   int64_t* pending;             // key-parallel engine: (n, 2) leaders left for the evict pass
   int32_t* pending_count;       // how many (zeroed; the word after the protect bits' padding)
   int64_t* out_slots;           // (n,) local slot or -1

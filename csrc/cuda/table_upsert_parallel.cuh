@@ -181,10 +181,13 @@ inline int64_t dedup_words(int64_t n) {
 
 /**
  * @brief Index of the first occurrence of (t, key) to register in the call's map (a leader gets
- * its own index). Linear probing; the map holds at most n of its >= 2n words, so it ends.
+ * its own index). Linear probing; the map holds at most n of its >= 2n words, so it ends. With
+ * `unique_keys` (the caller's promise of distinct keys) there is no map: every key leads itself,
+ * which saves each new key an L2 round trip (10-16% of an inserting call on the H200).
  */
 __device__ __forceinline__ int64_t register_key(const UpsertParams& p, int64_t i, int64_t key,
                                                 int64_t t) {
+  if (p.unique_keys) return i;  // the caller's promise: every key its own leader, no map
   uint64_t h = hash_key(key) + static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ull;
   h ^= h >> 31;
   for (int64_t w = static_cast<int64_t>(h & static_cast<uint64_t>(p.dedup_mask));;

@@ -66,6 +66,7 @@ def _insert_fake(
     check: bool = True,
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
+    unique_keys: bool = False,
 ) -> Tensor:
     return keys.new_empty(_check_keys(keys, table_ids))
 
@@ -86,6 +87,7 @@ def _find_or_insert_fake(
     check: bool = True,
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
+    unique_keys: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool)
@@ -108,6 +110,7 @@ def _insert_and_evict_fake(
     check: bool = True,
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
+    unique_keys: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     m = torch.library.get_ctx().new_dynamic_size()
@@ -147,6 +150,7 @@ def _find_or_insert_rows_fake(
     check: bool = True,
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
+    unique_keys: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     _check_rows(values, rows, n)
@@ -172,6 +176,7 @@ def _insert_and_evict_rows_fake(
     check: bool = True,
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
+    unique_keys: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
     _check_rows(values, rows, n)

@@ -339,7 +339,7 @@ class ScoredHashTable:
                 self._double(t)
         cur = self._cur_scores(None)
         if report_evicted or retain:
-            slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True)
+            slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True, unique=True)
         else:
             self._write_count += 1
             slots, is_new = table_ops.find_or_insert(
@@ -351,6 +351,7 @@ class ScoredHashTable:
                 check=False,
                 pins=self._pin_counts_arg(),
                 deterministic=self._deterministic,
+                unique_keys=True,
             )
             evicted = self._no_evictions(self._max_scores)
         slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
@@ -423,7 +424,10 @@ class ScoredHashTable:
         words: Optional[Tensor],
         evicting: bool,
         table_ids: TableIds = None,
+        unique: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
+        """One inserting op on the state; ``unique``: the pairs are distinct (the ops'
+        ``unique_keys``, which spares the key-parallel engine its leader map)."""
         self._write_count += 1
         pins, det = self._pin_counts_arg(), self._deterministic
         if not evicting:
@@ -437,6 +441,7 @@ class ScoredHashTable:
                 check=False,
                 pins=pins,
                 deterministic=det,
+                unique_keys=unique,
             )
             return slots, None, self._no_evictions(self._num_columns(table_ids))
         slots, is_new, ek, es, ew, et = table_ops.insert_and_evict(
@@ -449,6 +454,7 @@ class ScoredHashTable:
             check=False,
             pins=pins,
             deterministic=det,
+            unique_keys=unique,
         )
         scores = score_columns_for_user(ew, et, self._reversed, self._num_columns(table_ids))
         return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))

@@ -326,7 +326,11 @@ def _draw_keys(
 
 
 def _engine_outcome(
-    table: ScoredHashTable, keys: torch.Tensor, tids: torch.Tensor, deterministic: bool
+    table: ScoredHashTable,
+    keys: torch.Tensor,
+    tids: torch.Tensor,
+    deterministic: bool,
+    unique_keys: bool = False,
 ) -> Dict[str, Any]:
     """One insert_and_evict of the table's ops on a copy of its state, summed up schedule-free:
     distinct keys placed per (table, bucket), evicted (table, slot, key, words), present keys'
@@ -343,6 +347,7 @@ def _engine_outcome(
         check=False,
         pins=pins,
         deterministic=deterministic,
+        unique_keys=unique_keys,
     )
     offsets, caps = state.slot_offsets.tolist(), state.bucket_caps.tolist()
     answer: Dict[Tuple[int, int], int] = {}
@@ -397,7 +402,48 @@ def test_both_engines_agree_from_one_state(seed: int) -> None:
     _compare_engines(torch.device("cuda", torch.cuda.current_device()), seed)
 
 
-def _compare_engines(cuda: torch.device, seed: int) -> None:
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="the key-parallel engine runs on CUDA only")
+@pytest.mark.parametrize("seed", range(4))
+def test_unique_keys_agree_with_the_deterministic_engine(seed: int) -> None:
+    """The same comparison for calls whose (table, key) pairs are distinct, the key-parallel engine
+    told so (``unique_keys=True``: it builds no leader map). On CPU the flag changes nothing (the
+    CPU kernels have no map): see test_unique_keys_changes_nothing_on_cpu."""
+    _compare_engines(torch.device("cuda", torch.cuda.current_device()), seed, unique=True)
+
+
+def test_unique_keys_changes_nothing_on_cpu() -> None:
+    """On CPU ``unique_keys`` is accepted and ignored: the same slots, flags and state."""
+    rng = random.Random(7)
+    specs = [_random_spec(rng, i) for i in range(2)]
+    tables = [ScoredHashTable([real_table_spec(x) for x in specs]) for _ in range(2)]
+    top = max(x.max_capacity for x in specs) * 2
+    keys, tids = _distinct(*_draw_keys(rng, top, top, 2, torch.device("cpu")))
+    outs = [
+        table_ops.find_or_insert(
+            keys, tids, tbl.state, tbl._score_fns, tbl._cur_scores(3), unique_keys=u
+        )
+        for tbl, u in zip(tables, (False, True))
+    ]
+    for a, b in zip(outs[0], outs[1]):
+        assert torch.equal(a, b)
+    for a, b in zip(tables[0].state, tables[1].state):
+        assert torch.equal(a, b)
+
+
+def _distinct(keys: torch.Tensor, tids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The first occurrence of each (table id, key) pair, in input order."""
+    seen: Dict[Tuple[int, int], None] = {}
+    for k, t in zip(keys.tolist(), tids.tolist()):
+        seen.setdefault((t, k), None)
+    pairs = list(seen)
+    return (
+        torch.tensor([k for _, k in pairs], dtype=torch.int64, device=keys.device),
+        torch.tensor([t for t, _ in pairs], dtype=torch.int64, device=keys.device),
+    )
+
+
+def _compare_engines(cuda: torch.device, seed: int, unique: bool = False) -> None:
     for trial in range(40):
         rng = random.Random(1000 * seed + trial)
         specs = [_random_spec(rng, i) for i in range(rng.randint(1, 3))]
@@ -418,8 +464,10 @@ def _compare_engines(cuda: torch.device, seed: int) -> None:
             if slots.numel() and rng.random() < 0.4:
                 table.pin_slots(slots[: rng.randint(1, 4)], t)
         keys, tids = _draw_keys(rng, rng.randint(1, top), top, n_tables, cuda)
+        if unique:
+            keys, tids = _distinct(keys, tids)
         det = _engine_outcome(table, keys, tids, deterministic=True)
-        par = _engine_outcome(table, keys, tids, deterministic=False)
+        par = _engine_outcome(table, keys, tids, deterministic=False, unique_keys=unique)
         where = f"trial {1000 * seed + trial}"
         assert par["sizes_right"], where
         for what in ("placed", "evicted", "present", "resident"):
