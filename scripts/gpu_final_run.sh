@@ -2,7 +2,7 @@
 # The release check on the GPU machine in one call (the coordinator's final run since session 11):
 # install + build, bench_training (hbm 10/1/26 tables vs FBGEMM TBE, --split), bench_table_cuda,
 # then both insert engines over every CUDA test dir and compute-sanitizer over the key-parallel
-# engine. Needs FBGEMM's CUDA build in /tmp/fbg (see scripts/gpu_check.sh install). ~310 s.
+# engine. Needs FBGEMM's CUDA build in /tmp/fbg (see scripts/gpu_check.sh install). ~370 s.
 # Usage: DEMB_COMMIT=<hash> bash scripts/gpu_final_run.sh   (logs: one tarball, $OUT/final.tgz)
 set -u
 export DEMB_COMMIT=${DEMB_COMMIT:-unknown} L=/tmp/L
@@ -17,7 +17,8 @@ timeout 100 $B --setups hbm --warmup 2 --repeats 7 --batches 2 --table-counts 10
 grep "^| hbm" $L/bench_train.md | sort -u; pack
 timeout 30 $B --setups hbm --warmup 2 --repeats 5 --batches 1 --table-counts 10 --optimizers sgd --split > $L/bench_split.md 2>&1
 grep -i "sync" $L/bench_split.md | tail -2
-timeout 50 python3 benchmarks/bench_table_cuda.py --dims 64 32 --load-factors 0.5 --repeats 3 > $L/bench_table.md 2>&1
+timeout 100 python3 benchmarks/bench_table_cuda.py --dims 8 32 64 --load-factors 0.5 1.0 --engines parallel unique --repeats 3 > $L/bench_table.md 2>&1
+timeout 40 python3 benchmarks/bench_table_cuda.py --dims 64 32 --load-factors 0.5 --engines deterministic --repeats 3 > $L/bench_table_det.md 2>&1
 echo "benches done at $(( $(date +%s) - t0 )) s"; pack
 ( compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -p no:cacheprovider -q tests/table/test_parallel_engine.py -k "cuda and (contended or pinned or no_eviction)" > $L/racecheck.log 2>&1;
   compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -p no:cacheprovider -q tests/table/test_parallel_engine.py -k "cuda and (contended or pinned or no_eviction)" > $L/memcheck.log 2>&1 ) &
