@@ -24,9 +24,9 @@ The columns: ``ours`` (table op, plus value rows where HKV's API moves them: fin
 and the fused ``find_rows`` (one kernel: each warp probes its keys and copies their rows), both
 against HKV's find;
 insert + scatter_rows; find_or_insert + gather_rows; insert_and_evict + gather_rows of the evicted
-rows + scatter_rows of the new ones; the fused ``find_or_insert_rows`` (found rows out, new rows
-in) and ``insert_and_evict_rows`` (victims' rows out, every key's row in), HKV's API shape, where
-the insert engine's passes move each row as they learn its slot), ``index_select`` (the same number of fp32 rows of the same
+rows + scatter_rows of the new ones; ``find_or_insert_rows`` (found rows out, new rows in) and
+``insert_and_evict_rows`` (victims' rows out, every key's row in), HKV's API shape in one op: the
+table op and its row copies with no Python between them), ``index_select`` (the same number of fp32 rows of the same
 width from a static tensor of the same shape, timed in the same run), the bytes each call moves by a
 simple model (key in, digest line, key compare, score words, outputs, value rows) per second and as
 a share of the ~4.3 TB/s the device copies at, and the ratio to HKV's figure for the same API.
@@ -88,7 +88,7 @@ for _dim, _row in {
     ):
         HKV[(0.5, _dim, _api)] = _v
     HKV[(0.5, _dim, "find_rows")] = _row[0]  # the fused op moves what HKV's find moves
-    # the fused inserting ops are HKV's find_or_insert / insert_and_evict API, values included
+    # the *_rows ops are HKV's find_or_insert / insert_and_evict API, values included
     HKV[(0.5, _dim, "find_or_insert_rows")] = _row[2]
     HKV[(0.5, _dim, "insert_and_evict_rows")] = _row[4]
 HKV.update(

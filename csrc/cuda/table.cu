@@ -134,7 +134,7 @@ inline int64_t whole_vecs(int64_t bytes) { return (bytes + 15) / 16; }
  * functions' ranks, the one reader that needs a tensor, narrow `scratch` themselves.
  */
 void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
-                    const Tensor& cur_scores, bool parallel, bool rows,
+                    const Tensor& cur_scores, bool parallel,
                     const at::TensorOptions& opts, cudaStream_t stream, Tensor& scratch) {
   const int64_t n = p.n;
   const int64_t now_vecs = whole_vecs(s.num_tables * 8);
@@ -144,8 +144,7 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
   const int64_t words = protect_words(s.total_slots);
   const int64_t zero_vecs = whole_vecs((words + 4) * 4);
   const int64_t map_words = parallel && !p.unique_keys ? dedup_words(n) : 0;  // none: distinct keys
-  // the *_rows ops: each leader's first / last follower (row_rank), -1 filled like the map
-  const int64_t map_vecs = whole_vecs(map_words * 4) + (parallel && rows ? whole_vecs(n * 4) : 0);
+  const int64_t map_vecs = whole_vecs(map_words * 4);
   scratch = at::empty(
       {2 * (now_vecs + list_vecs + placed_vecs + follow_vecs + zero_vecs + map_vecs)},
       opts.dtype(at::kLong));
@@ -166,7 +165,6 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
     p.follower_count = p.pending_count + 3;
     p.dedup = reinterpret_cast<int32_t*>(map);
     p.dedup_mask = map_words - 1;
-    if (rows) p.row_rank = reinterpret_cast<int32_t*>(map + whole_vecs(map_words * 4));
   }
   int64_t* now = scratch.data_ptr<int64_t>();
   p.now = now;
@@ -178,16 +176,6 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
 struct RowsArgs {
   Tensor values, rows;
 };
-
-/** The key-parallel engine's row fields; a row of 0 bytes moves nothing (values stays null). */
-void set_rows_params(UpsertParams& p, const RowsArgs& r) {
-  p.row_bytes = r.values.size(1) * r.values.element_size();
-  if (p.row_bytes == 0) return;
-  p.values = static_cast<char*>(r.values.data_ptr());
-  p.values_rows = r.values.size(0);
-  p.rows = static_cast<char*>(r.rows.data_ptr());
-  p.row_vec = row_vector_bytes(p.row_bytes, p.values, p.rows);  // ev_rows: a fresh allocation
-}
 
 /**
  * With ``check``: values must hold every local slot of each table the keys name (ids checked
@@ -210,7 +198,6 @@ void check_values_cover(const char* op, const Tensor& values, const Tensor& slot
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
 struct UpsertResult {
   Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores, ev_table_ids;
-  Tensor ev_rows;  // key-parallel insert_and_evict_rows: the victims' rows, by pending entry
   // key-parallel insert_and_evict: pending leaders and victims, as read back
   int64_t pending = 0, evicted = 0;
 };
@@ -228,10 +215,6 @@ void alloc_parallel_evicted(UpsertResult& r, UpsertParams& p, int64_t n,
   p.ev_slots = r.ev_slots.data_ptr<int64_t>();
   p.ev_scores = r.ev_scores.data_ptr<int64_t>();
   p.ev_table_ids = r.ev_table_ids.data_ptr<int64_t>();
-  if (p.values != nullptr) {
-    r.ev_rows = at::empty({n, p.row_bytes}, opts.dtype(at::kByte));
-    p.ev_rows = static_cast<char*>(r.ev_rows.data_ptr());
-  }
 }
 
 /**
@@ -325,9 +308,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   UpsertParams p = upsert_state_params(mode, keys, table_ids, s);
   p.unique_keys = unique_keys && !deterministic;
   Tensor scratch;
-  const bool move_rows = rows != nullptr && !deterministic;  // the deterministic engine composes
-  if (move_rows) set_rows_params(p, *rows);
-  insert_scratch(p, s, policies, cur_scores, !deterministic, move_rows, opts, stream, scratch);
+  insert_scratch(p, s, policies, cur_scores, !deterministic, opts, stream, scratch);
   p.pins = pin_counts;
   p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
 
@@ -395,16 +376,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r
   }
   return compact_evicted(r.ev_flag.narrow(0, 0, r.pending), r.ev_keys, r.ev_slots, r.ev_scores,
                          r.ev_table_ids, stream);
-}
-
-/** pending_evicted's rows: the victims' rows of the entries that evicted, in the same order. */
-Tensor pending_evicted_rows(const UpsertResult& r) {
-  if (r.pending == r.evicted) {
-    shrink_fresh_output(r.ev_rows, r.evicted);
-    return r.ev_rows;
-  }
-  const Tensor took = r.ev_flag.narrow(0, 0, r.pending).nonzero().squeeze(1);
-  return r.ev_rows.index_select(0, took);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -520,10 +491,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
 }
 
 /**
- * find_or_insert_rows: the key-parallel engine moves the rows in its passes; the deterministic one
- * composes: the new keys' rows scattered in reverse input order (scatter_rows keeps the last
- * write of a slot, so the first occurrence's row wins), then every placed key's row gathered into
- * rows; a slot past values' rows moves nothing.
+ * find_or_insert_rows, on both engines the plain op and then the row copies: the new keys' rows
+ * scattered first-wins (every occurrence of a new key is is_new; the first one's row goes to the
+ * slot), then every placed key's row gathered into `rows`, whose rows of unplaced keys stay as
+ * given; a slot past values' rows moves nothing. (A key-parallel build that moved the rows inside
+ * the engine's passes was slower on the H200: docs/benchmarks.md, issue 14, helper rows.)
  */
 std::tuple<Tensor, Tensor> find_or_insert_rows_cuda(
     const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
@@ -536,24 +508,19 @@ std::tuple<Tensor, Tensor> find_or_insert_rows_cuda(
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, c10::nullopt, check, pins,
                               deterministic, unique_keys, &ra);
-  if (deterministic && keys.numel() > 0 && values.size(1) > 0) {
+  if (keys.numel() > 0 && values.size(1) > 0) {
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    const Tensor placed = r.slots.ge(0).logical_and_(r.slots.lt(values.size(0)));
-    Tensor v = values;  // the schema declares the mutation (e!)
-    const Tensor new_slots = at::where(r.flag.logical_and(placed), r.slots, -1);
-    select_scatter_rows(v, new_slots.flip(0), rows.flip(0), stream);
-    Tensor got = at::empty_like(rows);
-    select_gather_rows(values, at::where(placed, r.slots, -1), got, stream);
-    Tensor out = rows;  // (f!)
-    out.copy_(at::where(placed.unsqueeze(1), got, rows));
+    Tensor v = values;  // the schema declares the mutations (e!), (f!)
+    Tensor out = rows;
+    select_scatter_rows(v, at::where(r.flag, r.slots, -1), rows, stream, /*first_wins=*/true);
+    select_gather_rows(values, r.slots, out, stream, /*keep_missing=*/true);
   }
   return {r.slots, r.flag};
 }
 
 /**
- * insert_and_evict_rows: as insert_and_evict, plus the evicted keys' rows (read before any new row
- * is written) and every placed key's row written, the last occurrence's winning. Key-parallel:
- * moved by the passes; deterministic: composed (gather of the victims, then scatter_rows).
+ * insert_and_evict_rows: insert_and_evict, then the evicted keys' rows gathered (before any new
+ * row is written) and every placed key's row scattered, the last occurrence's winning.
  */
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_rows_cuda(
     const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
@@ -567,15 +534,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_ev
                               policies, score_fns, sizes, cur_scores, input_scores, check, pins,
                               deterministic, unique_keys, &ra);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (!deterministic) {
-    auto [ek, es, ew, et] = pending_evicted(r, stream);
-    Tensor ev_rows = r.ev_rows.defined()
-                         ? pending_evicted_rows(r).view(values.scalar_type())
-                         : at::empty({ek.numel(), values.size(1)}, values.options());
-    return {r.slots, r.flag, ek, es, ew, et, ev_rows};
-  }
-  auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
-                                          table_ids.contiguous(), stream);
+  auto [ek, es, ew, et] = deterministic ? compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots,
+                                                          r.ev_scores, table_ids.contiguous(),
+                                                          stream)
+                                        : pending_evicted(r, stream);
   Tensor ev_rows = at::empty({ek.numel(), values.size(1)}, values.options());
   if (values.size(1) > 0) {
     select_gather_rows(values, es, ev_rows, stream);  // before any new row is written

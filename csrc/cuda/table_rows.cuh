@@ -30,6 +30,7 @@ struct RowsParams {
   int64_t n;
   int64_t capacity;             // rows of the values tensor
   int64_t vecs_per_row;         // row bytes / vector bytes
+  bool keep_missing;            // gather: a slot outside [0, capacity) leaves its output row as is
 };
 
 template <typename V>
@@ -41,6 +42,8 @@ __global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(RowsParams p
   V v;
   if (s >= 0 && s < p.capacity) {
     v = reinterpret_cast<const V*>(p.src)[s * p.vecs_per_row + c];
+  } else if (p.keep_missing) {
+    return;  // find_or_insert_rows: an unplaced key's row stays as given
   } else {
     memset(&v, 0, sizeof(V));
   }
@@ -53,16 +56,17 @@ constexpr unsigned long long kPositionMask = (1ull << kPositionBits) - 1;
 
 /**
  * @brief For each position q with a slot s in [0, capacity): the map word of s in `where[q]` (-1
- * otherwise); the word holds s << 30 | the largest q naming s. The first position of a slot claims
- * a free word with atomicCAS; a later one that finds its slot there raises the position with
- * atomicMax (the slot bits are equal, so the larger position wins). The map has a power of two
- * >= 2n words, all kNoEntry at the start; slots < 2^34 - 1 (the selector's check), so no slot
- * looks like a free word.
+ * otherwise); the word holds s << 30 | the largest q naming s (with `first`, the smallest: the
+ * first write wins, find_or_insert_rows' rule). The first position of a slot to arrive claims a
+ * free word with atomicCAS; a later one that finds its slot there moves the position with
+ * atomicMax / atomicMin (the slot bits are equal, so the position decides). The map has a power
+ * of two >= 2n words, all kNoEntry at the start; slots < 2^34 - 1 (the selector's check), so no
+ * slot looks like a free word.
  */
 __global__ void __launch_bounds__(kBlockThreads)
     scatter_last_kernel(const int64_t* __restrict__ slots, int64_t n, int64_t capacity,
                         unsigned long long* __restrict__ map, int64_t mask,
-                        int32_t* __restrict__ where) {
+                        int32_t* __restrict__ where, bool first) {
   const int64_t q = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
   if (q >= n) return;
   const int64_t s = slots[q];
@@ -76,7 +80,8 @@ __global__ void __launch_bounds__(kBlockThreads)
        h = (h + 1) & mask) {
     const unsigned long long old = atomicCAS(map + h, kNoEntry, mine);
     if (old == kNoEntry || (old >> kPositionBits) == slot) {  // at most n of >= 2n words: it ends
-      if (old != kNoEntry && old < mine) atomicMax(map + h, mine);
+      if (old != kNoEntry && !first && old < mine) atomicMax(map + h, mine);
+      if (old != kNoEntry && first && old > mine) atomicMin(map + h, mine);
       where[q] = static_cast<int32_t>(h);
       return;
     }
@@ -132,19 +137,26 @@ struct ScatterLauncher {
   }
 };
 
-/** @brief Selector for gather_rows: (n, width) rows of `values` at `slots`. */
+/**
+ * @brief Selector for gather_rows: (n, width) rows of `values` at `slots`; with `keep_missing`, a
+ * slot outside the rows leaves its output row as it was instead of zeroing it.
+ */
 inline void select_gather_rows(const at::Tensor& values, const at::Tensor& slots, at::Tensor& out,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool keep_missing = false) {
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (slots.numel() == 0 || row_bytes == 0) return;
   RowsParams p{static_cast<const char*>(values.data_ptr()), static_cast<char*>(out.data_ptr()),
-               slots.data_ptr<int64_t>(), nullptr, nullptr, slots.numel(), values.size(0), 0};
+               slots.data_ptr<int64_t>(), nullptr, nullptr, slots.numel(), values.size(0), 0,
+               keep_missing};
   launch_rows<GatherLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
 }
 
-/** @brief Selector for scatter_rows: the last position of each slot, then the copy. */
+/**
+ * @brief Selector for scatter_rows: the last position of each slot (with `first_wins`, the first:
+ * find_or_insert_rows' new rows), then the copy.
+ */
 inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, const at::Tensor& rows,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, bool first_wins = false) {
   const int64_t n = slots.numel();
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (n == 0 || row_bytes == 0) return;
@@ -165,10 +177,10 @@ inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, con
   auto* where = reinterpret_cast<int32_t*>(base + entries * 8);
   C10_CUDA_CHECK(cudaMemsetAsync(base, 0xff, entries * 8, stream));
   scatter_last_kernel<<<blocks_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(
-      slots.data_ptr<int64_t>(), n, values.size(0), map, entries - 1, where);
+      slots.data_ptr<int64_t>(), n, values.size(0), map, entries - 1, where, first_wins);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   RowsParams p{static_cast<const char*>(rows.data_ptr()), static_cast<char*>(values.data_ptr()),
-               slots.data_ptr<int64_t>(), where, map, n, values.size(0), 0};
+               slots.data_ptr<int64_t>(), where, map, n, values.size(0), 0, false};
   launch_rows<ScatterLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
 }
 

@@ -86,15 +86,6 @@ struct UpsertParams {
   int32_t* placed_count;        // zeroed, after evicted_count
   int32_t* followers;           // (n,) key indices
   int32_t* follower_count;      // zeroed, after placed_count
-  // find_or_insert_rows / insert_and_evict_rows on the key-parallel engine (values null: no rows):
-  // the passes that learn a key's slot move its row (table_upsert_parallel.cuh)
-  char* values;                 // (values_rows, row_bytes) rows by local slot
-  int64_t values_rows;          // a slot at or past it moves no row (an unchecked short values)
-  char* rows;                   // (n, row_bytes): find_or_insert_rows in/out; insert_and_evict_rows in
-  char* ev_rows;                // insert_and_evict_rows: (n, row_bytes) by pending-list entry
-  int32_t* row_rank;            // (n,) -1 filled: per leader, its first / last follower (pass 1)
-  int64_t row_bytes;
-  int row_vec;                  // bytes per vector of the row copies: 16, 8, 4, 2 or 1
 };
 
 namespace cg = cooperative_groups;

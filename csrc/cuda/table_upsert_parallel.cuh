@@ -69,108 +69,6 @@ constexpr int kEvictTile = 16;   // threads per pending key in the evict pass (t
 constexpr int kEvictSlots = 8;   // adjacent slots per thread there: 16 x 8 = 128 a step
 constexpr int64_t kFollowerBase = -3;  // out_slots of a follower: kFollowerBase - leader index
 constexpr unsigned long long kPlacedSlotMask = (1ull << 56) - 1;  // placed entry: slot | digest << 56
-constexpr int kMoveUnroll = 4;  // row copies: vectors a lane loads before it stores
-
-/**
- * @brief Lane `lane` of `lanes` copies vectors lane, lane + lanes, ... of a row of `vecs` vectors V,
- * kMoveUnroll loads before the stores; a null `src` writes zeros. Two copies by the same lanes
- * touch the same columns per lane, so a row read by one copy and overwritten by the next is read
- * first (the evict pass's old row out, new row in).
- */
-template <typename V>
-__device__ __forceinline__ void copy_vecs(char* dst, const char* src, int64_t vecs, int lane,
-                                          int lanes) {
-  V* d = reinterpret_cast<V*>(dst);
-  const V* s = reinterpret_cast<const V*>(src);
-  for (int64_t c0 = lane; c0 < vecs; c0 += int64_t{lanes} * kMoveUnroll) {
-    V v[kMoveUnroll];
-#pragma unroll
-    for (int u = 0; u < kMoveUnroll; ++u) {
-      const int64_t c = c0 + int64_t{lanes} * u;
-      if (c < vecs && s != nullptr) {
-        v[u] = s[c];
-      } else {
-        memset(&v[u], 0, sizeof(V));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kMoveUnroll; ++u) {
-      const int64_t c = c0 + int64_t{lanes} * u;
-      if (c < vecs) d[c] = v[u];
-    }
-  }
-}
-
-/** @brief copy_vecs of one row of the call's vector width (p.row_vec bytes). */
-__device__ __forceinline__ void copy_row(const UpsertParams& p, char* dst, const char* src,
-                                         int lane, int lanes) {
-  switch (p.row_vec) {
-    case 16: copy_vecs<uint4>(dst, src, p.row_bytes / 16, lane, lanes); break;
-    case 8: copy_vecs<uint2>(dst, src, p.row_bytes / 8, lane, lanes); break;
-    case 4: copy_vecs<uint32_t>(dst, src, p.row_bytes / 4, lane, lanes); break;
-    case 2: copy_vecs<uint16_t>(dst, src, p.row_bytes / 2, lane, lanes); break;
-    default: copy_vecs<uint8_t>(dst, src, p.row_bytes, lane, lanes); break;
-  }
-}
-
-/** @brief Row `r` of an (n, row_bytes) or (values_rows, row_bytes) buffer. */
-__device__ __forceinline__ char* row_at(char* base, int64_t r, const UpsertParams& p) {
-  return base + r * p.row_bytes;
-}
-
-/**
- * @brief Pass 1's row moves, by the whole warp once its 32 / kPresentTile tiles have probed: the
- * move of tile j (src -> dst; null src: none) is held by its first lane, and the warp copies its
- * rows as one flat span of vectors, lane l taking l, l + 32, ..., so that tiles which took
- * different paths (found, placed, pending) copy together instead of one path after the other.
- */
-template <typename V>
-__device__ __forceinline__ void warp_moves_vec(const char* src, char* dst, int64_t vecs) {
-  constexpr int kTiles = 32 / kPresentTile;
-  const int lane = threadIdx.x & 31;
-  const int64_t total = kTiles * vecs;
-  for (int64_t f0 = 0; f0 < total; f0 += 32 * kMoveUnroll) {
-    V v[kMoveUnroll];
-    V* d[kMoveUnroll];
-#pragma unroll
-    for (int u = 0; u < kMoveUnroll; ++u) {
-      const int64_t f = f0 + 32 * u + lane;
-      const int j = f < total ? static_cast<int>(f / vecs) : 0;
-      const auto s = reinterpret_cast<const V*>(
-          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(src), j * kPresentTile));
-      const auto t = reinterpret_cast<V*>(
-          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(dst), j * kPresentTile));
-      const int64_t c = f - j * vecs;
-      d[u] = f < total && s != nullptr ? t + c : nullptr;
-      if (d[u] != nullptr) v[u] = s[c];
-    }
-#pragma unroll
-    for (int u = 0; u < kMoveUnroll; ++u) {
-      if (d[u] != nullptr) *d[u] = v[u];
-    }
-  }
-}
-
-/** @brief warp_moves_vec at the call's vector width; every lane of the warp calls it. */
-__device__ __forceinline__ void warp_moves(const UpsertParams& p, const char* src, char* dst) {
-  switch (p.row_vec) {
-    case 16: warp_moves_vec<uint4>(src, dst, p.row_bytes / 16); break;
-    case 8: warp_moves_vec<uint2>(src, dst, p.row_bytes / 8); break;
-    case 4: warp_moves_vec<uint32_t>(src, dst, p.row_bytes / 4); break;
-    case 2: warp_moves_vec<uint16_t>(src, dst, p.row_bytes / 2); break;
-    default: warp_moves_vec<uint8_t>(src, dst, p.row_bytes); break;
-  }
-}
-
-/** @brief Pass 1's move for a key of local slot `local`, when `values` holds that row. */
-__device__ __forceinline__ void set_move(const UpsertParams& p, int64_t local, bool out,
-                                         int64_t i, const char** src, char** dst) {
-  if (local >= p.values_rows) return;
-  char* slot_row = row_at(p.values, local, p);
-  char* key_row = row_at(p.rows, i, p);
-  *src = out ? slot_row : key_row;
-  *dst = out ? key_row : slot_row;
-}
 
 /** @brief Words of the call's (table, key) -> leader map for n keys: a power of two >= 2n. */
 inline int64_t dedup_words(int64_t n) {
@@ -294,7 +192,7 @@ struct PresentBlock {
  */
 template <typename Tile>
 __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams& p, int64_t i,
-                                            PresentBlock& block, const char** src, char** dst) {
+                                            PresentBlock& block) {
   const int64_t key = p.keys[i];
   const int64_t t = p.table_ids[i];
   const bool lead = tile.thread_rank() == 0;
@@ -309,8 +207,7 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   const int64_t g = tile_probe<kPresentVec>(tile, p.table_keys, p.digests, key, home, false).hit;
   if (g >= 0) {
     if (lead) {
-      const int64_t local = g - home.layout.offset;
-      p.out_slots[i] = local;
+      p.out_slots[i] = g - home.layout.offset;
       p.out_flag[i] = false;
       protect(p.protect_bits, g);
       if (p.input_scores != nullptr) {  // duplicates with input words: one of them wins
@@ -318,21 +215,6 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
         store_words(p.scores, g, w);
       } else {
         touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
-      }
-      if (p.values != nullptr && p.mode == UpsertMode::kFindOrInsert) {
-        set_move(p, local, true, i, src, dst);  // its row out: nothing writes a present row
-      } else if (p.values != nullptr) {
-        // insert_and_evict_rows: the last occurrence's row wins. The first to register writes
-        // its row now; a later one records itself (row_rank) and is listed for pass 3, where the
-        // last occurrence overwrites the row if it is not the first.
-        const int64_t first = register_key(p, i, key, t);
-        if (first == i) {
-          set_move(p, local, false, i, src, dst);
-        } else {
-          atomicMax(p.row_rank + first, static_cast<int>(i));
-          p.row_rank[i] = static_cast<int>(-2 - first);  // i leads nothing: the word is its own
-          block.follow[atomicAdd(&block.follow_n, 1)] = static_cast<int>(i);
-        }
       }
     }
     return;
@@ -344,11 +226,6 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
     if (lead) {
       p.out_slots[i] = kFollowerBase - leader;
       block.follow[atomicAdd(&block.follow_n, 1)] = static_cast<int>(i);
-      if (p.values != nullptr && p.mode == UpsertMode::kFindOrInsert) {  // first occurrence
-        atomicMin(reinterpret_cast<unsigned int*>(p.row_rank) + leader, static_cast<unsigned>(i));
-      } else if (p.values != nullptr) {  // last occurrence
-        atomicMax(p.row_rank + leader, static_cast<int>(i));
-      }
     }
     return;
   }
@@ -365,7 +242,6 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
   p.table_keys[e] = key;
   p.out_slots[i] = e - home.layout.offset;
   p.out_flag[i] = true;
-  if (p.values != nullptr) set_move(p, e - home.layout.offset, false, i, src, dst);  // row in
   block.placed[atomicAdd(&block.placed_n, 1)] =
       static_cast<unsigned long long>(e) | (static_cast<unsigned long long>(home.digest) << 56);
   if (t < kSharedSizeTables) {
@@ -392,10 +268,7 @@ __global__ void __launch_bounds__(kBlockThreads) present_kernel(UpsertParams p) 
   const auto tile = cg::tiled_partition<kPresentTile>(cg::this_thread_block());
   const int64_t i =
       (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kPresentTile;
-  const char* src = nullptr;  // the key's row move (the tile's first lane holds it)
-  char* dst = nullptr;
-  if (i < p.n) present_key(tile, p, i, block, &src, &dst);  // i is the same for the whole tile
-  if (p.values != nullptr) warp_moves(p, src, dst);         // every lane of every warp
+  if (i < p.n) present_key(tile, p, i, block);  // i is the same for the whole tile
   __syncthreads();
   if (threadIdx.x == 0 && block.pending > 0) {
     block.base = atomicAdd(p.pending_count, block.pending);
@@ -676,15 +549,6 @@ __global__ void __launch_bounds__(kBlockThreads, 3) evict_kernel(UpsertParams p)
     } else {  // TIMESTAMP, STEP, LFU, CUSTOMIZED
       g = claim_victim<RankBy::kWord0>(tile, view, home);
     }
-    if (p.values != nullptr && g >= 0) {  // the victim's row out (insert_and_evict_rows), then the new row in
-      const int64_t local = g - home.layout.offset;
-      const int lane = tile.thread_rank();
-      char* slot_row = local < p.values_rows ? row_at(p.values, local, p) : nullptr;
-      if (p.mode == UpsertMode::kInsertAndEvict) {
-        copy_row(p, row_at(p.ev_rows, w, p), slot_row, lane, kEvictTile);  // zeros past values
-      }
-      if (slot_row != nullptr) copy_row(p, slot_row, row_at(p.rows, i, p), lane, kEvictTile);
-    }
     if (tile.thread_rank() != 0) continue;
     p.out_slots[i] = g >= 0 ? g - home.layout.offset : -1;
     p.out_flag[i] = g >= 0;
@@ -737,53 +601,15 @@ __device__ __forceinline__ void finish_follower(const UpsertParams& p, int64_t i
 }
 
 /**
- * @brief The row of follower i (of `first`, the occurrence that registered the key; local slot
- * `ls`), after every row pass 1 and 2 wrote. find_or_insert_rows: the key's first occurrence f
- * (the lowest of `first` and its followers' atomicMin) gives the slot its row; when f is `first`,
- * that row is in the slot already (pass 1 / 2) and i copies it out; when f is i, i writes its row
- * to the slot and to `first`'s output; otherwise i copies f's row, which nobody writes in this
- * pass. insert_and_evict_rows: the last occurrence (atomicMax), when it is not `first`, writes
- * its row over the one `first` wrote. One writer per slot and per output row: no race.
- */
-__device__ __forceinline__ void finish_row(const UpsertParams& p, int64_t i, int64_t first,
-                                           int64_t ls) {
-  if (ls < 0 || ls >= p.values_rows) return;
-  char* slot_row = row_at(p.values, ls, p);
-  const int32_t r = p.row_rank[first];
-  if (p.mode == UpsertMode::kFindOrInsert) {
-    const int64_t rf = static_cast<uint32_t>(r);  // unsigned: -1 (no follower) is the largest
-    const int64_t f = rf < first ? rf : first;
-    if (f == first) {
-      copy_row(p, row_at(p.rows, i, p), slot_row, 0, 1);
-    } else if (f == i) {
-      copy_row(p, slot_row, row_at(p.rows, i, p), 0, 1);
-      copy_row(p, row_at(p.rows, first, p), row_at(p.rows, i, p), 0, 1);
-    } else {
-      copy_row(p, row_at(p.rows, i, p), row_at(p.rows, f, p), 0, 1);
-    }
-  } else if (i == (r > first ? r : first)) {
-    copy_row(p, slot_row, row_at(p.rows, i, p), 0, 1);
-  }
-}
-
-/**
  * @brief Pass 3, grid-stride over the followers pass 1 listed (none when the keys are distinct):
- * each takes its leader's answer, final after pass 2, and touches the leader's slot; with rows,
- * finish_row. insert_and_evict_rows also lists repeated present keys (out_slots already final,
- * row_rank[i] = -2 - the first occurrence): rows only, their touch was pass 1's.
+ * each takes its leader's answer, final after pass 2, and touches the leader's slot.
  */
 __global__ void __launch_bounds__(kBlockThreads) finish_kernel(UpsertParams p) {
   const int64_t count = *p.follower_count;
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x; j < count;
        j += static_cast<int64_t>(gridDim.x) * kBlockThreads) {
     const int64_t i = p.followers[j];
-    const int64_t s = p.out_slots[i];
-    if (s > kFollowerBase) {  // a repeated present key (insert_and_evict_rows)
-      finish_row(p, i, -2 - static_cast<int64_t>(p.row_rank[i]), s);
-      continue;
-    }
-    finish_follower(p, i, s);
-    if (p.values != nullptr) finish_row(p, i, kFollowerBase - s, p.out_slots[i]);
+    finish_follower(p, i, p.out_slots[i]);
   }
 }
 

@@ -212,8 +212,8 @@ def find_or_insert_rows(
     occurrence written to its slot, and every occurrence ends with that row; a key not placed
     (slot -1) leaves its ``rows[i]`` as given. The result is that of :func:`find_or_insert`,
     then :func:`scatter_rows` of the new keys' first occurrences, then :func:`gather_rows` of
-    every placed key; on CUDA with ``deterministic=False`` the engine's passes move the rows as
-    they learn each slot. Returns ``(slots (n,), is_new (n,) bool)``.
+    every placed key, in one op (no Python between them). Returns ``(slots (n,), is_new (n,)
+    bool)``.
     """
     return _ops().find_or_insert_rows.default(
         keys,
