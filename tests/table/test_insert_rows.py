@@ -234,8 +234,6 @@ def test_find_or_insert_rows_is_the_composition(device: torch.device, calls) -> 
         state = _state(device)
         values = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(3)).to(device)
         for n, (keys, which, pinned) in enumerate(calls):
-            if which == "mixed" and not deterministic:
-                which = "t0"  # tables sharing values rows: the fused engine's writes would race
             k, t, rows = _call_inputs(device, keys, which, n)
             pins = _pins(state, n) if pinned else None
             _check_find_or_insert_rows(state, values, k, t, rows, deterministic, pins)
@@ -248,8 +246,6 @@ def test_insert_and_evict_rows_is_the_composition(device: torch.device, calls) -
         state = _state(device)
         values = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(4)).to(device)
         for n, (keys, which, pinned) in enumerate(calls):
-            if which == "mixed" and not deterministic:
-                which = "t0"
             k, t, rows = _call_inputs(device, keys, which, n)
             pins = _pins(state, n) if pinned else None
             _check_insert_and_evict_rows(state, values, k, t, rows, deterministic, pins)
