@@ -198,6 +198,11 @@ void check_values_cover(const char* op, const Tensor& values, const Tensor& slot
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
 struct UpsertResult {
   Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores, ev_table_ids;
+  Tensor ev_rows;  // key-parallel insert_and_evict_rows: the victims' rows, pending-list order
+  // the *_rows ops: no two keys name one row of values (unique_keys on the key-parallel engine,
+  // one table: values rows are local slots, which two tables' keys may share), so the rows move
+  // without a first / last-write map
+  bool distinct_rows = false;
   // key-parallel insert_and_evict: pending leaders and victims, as read back
   int64_t pending = 0, evicted = 0;
 };
@@ -248,13 +253,35 @@ void wait_counts(cudaEvent_t event, const Tensor& counts, UpsertResult& r) {
  * pinned counts has completed when this returns (the buffer goes back to the allocator).
  */
 void run_insert_and_evict_parallel(UpsertResult& r, UpsertParams& p,
-                                   const at::TensorOptions& opts, cudaStream_t stream) {
+                                   const at::TensorOptions& opts, cudaStream_t stream,
+                                   const RowsArgs* rows) {
   if (p.n == 0) {
     alloc_parallel_evicted(r, p, 0, opts);
+    if (rows != nullptr) r.ev_rows = at::empty({0, rows->values.size(1)}, rows->values.options());
     return;
   }
   check_upsert_parallel(p);
   const Tensor counts = at::empty({2}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+  if (rows != nullptr) {
+    // insert_and_evict_rows: every pass and every row move queued, then one wait. The victims'
+    // rows are read (pending-list order, the count read on the device) before any new row lands.
+    launch_present(p, stream);
+    alloc_parallel_evicted(r, p, p.n, opts);
+    r.ev_rows = at::empty({p.n, rows->values.size(1)}, rows->values.options());
+    launch_evict(p, stream);
+    launch_finish(p, stream);
+    select_gather_pending_rows(rows->values, r.ev_slots, r.ev_flag, p.pending_count, r.ev_rows,
+                               stream);
+    Tensor values = rows->values;  // the op's schema declares the mutation
+    if (r.distinct_rows) {
+      Tensor key_rows = rows->rows;  // read only: every row goes in
+      select_move_rows(values, r.slots, Tensor(), key_rows, stream);
+    } else {
+      select_scatter_rows(values, r.slots, rows->rows, stream);
+    }
+    wait_counts(copy_counts(p, counts, stream), counts, r);
+    return;
+  }
   launch_present(p, stream);
   const cudaEvent_t first = copy_counts(p, counts, stream);
   alloc_parallel_evicted(r, p, p.n, opts);  // while the present pass runs
@@ -325,12 +352,13 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   }
 
   UpsertResult r;
+  r.distinct_rows = p.unique_keys && s.num_tables == 1;
   r.slots = at::empty({n}, opts);
   r.flag = at::empty({n}, opts.dtype(at::kBool));
   p.out_slots = r.slots.data_ptr<int64_t>();
   p.out_flag = r.flag.data_ptr<bool>();
   if (mode == UpsertMode::kInsertAndEvict && !deterministic) {
-    run_insert_and_evict_parallel(r, p, opts, stream);
+    run_insert_and_evict_parallel(r, p, opts, stream, rows);
   } else if (mode == UpsertMode::kInsertAndEvict) {
     r.ev_flag = at::zeros({n}, opts.dtype(at::kBool));
     r.ev_keys = at::empty({n}, opts);
@@ -376,6 +404,20 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r
   }
   return compact_evicted(r.ev_flag.narrow(0, 0, r.pending), r.ev_keys, r.ev_slots, r.ev_scores,
                          r.ev_table_ids, stream);
+}
+
+/**
+ * The victims' rows of the key-parallel insert_and_evict_rows, in pending_evicted's order: the
+ * pending-list buffer shrunk in place when every pending leader evicted, else its evicting
+ * entries picked (the rare path: a NO_EVICTION table's or a full-of-pins bucket's leaders).
+ */
+Tensor pending_rows(const UpsertResult& r) {
+  if (r.pending == r.evicted) {
+    shrink_fresh_output(r.ev_rows, r.evicted);
+    return r.ev_rows;
+  }
+  const Tensor took = at::nonzero(r.ev_flag.narrow(0, 0, r.pending)).squeeze(1);
+  return r.ev_rows.index_select(0, took);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -512,8 +554,12 @@ std::tuple<Tensor, Tensor> find_or_insert_rows_cuda(
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     Tensor v = values;  // the schema declares the mutations (e!), (f!)
     Tensor out = rows;
-    select_scatter_rows(v, at::where(r.flag, r.slots, -1), rows, stream, /*first_wins=*/true);
-    select_gather_rows(values, r.slots, out, stream, /*keep_missing=*/true);
+    if (r.distinct_rows) {  // new rows in, found rows out, one kernel
+      select_move_rows(v, r.slots, r.flag, out, stream);
+    } else {
+      select_scatter_rows(v, at::where(r.flag, r.slots, -1), rows, stream, /*first_wins=*/true);
+      select_gather_rows(values, r.slots, out, stream, /*keep_missing=*/true);
+    }
   }
   return {r.slots, r.flag};
 }
@@ -534,10 +580,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_ev
                               policies, score_fns, sizes, cur_scores, input_scores, check, pins,
                               deterministic, unique_keys, &ra);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  auto [ek, es, ew, et] = deterministic ? compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots,
-                                                          r.ev_scores, table_ids.contiguous(),
-                                                          stream)
-                                        : pending_evicted(r, stream);
+  if (!deterministic) {  // the rows moved inside run_insert, before its one wait
+    auto [ek, es, ew, et] = pending_evicted(r, stream);
+    return {r.slots, r.flag, ek, es, ew, et, pending_rows(r)};
+  }
+  auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
+                                          table_ids.contiguous(), stream);
   Tensor ev_rows = at::empty({ek.numel(), values.size(1)}, values.options());
   if (values.size(1) > 0) {
     select_gather_rows(values, es, ev_rows, stream);  // before any new row is written

@@ -109,8 +109,68 @@ inline int row_vector_bytes(int64_t row_bytes, const void* a, const void* b) {
   return 1;
 }
 
-template <template <typename> class Kernel>
-void launch_rows(RowsParams p, int64_t row_bytes, int vec, cudaStream_t stream) {
+/**
+ * @brief The rows of an inserting call whose keys are distinct (``unique_keys``), so no two keys
+ * name one slot and no order between them is needed: key q with a slot s in [0, capacity) writes
+ * its row into values[s] when `into` is null or into[q] is set, and reads values[s] into its row
+ * otherwise (find_or_insert_rows: new keys in, found keys out, in one kernel).
+ */
+struct MoveRowsParams {
+  char* values;
+  char* rows;
+  const int64_t* slots;  // (n,) local slots
+  const bool* into;      // (n,) or null: every row goes in
+  int64_t n;
+  int64_t capacity;
+  int64_t vecs_per_row;
+};
+
+template <typename V>
+__global__ void __launch_bounds__(kBlockThreads) move_rows_kernel(MoveRowsParams p) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
+  if (e >= p.n * p.vecs_per_row) return;
+  const int64_t q = e / p.vecs_per_row, c = e - q * p.vecs_per_row;
+  const int64_t s = p.slots[q];
+  if (s < 0 || s >= p.capacity) return;  // not placed, or a slot past values' rows
+  V* slot_row = reinterpret_cast<V*>(p.values) + s * p.vecs_per_row + c;
+  V* key_row = reinterpret_cast<V*>(p.rows) + e;
+  if (p.into == nullptr || p.into[q]) {
+    *slot_row = *key_row;
+  } else {
+    *key_row = *slot_row;
+  }
+}
+
+/**
+ * @brief The rows of the key-parallel insert_and_evict's victims, in its pending list's order:
+ * entry w (w below the pending count, read on the device, so nothing waits for the host) that
+ * evicted copies values[ev_slots[w]] to out[w]. Queued before any new row is written.
+ */
+struct PendingRowsParams {
+  const char* values;
+  char* out;                // (n, width): row w for pending entry w
+  const int64_t* slots;     // (n,) the victims' local slots
+  const bool* evicted;      // (n,) whether entry w took a victim
+  const int32_t* count;     // pending entries
+  int64_t n;
+  int64_t capacity;
+  int64_t vecs_per_row;
+};
+
+template <typename V>
+__global__ void __launch_bounds__(kBlockThreads) gather_pending_rows_kernel(PendingRowsParams p) {
+  const int64_t total = static_cast<int64_t>(*p.count) * p.vecs_per_row;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * kBlockThreads) {
+    const int64_t w = e / p.vecs_per_row, c = e - w * p.vecs_per_row;
+    const int64_t s = p.slots[w];
+    if (!p.evicted[w] || s < 0 || s >= p.capacity) continue;
+    reinterpret_cast<V*>(p.out)[e] = reinterpret_cast<const V*>(p.values)[s * p.vecs_per_row + c];
+  }
+}
+
+template <template <typename> class Kernel, typename Params>
+void launch_rows(Params p, int64_t row_bytes, int vec, cudaStream_t stream) {
   p.vecs_per_row = row_bytes / vec;
   const int64_t blocks = blocks_for(p.n * p.vecs_per_row, kBlockThreads);
   switch (vec) {
@@ -134,6 +194,23 @@ template <typename V>
 struct ScatterLauncher {
   static void launch(const RowsParams& p, int64_t blocks, cudaStream_t s) {
     scatter_rows_kernel<V><<<blocks, kBlockThreads, 0, s>>>(p);
+  }
+};
+
+template <typename V>
+struct MoveLauncher {
+  static void launch(const MoveRowsParams& p, int64_t blocks, cudaStream_t s) {
+    move_rows_kernel<V><<<blocks, kBlockThreads, 0, s>>>(p);
+  }
+};
+
+template <typename V>
+struct PendingLauncher {
+  /** Grid-stride over a count known on the device only: as many blocks as the GPU holds. */
+  static void launch(const PendingRowsParams& p, int64_t blocks, cudaStream_t s) {
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t grid = std::min<int64_t>(blocks, int64_t{sms} * 8);
+    gather_pending_rows_kernel<V><<<grid, kBlockThreads, 0, s>>>(p);
   }
 };
 
@@ -182,6 +259,37 @@ inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, con
   RowsParams p{static_cast<const char*>(rows.data_ptr()), static_cast<char*>(values.data_ptr()),
                slots.data_ptr<int64_t>(), where, map, n, values.size(0), 0, false};
   launch_rows<ScatterLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
+}
+
+/**
+ * @brief Selector for the distinct-key row moves (MoveRowsParams): `into` (n,) bool, or undefined
+ * for every row in. The caller guarantees distinct slots (unique_keys on the key-parallel engine).
+ */
+inline void select_move_rows(at::Tensor& values, const at::Tensor& slots, const at::Tensor& into,
+                             at::Tensor& rows, cudaStream_t stream) {
+  const int64_t row_bytes = values.size(1) * values.element_size();
+  if (slots.numel() == 0 || row_bytes == 0) return;
+  MoveRowsParams p{static_cast<char*>(values.data_ptr()), static_cast<char*>(rows.data_ptr()),
+                   slots.data_ptr<int64_t>(), into.defined() ? into.data_ptr<bool>() : nullptr,
+                   slots.numel(), values.size(0), 0};
+  launch_rows<MoveLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.values, p.rows), stream);
+}
+
+/**
+ * @brief Selector for the victims' rows in pending-list order (PendingRowsParams): `out` has a row
+ * per key of the call; the rows past the device-side `count`, or of entries that did not evict,
+ * are left as they are.
+ */
+inline void select_gather_pending_rows(const at::Tensor& values, const at::Tensor& ev_slots,
+                                       const at::Tensor& ev_flag, const int32_t* count,
+                                       at::Tensor& out, cudaStream_t stream) {
+  const int64_t row_bytes = values.size(1) * values.element_size();
+  if (ev_slots.numel() == 0 || row_bytes == 0) return;
+  PendingRowsParams p{static_cast<const char*>(values.data_ptr()),
+                      static_cast<char*>(out.data_ptr()), ev_slots.data_ptr<int64_t>(),
+                      ev_flag.data_ptr<bool>(), count, ev_slots.numel(), values.size(0), 0};
+  launch_rows<PendingLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.values, p.out),
+                               stream);
 }
 
 }  // namespace cuda_table

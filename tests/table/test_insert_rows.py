@@ -61,13 +61,13 @@ def _clone(state: TableState) -> TableState:
     return TableState(*(t.clone() for t in state))
 
 
-def _fns(device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+def _fns(device: torch.device, tables: int = 2) -> Tuple[torch.Tensor, torch.Tensor]:
     i64 = {"dtype": torch.int64, "device": device}
-    return torch.zeros(2, **i64), torch.tensor([5, 5], **i64)
+    return torch.zeros(tables, **i64), torch.full((tables,), 5, **i64)
 
 
 def _found_before(keys: torch.Tensor, tids: torch.Tensor, state: TableState) -> List[bool]:
-    cur = torch.zeros(2, dtype=torch.int64, device=keys.device)
+    cur = torch.zeros(state.bucket_caps.numel(), dtype=torch.int64, device=keys.device)
     return table_ops.find(keys, tids, state, cur, False)[1].tolist()
 
 
@@ -127,13 +127,23 @@ def _check_find_or_insert_rows(
     rows: torch.Tensor,
     deterministic: bool,
     pins: Optional[torch.Tensor] = None,
+    unique_keys: bool = False,
 ) -> None:
-    fns, cur = _fns(keys.device)
+    fns, cur = _fns(keys.device, state.bucket_caps.numel())
     before, values_before, rows_given = _clone(state), values.clone(), rows.clone()
     found = _found_before(keys, tids, before)
     out = rows.clone()
     slots, is_new = table_ops.find_or_insert_rows(
-        keys, tids, state, fns, cur, values, out, pins=pins, deterministic=deterministic
+        keys,
+        tids,
+        state,
+        fns,
+        cur,
+        values,
+        out,
+        pins=pins,
+        deterministic=deterministic,
+        unique_keys=unique_keys,
     )
     plain = _clone(before)
     want_slots, want_new = table_ops.find_or_insert(
@@ -162,12 +172,22 @@ def _check_insert_and_evict_rows(
     rows: torch.Tensor,
     deterministic: bool,
     pins: Optional[torch.Tensor] = None,
+    unique_keys: bool = False,
 ) -> None:
-    fns, cur = _fns(keys.device)
+    fns, cur = _fns(keys.device, state.bucket_caps.numel())
     before, values_before = _clone(state), values.clone()
     given = rows.clone()
     out = table_ops.insert_and_evict_rows(
-        keys, tids, state, fns, cur, values, rows, pins=pins, deterministic=deterministic
+        keys,
+        tids,
+        state,
+        fns,
+        cur,
+        values,
+        rows,
+        pins=pins,
+        deterministic=deterministic,
+        unique_keys=unique_keys,
     )
     assert torch.equal(rows, given), "insert_and_evict_rows wrote its input rows"
     plain = _clone(before)
@@ -275,6 +295,42 @@ def test_rows_ops_on_contended_calls(device: torch.device, width: int, dtype) ->
                 _check_find_or_insert_rows(state, values, keys, tids, rows, deterministic)
             else:
                 _check_insert_and_evict_rows(state, values, keys, tids, rows, deterministic)
+
+
+@pytest.mark.parametrize(
+    "width,dtype", [(1, torch.float32), (8, torch.float32), (64, torch.float32), (3, torch.float16)]
+)
+def test_rows_ops_with_unique_keys(device: torch.device, width: int, dtype) -> None:
+    """Distinct keys of one table told so (``unique_keys``): on the key-parallel engine the rows
+    then move without a first / last-write map (one kernel for find_or_insert_rows' both
+    directions, insert_and_evict_rows' rows queued before its one wait), and follow the same rule;
+    the victims' rows come back in the report's order, also when some pending key found no victim
+    (pins). CPU and the deterministic engine ignore the flag."""
+    for deterministic in _engines(device):
+        state = _one_table(device)
+        values = (torch.arange(64 * width) % 251).reshape(64, width).to(dtype).to(device)
+        g = torch.Generator().manual_seed(width)
+        for call in range(6):
+            keys = torch.randperm(300, generator=g)[: 40 + 30 * call].to(device)
+            tids = torch.zeros_like(keys)
+            rows = torch.randint(0, 250, (keys.numel(), width), generator=g).to(dtype).to(device)
+            pins = _pins(state, call) if call >= 4 else None
+            check = _check_find_or_insert_rows if call % 2 == 0 else _check_insert_and_evict_rows
+            check(state, values, keys, tids, rows, deterministic, pins, unique_keys=True)
+
+
+def _one_table(device: torch.device) -> TableState:
+    """One LFU table of 4 buckets of 16 (the fast row path needs a single table)."""
+    i64 = {"dtype": torch.int64, "device": device}
+    return TableState(
+        torch.zeros(64, **i64),
+        torch.zeros(64, dtype=torch.uint8, device=device),
+        torch.zeros(64, 2, **i64),
+        torch.tensor([0, 64], **i64),
+        torch.tensor([16], **i64),
+        torch.tensor([LFU], **i64),
+        torch.zeros(1, **i64),
+    )
 
 
 def test_no_eviction_full_bucket_leaves_rows(device: torch.device) -> None:
