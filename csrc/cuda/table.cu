@@ -249,8 +249,10 @@ void wait_counts(cudaEvent_t event, const Tensor& counts, UpsertResult& r) {
  * The key-parallel insert_and_evict, its counts read while the GPU works: present pass, a copy of
  * the counts, evict pass queued, then the host waits for the copy only. No pending leader means no
  * victim: the finish pass is queued and the call returns. Otherwise a second copy after the evict
- * pass, the finish pass queued behind it, and the host waits for that copy. Every copy into the
- * pinned counts has completed when this returns (the buffer goes back to the allocator).
+ * pass, the finish pass queued behind it, and the host waits for that copy. With `rows`
+ * (insert_and_evict_rows) nothing after the passes needs the counts on the host, so the passes and
+ * the row moves are all queued before one wait. Every copy into the pinned counts has completed
+ * when this returns (the buffer goes back to the allocator).
  */
 void run_insert_and_evict_parallel(UpsertResult& r, UpsertParams& p,
                                    const at::TensorOptions& opts, cudaStream_t stream,
