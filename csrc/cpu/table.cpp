@@ -517,7 +517,7 @@ Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& tab
                   const Tensor& sizes, const Tensor& cur_scores,
                   const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
                   const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
-    bool /*unique_keys: no leader map on CPU*/) {
+                  bool /*unique_keys: no leader map on CPU*/) {
   InsertArgs a = check_insert("insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                               bucket_caps, policies, score_fns, sizes, cur_scores, input_scores);
   Tensor slots = at::empty({a.keys.numel()}, a.keys.options());
@@ -535,7 +535,7 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
                                               const Tensor& cur_scores, bool /*check: the CPU kernels always check*/,
                                               const c10::optional<Tensor>& pins,
                                               bool /*deterministic: always, on CPU*/,
-    bool /*unique_keys: no leader map on CPU*/) {
+                                              bool /*unique_keys: no leader map on CPU*/) {
   InsertArgs a =
       check_insert("find_or_insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                    bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
