@@ -17,7 +17,8 @@ new (HKV's ``hitrate=0.6``, ``Hit_Mode::last_insert``, which its benchmark gives
 ``find_rows/present`` is find_rows on keys that are all present (every row copied), the set the
 lookups were timed on before December 2, 2026, kept for comparison with the earlier figures.
 Mutating ops restart from a snapshot of the filled table before every repeat; each figure is the
-median of ``--repeats`` CUDA-event timings after a warm-up. Throughput is in billions of key-value
+median of ``--repeats`` CUDA-event timings after a warm-up. Each (λ, dim) runs in a process of its
+own, with its own table (in one process the cells timed after the first ran 5-20 % slower). Throughput is in billions of key-value
 pairs per second, counted like HKV (keys / seconds / 2^30), so figures compare with its table.
 
 The columns: ``ours`` (table op, plus value rows where HKV's API moves them: find + gather_rows,
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -392,21 +394,46 @@ def profile(args: argparse.Namespace) -> str:
     return "\n".join(out)
 
 
-def run(args: argparse.Namespace) -> str:
+def bench_cell(args: argparse.Namespace, lf: float, dim: int) -> List[List[str]]:
+    """The table rows of one (λ, dim): a table filled to ``lf``, value rows of ``dim`` floats."""
     dev = torch.device("cuda")
-    max_dim = max(args.dims)
-    values_flat = torch.empty(args.slots * max_dim, dtype=torch.float32, device=dev)
-    static_flat = torch.empty(args.slots * max_dim, dtype=torch.float32, device=dev)
     gen = torch.Generator(device=dev).manual_seed(0)
+    filled = make_filled(args.slots, lf, gen, args.keys)
+    values = torch.empty(args.slots, dim, dtype=torch.float32, device=dev)
+    static = torch.empty(args.slots, dim, dtype=torch.float32, device=dev)
+    return bench_dim(filled, dim, values, static, args, gen)
+
+
+def cell_argv(args: argparse.Namespace, lf: float, dim: int) -> List[str]:
+    """This script's arguments for one (λ, dim), run in a process of its own (``--cell``)."""
+    argv = ["--cell", "--slots", str(args.slots), "--keys", str(args.keys)]
+    argv += ["--repeats", str(args.repeats), "--dims", str(dim), "--load-factors", str(lf)]
+    argv += ["--engines", *args.engines]
+    if args.ops:
+        argv += ["--ops", *args.ops]
+    if args.checked:
+        argv.append("--checked")
+    return argv
+
+
+def run(args: argparse.Namespace) -> str:
+    """Every (λ, dim) in a process of its own: timed one after another in one process, the cells
+    after the first ran 5-20 % slower on every op, lookups included (the H200, session 12,
+    docs/benchmarks.md; cause not isolated)."""
     rows: List[List[str]] = []
     for lf in args.load_factors:
-        filled = make_filled(args.slots, lf, gen, args.keys)
         for dim in args.dims:
-            values = values_flat[: args.slots * dim].view(args.slots, dim)
-            static = static_flat[: args.slots * dim].view(args.slots, dim)
-            rows += bench_dim(filled, dim, values, static, args, gen)
-        del filled
-        torch.cuda.empty_cache()
+            child = subprocess.run(  # its progress lines reach our stderr as they come
+                [sys.executable, str(Path(__file__).resolve()), *cell_argv(args, lf, dim)],
+                stdout=subprocess.PIPE,
+                text=True,
+                check=False,
+            )
+            if child.returncode != 0:
+                raise SystemExit(
+                    f"λ {lf}, dim {dim} failed (rc {child.returncode}):\n{child.stdout}"
+                )
+            rows += json.loads(child.stdout.strip().splitlines()[-1])
     return render(args, rows)
 
 
@@ -468,6 +495,7 @@ def main() -> None:
         help="call the ops with check=True (their data checks, one device sync each) instead of "
         "check=False, the way ScoredHashTable calls them",
     )
+    p.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)  # run()'s child
     add_small_flag(p)
     args = apply_small(p, p.parse_args(), SMALL)
     if not torch.cuda.is_available():
@@ -476,7 +504,12 @@ def main() -> None:
             print(f"{message}: skipped (--small)", file=sys.stderr)
             raise SystemExit(0)
         raise SystemExit(message)
-    print(profile(args) if args.profile else run(args))
+    if args.profile:
+        print(profile(args))
+    elif args.cell:  # one (λ, dim): its rows as JSON, for run() in the parent process
+        print(json.dumps(bench_cell(args, args.load_factors[0], args.dims[0])))
+    else:
+        print(run(args))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,9 @@ timeout 100 $B --setups hbm --warmup 2 --repeats 7 --batches 2 --table-counts 10
 grep "^| hbm" $L/bench_train.md | sort -u; pack
 timeout 30 $B --setups hbm --warmup 2 --repeats 5 --batches 1 --table-counts 10 --optimizers sgd --split > $L/bench_split.md 2>&1
 grep -i "sync" $L/bench_split.md | tail -2
-# one process per (dim, λ): in one process the dims after the first ran 5-20 % slower (session 12's
-# final run against its one-per-process rerun, docs/benchmarks.md; cause not isolated)
-for a in "64 0.5" "32 0.5" "8 0.5" "32 1.0"; do
-  set -- $a
-  timeout 30 python3 benchmarks/bench_table_cuda.py --dims $1 --load-factors $2 --engines parallel unique --repeats 5 > $L/bench_table_$1_$2.md 2>&1
-done
+# (the bench runs each (dim, λ) in a process of its own)
+timeout 90 python3 benchmarks/bench_table_cuda.py --dims 64 32 8 --load-factors 0.5 --engines parallel unique --repeats 5 > $L/bench_table.md 2>&1
+timeout 30 python3 benchmarks/bench_table_cuda.py --dims 32 --load-factors 1.0 --engines parallel unique --repeats 5 > $L/bench_table_lf1.md 2>&1
 timeout 30 python3 benchmarks/bench_table_cuda.py --dims 32 --load-factors 0.5 --engines deterministic --repeats 3 > $L/bench_table_det.md 2>&1
 echo "benches done at $(( $(date +%s) - t0 )) s"; pack
 ( compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -p no:cacheprovider -q tests/table/test_parallel_engine.py -k "cuda and (contended or pinned or no_eviction)" > $L/racecheck.log 2>&1;
