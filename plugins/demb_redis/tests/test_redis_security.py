@@ -256,3 +256,38 @@ def test_a_plain_client_on_a_tls_cluster_is_a_clear_error(tls_cluster: LocalRedi
             socket_timeout=2.0,
         )
     assert "rediss://" in str(caught.value) and SECRET not in _shown(caught.value)
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(tls: LocalTLS) -> None:
+    with LocalRedisServer(password=SECRET, tls=tls, tls_auth_clients="yes") as server:
+        url = _with_password(server.url)
+        with pytest.raises(RedisStorageError) as caught:
+            RedisStorage(
+                [SPEC], url=url, retries=0, socket_timeout=2.0, client_options=tls.client_options()
+            )
+        message = str(caught.value)
+        assert message.startswith("demb-redis: TLS handshake with rediss://:***@"), message
+        assert SECRET not in _shown(caught.value)
+        # with the client certificate it works
+        storage = RedisStorage([SPEC], url=url, client_options=server.client_options())
+        assert storage.sizes() == [0]
+        storage.close()
+
+
+def test_a_cluster_with_auth_only() -> None:
+    """AUTH without TLS (the TLS cluster above has both): works with the password, refused without."""
+    with LocalRedisCluster(masters=3, password=SECRET) as cluster:
+        assert cluster.url.startswith("redis://")
+        for server in cluster.servers:
+            assert server.pid is not None and SECRET not in _cmdline(server.pid)
+        tables = [StorageTableSpec(f"t{i}", dim=4, row_width=8) for i in range(3)]
+        storage = RedisStorage(tables, url=_with_password(cluster.url), cluster=True)
+        keys = torch.arange(300)
+        tids = keys % 3
+        rows, scores = make_rows(tables[0], 300, seed=4)
+        storage.insert(keys, tids, rows, scores)
+        found, got, _ = storage.find(keys, tids)
+        assert found.all() and torch.equal(bits(got), bits(rows))
+        storage.close()
+        with pytest.raises(RedisStorageError, match="was refused: AuthenticationError: "):
+            RedisStorage([SPEC], url=cluster.url, cluster=True, retries=0)
