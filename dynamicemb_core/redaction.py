@@ -61,8 +61,9 @@ _SECRET_WORDS = (
 # The last word "key" alone makes a secret (api_key, secret_key, private_key, key).
 _KEY_WORD = "key"
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
-# scheme://[user]:password@ ; user and password stop where a URL's authority part would.
-_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:@/?#'\"]*:)[^\s@/?#'\"]*@")
+# scheme://[user]:password@ ; the user stops at ':' or a quote, the password runs to the last '@'
+# before the host (as urlsplit reads it: a raw '@' or quote in a password is still hidden).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^\s:@/?#'\"]*:)[^\s/?#]*@")
 
 
 def _words(name: str) -> List[str]:

@@ -120,6 +120,13 @@ def test_url_passwords_are_redacted_wherever_they_appear_in_text() -> None:
     assert "redis://h4:6379/0" in out and "user@example.com" in out
 
 
+@pytest.mark.parametrize("password", ["p@ss", "it's", 'say"hi"', "a:b", "%2Fx%40"])
+def test_url_passwords_with_odd_characters_are_hidden_whole(password: str) -> None:
+    url = f"redis://user:{password}@cache.example:6379/0"
+    assert redact_text(url) == "redis://user:***@cache.example:6379/0"
+    assert password not in repr(_options({"url": url}))
+
+
 def test_redaction_is_recursive_and_keeps_structure() -> None:
     value = {
         "url": f"redis://u:{SECRET}@h/0",
