@@ -50,6 +50,10 @@ _DROPPED = object()  # an option value that does not travel (a callable, a plugi
 _PLUGIN_OPTION_FIELDS = frozenset(
     f.name for f in dataclasses.fields(DynamicEmbTableOptions) if f.name.endswith("_options")
 )
+# Fields holding one value per table (a list, column-aligned with table_names).
+_PER_TABLE_FIELDS = frozenset(
+    f.name for f in dataclasses.fields(DeltaDumpResult) if f.default_factory is list
+)
 _TENSOR_FIELDS = ("keys", "values", "optimizer_states", "scores")
 _OPTIONAL_TENSOR_FIELDS = ("evicted_keys", "erased_keys")
 
@@ -177,6 +181,9 @@ def _decode_collection(name: str, body: Any) -> DeltaDumpResult:
     values: Dict[str, Any] = {}
     for field in sorted(fields & set(body)):
         column = body[field]
+        if field not in _PER_TABLE_FIELDS:  # a scalar field of the result (none in version 1)
+            values[field] = column
+            continue
         if not isinstance(column, list) or len(column) != len(names):
             raise _Refused(
                 f"collection {name!r}: {field} is not a list of {len(names)} (one per table)"
