@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 
+from dynamicemb_core.redaction import redacted_fields_repr, redacted_repr
 from dynamicemb_core.types import AdmissionStrategy, Counter, PerTableStorage, Storage
 
 __all__ = [
@@ -237,7 +238,7 @@ def _check_plugin_field(name: str, value: object, contract: Any) -> None:
     names = contract if isinstance(contract, tuple) else (contract,)
     raise TypeError(
         f"{name} must be a {' or '.join(c.__name__ for c in names)}, a registered plugin name "
-        f"(str) or None, got {value!r}"
+        f"(str) or None, got {redacted_repr(value)}"
     )
 
 
@@ -376,7 +377,12 @@ class DynamicEmbTableOptions:
             "score_function_options",
         ):
             if not isinstance(getattr(self, name), dict):
-                raise TypeError(f"{name} must be a dict, got {getattr(self, name)!r}")
+                raise TypeError(f"{name} must be a dict, got {redacted_repr(getattr(self, name))}")
+
+    def __repr__(self) -> str:
+        """The dataclass repr with secrets hidden (:mod:`dynamicemb_core.redaction`): a password in
+        ``external_storage_options`` must not reach logs, tracebacks or the planner's printouts."""
+        return redacted_fields_repr(self)
 
     def get_grouped_key(self) -> Dict[str, Any]:
         """The fields that decide whether two tables may share one kernel group (the seed's rule).

@@ -5,6 +5,7 @@ This module holds no logic; everything lives in :mod:`dynamicemb_core.checkpoint
 """
 
 from dynamicemb_core.checkpoint.delta import get_score, incremental_dump, set_score
+from dynamicemb_core.checkpoint.delta_file import load_deltas, save_deltas
 from dynamicemb_core.checkpoint.evicted import erase
 from dynamicemb_core.checkpoint.replay import replay_increment
 from dynamicemb_core.checkpoint.types import DeltaDumpResult, ReplayContent
@@ -15,6 +16,8 @@ __all__ = [
     "erase",
     "get_score",
     "incremental_dump",
+    "load_deltas",
     "replay_increment",
+    "save_deltas",
     "set_score",
 ]

@@ -20,6 +20,8 @@ from typing import Callable, List, Optional, Sequence, TextIO, Tuple
 
 import torch
 
+from dynamicemb_core.redaction import redact_text
+
 __all__ = ["Report", "collect", "main", "package_version"]
 
 # (distribution names to try, in order; the module to import). FBGEMM has a CPU and a CUDA build
@@ -39,14 +41,18 @@ class Report:
         self.rows.append((key, value))
 
     def format(self) -> str:
-        """Aligned ``key  value`` lines, then the problems (or ``status  ok``)."""
+        """Aligned ``key  value`` lines, then the problems (or ``status  ok``).
+
+        URL passwords are redacted (:mod:`dynamicemb_core.redaction`): a plugin's load error may
+        quote the URL it was configured with.
+        """
         rows = self.rows + [("status", "ok" if not self.problems else "PROBLEMS (see below)")]
         width = max(len(key) for key, _ in rows)
         lines = [f"{key:<{width}}  {value}" for key, value in rows]
         if self.problems:
             lines.append("problems:")
             lines.extend(f"  - {problem}" for problem in self.problems)
-        return "\n".join(lines)
+        return redact_text("\n".join(lines))
 
 
 def package_version(

@@ -4,6 +4,7 @@
   loadable into a different number of processes (keys are routed by owner).
 - :func:`incremental_dump` / :func:`replay_increment`: what changed since a score threshold, written back
   at its source slots on a replica; :func:`get_score` / :func:`set_score` for the thresholds.
+- :func:`save_deltas` / :func:`load_deltas`: deltas as files that load with ``weights_only=True``.
 - :func:`pop_evicted_keys` and :func:`erase`: keys that left a table by eviction or by erasure.
 
 File layout and on-disk format: :mod:`dynamicemb_core.checkpoint.format` and ``.manifest``.
@@ -24,6 +25,8 @@ _EXPORTS: Dict[str, str] = {
     "replay_increment": "dynamicemb_core.checkpoint.replay",
     "pop_evicted_keys": "dynamicemb_core.checkpoint.evicted",
     "erase": "dynamicemb_core.checkpoint.evicted",
+    "save_deltas": "dynamicemb_core.checkpoint.delta_file",
+    "load_deltas": "dynamicemb_core.checkpoint.delta_file",
     "DeltaDumpResult": "dynamicemb_core.checkpoint.types",
     "ReplayContent": "dynamicemb_core.checkpoint.types",
     "TableHandle": "dynamicemb_core.checkpoint.types",

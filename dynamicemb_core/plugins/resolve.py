@@ -14,7 +14,8 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from dynamicemb_core.plugins.registry import PluginRegistry, get_registry
-from dynamicemb_core.plugins.types import PluginKind, PluginResultError
+from dynamicemb_core.plugins.types import PluginKind, PluginResultError, UnknownPluginError
+from dynamicemb_core.redaction import redact_text, redacted_repr
 from dynamicemb_core.types import (
     AdmissionStrategy,
     Counter,
@@ -107,14 +108,21 @@ def resolve(
     if value is None:
         return None
     if isinstance(value, str):
-        entry = (registry or get_registry()).get(kind, value)
+        try:
+            entry = (registry or get_registry()).get(kind, value)
+        except UnknownPluginError as exc:  # the name may be a URL pasted into the wrong field
+            raise UnknownPluginError(redact_text(str(exc))) from None
         what = f"{field} {value!r} from {entry.provider}"
         try:
             obj = entry.factory(*args, **options)
         except TypeError as exc:
-            raise PluginResultError(
-                f"{what} could not be built with {field}_options={options!r}: {exc}"
-            ) from exc
+            # options and the factory's own message may hold a password (redis://u:PW@h, password=);
+            # a cause whose text holds one is not chained (a traceback would print it)
+            text = redact_text(str(exc))
+            error = PluginResultError(
+                f"{what} could not be built with {field}_options={redacted_repr(options)}: {text}"
+            )
+            raise error from (exc if text == str(exc) else None)
         return _check_result(kind, what, obj)
     if (
         kind is PluginKind.STORAGE
@@ -132,7 +140,9 @@ def resolve(
     )
     if kind is PluginKind.STORAGE:
         accepted += " or a Storage / PerTableStorage subclass"
-    raise TypeError(f"{field} must be {accepted}; got {type(value).__name__}: {value!r}")
+    raise TypeError(
+        f"{field} must be {accepted}; got {type(value).__name__}: {redacted_repr(value)}"
+    )
 
 
 def resolve_storage(

@@ -9,6 +9,10 @@ embeddings only), loads the dense weights, and compares its output on the held-o
 trainer's, bit for bit. With ``--export`` the served model is exported (``torch.export``) after the
 first delta and the remaining deltas are replayed under it: the exported program must give the same
 answer without being exported again. Exits 0 when everything matches, 1 otherwise.
+
+Every file is read with ``weights_only=True`` (deltas through ``load_deltas``): anyone who can write
+to the sync folder can put a file there, and a pickle loaded with ``weights_only=False`` runs
+whatever code it names. A file that is not in the format is refused (CheckpointCorruptError).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import HELD_OUT_STEP, build_replica, make_batch
 
+from dynamicemb_core.incremental_dump import load_deltas
+
 
 def _sequence(path: str) -> int:
     match = re.search(r"_(\d+)\.pt$", path)
@@ -41,7 +47,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     model = build_replica()
-    model.mlp.load_state_dict(torch.load(os.path.join(args.dir, "dense.pt")))
+    model.mlp.load_state_dict(torch.load(os.path.join(args.dir, "dense.pt"), weights_only=True))
     model.eval()
     served = model.sparse.collection
     indices, offsets, _ = make_batch(HELD_OUT_STEP, args.batch_size, args.key_space)
@@ -53,14 +59,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 1
     exported = None
     for i, path in enumerate(files):
-        served.replay(torch.load(path, weights_only=False))
+        served.replay(load_deltas(path))
         if args.export and i == 0:
             from dynamicemb_core.inference import export_model
 
             exported = export_model(model, (indices, offsets)).module()
     with torch.no_grad():
         ours = model(indices, offsets)
-    reference = torch.load(os.path.join(args.dir, "reference.pt"))
+    reference = torch.load(os.path.join(args.dir, "reference.pt"), weights_only=True)
     same = torch.equal(ours, reference)
     diff = (ours - reference).abs().max().item()
     print(

@@ -3,7 +3,8 @@
     python examples/online_sync/trainer.py --dir /tmp/sync --steps 30 --dump-every 10
 
 Writes into ``--dir``:
-- ``delta_rank<r>_<seq>.pt``: ``incremental_dump`` results, every ``--dump-every`` steps and once more after
+- ``delta_rank<r>_<seq>.pt``: ``incremental_dump`` results (``save_deltas``: a format that loads with
+  ``weights_only=True``), every ``--dump-every`` steps and once more after
   the last step (training goes on after the last periodic dump, and those updates must ship too);
 - ``dense.pt``: the MLP's weights (a delta carries embeddings only; without the dense part a replica's
   forward is a fresh model's);
@@ -29,10 +30,11 @@ from common import HELD_OUT_STEP, build_model, make_batch
 
 from dynamicemb_core.checkpoint.atomic import atomic_write
 from dynamicemb_core.checkpoint.collectives import global_rank
-from dynamicemb_core.incremental_dump import get_score, incremental_dump
+from dynamicemb_core.incremental_dump import get_score, incremental_dump, save_deltas
 
 
 def _save(obj: object, path: str) -> None:
+    """A tensor or state dict (weights_only-safe), written atomically."""
     import io
 
     buf = io.BytesIO()
@@ -63,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         nonlocal threshold, seq
         deltas = incremental_dump(model, threshold)
         threshold = get_score(model)
-        _save(deltas, os.path.join(args.dir, f"delta_rank{rank}_{seq:04d}.pt"))
+        save_deltas(deltas, os.path.join(args.dir, f"delta_rank{rank}_{seq:04d}.pt"))  # atomic
         rows = sum(k.numel() for d in deltas.values() for k in d.keys)
         print(f"dump {seq}: {rows} changed rows")
         seq += 1

@@ -17,9 +17,9 @@ which operation and which server. Nothing ever returns zeros in place of data it
 from __future__ import annotations
 
 import re
+import ssl
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import torch
@@ -36,6 +36,7 @@ from dynamicemb_core.plugins.storage_checks import (
     check_table_specs,
     common_row_dtype,
 )
+from dynamicemb_core.redaction import redact_text
 from dynamicemb_core.types import DynamicEmbError, MemoryType, Storage, StorageTableSpec
 
 __all__ = ["RedisStorage", "RedisStorageError"]
@@ -59,17 +60,27 @@ class RedisStorageError(DynamicEmbError):
 
 def _short(exc: BaseException, limit: int = 300) -> str:
     """The exception text, cut: redis-py quotes whole pipelined commands, binary rows included."""
-    text = str(exc)
+    text = redact_text(str(exc))
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions behind it (causes, then contexts), at most ten deep."""
+    seen: Optional[BaseException] = exc
+    for _ in range(10):
+        if seen is None:
+            return
+        yield seen
+        seen = seen.__cause__ or seen.__context__
+
+
+def _tls_failure(exc: BaseException) -> Optional[BaseException]:
+    """The TLS error behind a redis-py error: an ``ssl.SSLError`` (certificate, protocol) or a
+    handshake that timed out (a TLS client on a port that does not speak TLS), if there is one."""
+    for cause in _chain(exc):
+        if isinstance(cause, ssl.SSLError) or "handshake" in str(cause).lower():
+            return cause
+    return None
 
 
 class RedisStorage(Storage):
@@ -164,32 +175,67 @@ class RedisStorage(Storage):
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except _PERMANENT as exc:  # redis-py derives these from ConnectionError: never retry
+            except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+                # RedisCluster wraps what failed at discovery in RedisClusterException (not a
+                # RedisError): classify by what is behind it
+                cluster_wrap = isinstance(exc, redis.exceptions.RedisClusterException)
+                behind = list(_chain(exc)) if cluster_wrap else [exc]
+                auth = next((c for c in behind if isinstance(c, _PERMANENT)), None)
+                if auth is not None:  # redis-py derives these from ConnectionError: never retry
+                    raise self._refused(op, where, auth) from exc
+                tls = _tls_failure(exc)
+                if isinstance(tls, ssl.SSLError):  # a certificate or protocol mismatch: final
+                    raise self._tls_error(op, where, tls) from exc
+                if not any(isinstance(c, _TRANSIENT) for c in behind):
+                    # OOM, wrong type, a command refused: retrying won't help
+                    raise self._refused(op, where, exc) from exc
+                if attempt < self.retries:
+                    time.sleep(self.retry_backoff_s * (2**attempt))
+                    continue
+                if tls is not None:  # a handshake timed out on every attempt
+                    raise self._tls_error(op, where, tls, attempt + 1) from exc
+                server = f"Redis at {redact_text(self.url)}"
+                if self.cluster:
+                    server = (
+                        f"the Redis Cluster node serving it (cluster at {redact_text(self.url)})"
+                    )
                 raise RedisStorageError(
-                    f"demb-redis: {op} on {where}(model {self.model!r}) at {_redact(self.url)} was "
-                    f"refused: {type(exc).__name__}: {_short(exc)}"
-                ) from exc
-            except _TRANSIENT as exc:
-                if attempt == self.retries:
-                    server = f"Redis at {_redact(self.url)}"
-                    if self.cluster:
-                        server = (
-                            f"the Redis Cluster node serving it (cluster at {_redact(self.url)})"
-                        )
-                    raise RedisStorageError(
-                        f"demb-redis: {op} on {where}(model {self.model!r}) failed: {server} "
-                        f"did not answer after {attempt + 1} attempts over "
-                        f"{time.monotonic() - start:.2f}s ({type(exc).__name__}: {_short(exc)}). No data was "
-                        f"returned in its place. Check that the server is up and reachable, or raise "
-                        f"retries / socket_timeout in external_storage_options"
-                    ) from exc
-                time.sleep(self.retry_backoff_s * (2**attempt))
-            except redis.exceptions.RedisError as exc:  # auth, OOM, wrong type: retrying won't help
-                raise RedisStorageError(
-                    f"demb-redis: {op} on {where}(model {self.model!r}) at {_redact(self.url)} was "
-                    f"refused: {type(exc).__name__}: {_short(exc)}"
+                    f"demb-redis: {op} on {where}(model {self.model!r}) failed: {server} did not "
+                    f"answer after {attempt + 1} attempts over {time.monotonic() - start:.2f}s "
+                    f"({type(exc).__name__}: {_short(exc)}). No data was returned in its place. "
+                    f"Check that the server is up and reachable{self._tls_hint(op)}, or raise "
+                    f"retries / socket_timeout in external_storage_options"
                 ) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _refused(self, op: str, where: str, exc: BaseException) -> RedisStorageError:
+        hint = ""
+        if op == "connect" and any(
+            isinstance(c, (ConnectionError, redis.exceptions.ConnectionError)) for c in _chain(exc)
+        ):
+            hint = self._tls_hint(op)
+        return RedisStorageError(
+            f"demb-redis: {op} on {where}(model {self.model!r}) at {redact_text(self.url)} was "
+            f"refused: {type(exc).__name__}: {_short(exc)}{hint}"
+        )
+
+    def _tls_hint(self, op: str) -> str:
+        if op == "connect" and self.url.startswith("redis://"):
+            return " (a server that speaks TLS on that port needs a rediss:// URL)"
+        return ""
+
+    def _tls_error(
+        self, op: str, where: str, tls: BaseException, attempts: int = 1
+    ) -> RedisStorageError:
+        """The TLS reason first, then what did not run and what to check."""
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
+        return RedisStorageError(
+            f"demb-redis: TLS handshake with {redact_text(self.url)} failed{tries}: "
+            f"{type(tls).__name__}: {_short(tls)}; {op} on {where}(model {self.model!r}) did not "
+            f"run. Check client_options (ssl_ca_certs, ssl_certfile / ssl_keyfile, "
+            f"ssl_check_hostname) against the server's certificate, and that the port speaks TLS "
+            f"(rediss://) or not (redis://)"
+        )
 
     def _pipelined(
         self,
