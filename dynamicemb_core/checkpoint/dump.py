@@ -3,12 +3,15 @@
 Every rank writes its own shard of each table in parallel (one file per table per rank); rank 0 then
 publishes a manifest. Loading reads the shards of every writer rank and keeps the keys this rank owns
 under the *target's* sharding, so a checkpoint written by N processes loads into M. Every file is read and
-checked (checksums, dim, dtype, score columns, optimizer width) before the first row is written to any
-table, so a bad checkpoint leaves the model exactly as it was.
+checked before the first row is written to any table, so a bad checkpoint leaves the model exactly as it
+was: its identity against the manifest (collection, table, kind, rank, world size, row count, dump id,
+header checksum), its checksums, its fit to the target (dim, dtype, score columns, optimizer width), and
+that every key it brings finds a slot in its target table (:func:`check_room`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -23,25 +26,27 @@ from dynamicemb_core.checkpoint.collectives import (
     group_size,
 )
 from dynamicemb_core.checkpoint.discovery import find_tables
-from dynamicemb_core.checkpoint.errors import CheckpointMismatchError
+from dynamicemb_core.checkpoint.errors import CheckpointError, CheckpointMismatchError
 from dynamicemb_core.checkpoint.format import (
+    ROWS,
     ShardHeader,
     ShardPayload,
     check_header,
     read_shard,
-    read_shard_header,
+    read_shard_identity,
     verify_shard,
-    write_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
     COUNTER,
     MANIFEST_NAME,
     ManifestEntry,
+    check_entry,
     entries_by_table,
     merge_rank_manifests,
+    new_dump_id,
     read_manifest,
     remove_manifest,
-    shard_relpath,
+    write_entry,
     write_rank_manifest,
 )
 from dynamicemb_core.checkpoint.ownership import owned_mask
@@ -69,7 +74,9 @@ __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "dump_tables", "load_tables"]
 TableNames = Optional[Dict[str, List[str]]]
 
 
-def _header(handle: TableHandle, n: int, optim: bool, rank: int, world: int) -> ShardHeader:
+def _header(
+    handle: TableHandle, n: int, optim: bool, rank: int, world: int, dump_id: str
+) -> ShardHeader:
     extra: Dict[str, Any] = {"optimizer": handle.optimizer, "dist_type": handle.dist_type}
     clock = score_clock(handle)
     if clock is not None:
@@ -88,6 +95,7 @@ def _header(handle: TableHandle, n: int, optim: bool, rank: int, world: int) -> 
         rank=rank,
         world_size=world,
         extra=extra,
+        dump_id=dump_id,
     )
 
 
@@ -128,23 +136,6 @@ def check_dump_folder(path: str, allow_overwrite: bool, pg: Optional[dist.Proces
         )
 
 
-def _write(
-    path: str, rel: str, header: ShardHeader, payload: ShardPayload, kind: str
-) -> ManifestEntry:
-    os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
-    size = write_shard(os.path.join(path, rel), header, payload)
-    return ManifestEntry(
-        header.collection,
-        header.table_name,
-        header.rank,
-        header.world_size,
-        rel,
-        size,
-        header.num_rows,
-        kind,
-    )
-
-
 def dump_tables(
     path: str,
     handles: Sequence[TableHandle],
@@ -162,9 +153,10 @@ def dump_tables(
     """
     rank, world = group_rank(pg), group_size(pg)
     check_dump_folder(path, allow_overwrite, pg)
+    dump_id = broadcast_object(new_dump_id() if rank == 0 else None, pg)
     if rank == 0:
         os.makedirs(path, exist_ok=True)
-        remove_manifest(path)
+        remove_manifest(path)  # and temp files a killed dump left
     barrier(pg)
     entries = []
     for handle in handles:
@@ -175,24 +167,23 @@ def dump_tables(
             total, f"dump {handle.qualified_name}", rank=rank, show_progress=show_progress
         ) as bar:
             rows = export_rows(handle, None, bar)
-        header = _header(handle, rows.keys.numel(), optim, rank, world)
+        header = _header(handle, rows.keys.numel(), optim, rank, world, dump_id)
         payload = ShardPayload(
             keys=rows.keys,
             embeddings=rows.embeddings,
             optimizer_states=rows.optimizer_states if optim else rows.optimizer_states[:, :0],
             scores=rows.scores,
         )
-        rel = shard_relpath(handle.collection, handle.name, rank, world)
-        entries.append(_write(path, rel, header, payload, "rows"))
+        entries.append(write_entry(path, header, payload, ROWS))
         if counter and handle.counter is not None:
             counts = counter_payload(handle.counter)
-            rel = shard_relpath(handle.collection, handle.name, rank, world, COUNTER)
             head = counter_header(handle, counts.keys.numel(), rank, world)
-            entries.append(_write(path, rel, head, counts, COUNTER))
+            head = dataclasses.replace(head, dump_id=dump_id)
+            entries.append(write_entry(path, head, counts, COUNTER))
     write_rank_manifest(path, rank, entries)
     barrier(pg)
     if rank == 0:
-        merge_rank_manifests(path, world)
+        merge_rank_manifests(path, world, dump_id)
     barrier(pg)
     return entries
 
@@ -261,11 +252,13 @@ def _check_counters(
 def _checked_headers(
     path: str, files: List[ManifestEntry], **expected: Any
 ) -> Tuple[List[Any], List[str]]:
-    """Each file's header, checked against ``expected`` (``check_header``'s keywords), and its path."""
+    """Each file's header, checked against its manifest entry (identity) and ``expected``
+    (``check_header``'s keywords), and its path."""
     headers, paths = [], []
     for entry in files:
         full = os.path.join(path, entry.path)
-        header = read_shard_header(full)
+        header, crc = read_shard_identity(full)
+        check_entry(path, entry, header, crc)
         check_header(header, **expected)
         headers.append(header)
         paths.append(full)
