@@ -46,14 +46,13 @@ def atomic_write(path: str, chunks: Iterable[Chunk]) -> int:
 
     Raises:
         CheckpointWriteError: the OS refused a step (a full disk, no permission, ...); the message
-            names ``path``, no temp file is left and ``path`` is as it was.
+            names ``path`` and no temp file is left.
     """
     try:
         return _atomic_write(path, chunks)
     except OSError as err:
         raise CheckpointWriteError(
-            f"writing checkpoint file {path} failed: {err.strerror or err} (errno {err.errno}); "
-            "the file was not written",
+            f"writing checkpoint file {path} failed: {err.strerror or err} (errno {err.errno})",
             err.errno,
         ) from err
 

@@ -66,7 +66,7 @@ from dynamicemb_core.checkpoint.state import (
     score_clock,
     training_state,
 )
-from dynamicemb_core.checkpoint.table_io import export_rows, insert_rows
+from dynamicemb_core.checkpoint.table_io import check_room, export_rows, insert_rows
 from dynamicemb_core.checkpoint.types import TableHandle
 
 __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "dump_tables", "load_tables"]
@@ -272,6 +272,48 @@ def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
     return ShardPayload(*(t[keep] for _, t in payload.sections()))
 
 
+def _owned_keys(handle: TableHandle, paths: Sequence[str]) -> torch.Tensor:
+    """The distinct keys of ``paths`` that ``handle``'s shard owns; reading each file whole checks
+    every section's checksum (one file in memory at a time)."""
+    parts = [torch.empty(0, dtype=torch.int64)]
+    for full in paths:
+        keys = read_shard(full)[1].keys
+        parts.append(keys[owned_mask(keys, handle)])
+    return torch.unique(torch.cat(parts))
+
+
+def _check_rooms(plan: Plan) -> List[Tuple[TableHandle, torch.Tensor, int, int]]:
+    """Per table, its owned keys, the capacity it must grow to, and the keys it holds after the
+    load, refusing (:func:`check_room`) a table that cannot hold them all."""
+    rooms = []
+    for handle, _, paths in plan:
+        keys = _owned_keys(handle, paths)
+        capacity, total = check_room(handle, keys)
+        rooms.append((handle, keys, capacity, total))
+    return rooms
+
+
+def _grow(rooms: List[Tuple[TableHandle, torch.Tensor, int, int]]) -> None:
+    """Grow every table to the capacity its check planned (a rehash: keys and rows stay). Where
+    memory stops a table short of it, check its buckets again at the capacity it reached."""
+    for handle, keys, capacity, total in rooms:
+        reached = handle.table.reserve(handle.table_id, total)
+        if reached < capacity:
+            check_room(handle, keys, reached)
+
+
+def _check_landed(handle: TableHandle, keys: torch.Tensor, unplaced: int) -> None:
+    """After writing: every loaded key is in the table (check_room makes this so; a failure here is
+    a bug, reported rather than returned as a silent partial load)."""
+    missing = keys.numel() - int(handle.table.find(keys.to(handle.device), handle.table_id).found.sum())
+    if unplaced or missing:
+        raise CheckpointError(
+            f"load of table '{handle.qualified_name}': {max(unplaced, missing)} of {keys.numel()} "
+            "keys are not in the table after writing although its room was checked (a bug; the "
+            "table was written, the other tables may not be)"
+        )
+
+
 def load_tables(
     path: str,
     handles: Sequence[TableHandle],
@@ -283,15 +325,18 @@ def load_tables(
 ) -> Dict[str, Tuple[int, int]]:
     """Load every handle's rows from ``path``, keeping the keys each handle's shard owns.
 
-    Every header and every section checksum of every table (and of its admission counter with
-    ``counter``) is verified, and with ``optim`` the saved optimizer step and hyper-parameters are
-    checked against the target modules, before any table is written; the files are then read again
-    one at a time to be written. After the rows come the admission counts, the tables' score clocks
-    (STEP step, CUSTOMIZED score) and, with ``optim``, each module's optimizer step and
-    hyper-parameters.
+    Before any table is written: the manifest and every file's identity against it, every header
+    against its target, every section checksum of every table (and of its admission counter with
+    ``counter``), that each table can hold every key it will hold (:func:`check_room`), and with
+    ``optim`` the saved optimizer step and hyper-parameters against the target modules. Then the
+    tables grow to the capacity that check planned, and the files are read again one at a time to
+    be written. After the rows come the admission counts, the tables' score clocks (STEP step,
+    CUSTOMIZED score) and, with ``optim``, each module's optimizer step and hyper-parameters.
 
     Returns:
-        ``{"collection/table": (placed, unplaced)}``.
+        ``{"collection/table": (placed, unplaced)}`` (rows written, rows that found no slot),
+        summed over the handles of one table; unplaced is 0 (a load that cannot place every key is
+        refused).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -301,11 +346,13 @@ def load_tables(
     plan = _check_all(path, entries_by_table(entries), handles, optim)
     trainings = check_training_states([(h, hs) for h, hs, _ in plan], path) if optim else []
     counters = _check_counters(path, entries_by_table(entries, COUNTER), handles) if counter else []
-    for _, _, paths in plan + counters:
+    for _, _, paths in counters:
         for full in paths:
             verify_shard(full)  # every checksum, before any table is written
+    rooms = _check_rooms(plan)  # reads every rows file: checksums, then room for its keys
+    _grow(rooms)
     result = {}
-    for handle, headers, paths in plan:
+    for (handle, headers, paths), (_, owned, _, _) in zip(plan, rooms):
         total = sum(h.num_rows for h in headers)
         placed = unplaced = 0
         desc = f"load {handle.qualified_name}"
@@ -319,8 +366,10 @@ def load_tables(
                 placed, unplaced = placed + a, unplaced + b
                 if handle.drop_from_cache is not None:
                     handle.drop_from_cache(p.keys)
+        _check_landed(handle, owned, unplaced)
         restore_score_clock(handle, saved_score_clock(headers))
-        result[handle.qualified_name] = (placed, unplaced)
+        before = result.get(handle.qualified_name, (0, 0))  # a served table's shards add up
+        result[handle.qualified_name] = (before[0] + placed, before[1] + unplaced)
     for handle, _, paths in counters:
         parts = [_owned(read_shard(full)[1], handle) for full in paths]
         keys = torch.cat([p.keys for p in parts])
@@ -394,7 +443,7 @@ def DynamicEmbLoad(
     *,
     counter: bool = False,
     show_progress: Optional[bool] = None,
-) -> None:
+) -> Dict[str, Tuple[int, int]]:
     """Load a :func:`DynamicEmbDump` checkpoint into the model's dynamic tables.
 
     Keys are routed by owner under the model's current sharding, so the writer's and reader's process
@@ -413,12 +462,21 @@ def DynamicEmbLoad(
         counter: also restore the admission counters (the dump must have been written with it).
         show_progress: force the rank-0 progress bars on or off.
 
+    Returns:
+        ``{"collection/table": (placed, unplaced)}``: rows this process wrote per table, and rows
+        that found no slot (always 0: such a load is refused before writing).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointCorruptError: missing manifest, truncated file, bad checksum (nothing was written).
-        CheckpointMismatchError: a table missing from the checkpoint, or of another dim / dtype / score
-            columns / optimizer width; with ``optim``, no saved optimizer state or another optimizer;
-            with ``counter``, no saved counter (nothing was written).
+        CheckpointCorruptError: missing manifest, damaged manifest (missing, unexpected or mistyped
+            fields, not UTF-8 JSON, a path outside the folder), truncated file, bad checksum, a
+            checkpoint of format version 1 (nothing was written).
+        CheckpointMismatchError: a file that is not the one its manifest entry lists (another
+            table's, collection's or dump's; see docs/torchrec.md); a table missing from the
+            checkpoint, or of another dim / dtype / score columns / optimizer width; more keys than
+            the target table can hold (``max_capacity``, or a bucket that would overflow); with
+            ``optim``, no saved optimizer state or another optimizer; with ``counter``, no saved
+            counter (nothing was written).
     """
     _check_pg(pg, "DynamicEmbLoad")
     if isinstance(table_names, (list, tuple)):  # the seed's signature: names in any collection
@@ -429,7 +487,7 @@ def DynamicEmbLoad(
             raise ValueError(f"table_names: the model has no dynamic table {sorted(missing)}")
     else:
         handles = find_tables(model, table_names)
-    load_tables(
+    return load_tables(
         path,
         handles,
         optim=optim,

@@ -249,6 +249,23 @@ class ScoredHashTable:
         """
         self._growth_listeners.append(listener)
 
+    def reserve(self, table_id: int, num_keys: int) -> int:
+        """Double table ``table_id`` until ``num_keys`` keys fit under its load factor, as inserts
+        would one doubling per call; stops at ``max_capacity`` or when memory refuses (the same
+        rule, :class:`expansion.GrowthGuard`). Keys, rows and scores are kept (a rehash).
+
+        A bulk writer (a checkpoint load) calls it first so that a large insert lands in a table
+        already grown to hold it. Returns the capacity reached.
+        """
+        t = self._table_id(table_id)
+        spec = self.specs[t]
+        while expansion.needs_growth(
+            0, num_keys, self.capacity(t), spec.max_capacity, spec.max_load_factor, spec.no_eviction
+        ):
+            if self._double(t) is None:
+                break
+        return self.capacity(t)
+
     def _grow_for(self, keys: Tensor, tids: Tensor, involved: List[int]) -> None:
         """Double each table this call's distinct keys would push past its load factor."""
         sizes = self._state.sizes.tolist()
