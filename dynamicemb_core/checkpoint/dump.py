@@ -305,7 +305,9 @@ def _grow(rooms: List[Tuple[TableHandle, torch.Tensor, int, int]]) -> None:
 def _check_landed(handle: TableHandle, keys: torch.Tensor, unplaced: int) -> None:
     """After writing: every loaded key is in the table (check_room makes this so; a failure here is
     a bug, reported rather than returned as a silent partial load)."""
-    missing = keys.numel() - int(handle.table.find(keys.to(handle.device), handle.table_id).found.sum())
+    missing = keys.numel() - int(
+        handle.table.find(keys.to(handle.device), handle.table_id).found.sum()
+    )
     if unplaced or missing:
         raise CheckpointError(
             f"load of table '{handle.qualified_name}': {max(unplaced, missing)} of {keys.numel()} "
@@ -351,8 +353,8 @@ def load_tables(
             verify_shard(full)  # every checksum, before any table is written
     rooms = _check_rooms(plan)  # reads every rows file: checksums, then room for its keys
     _grow(rooms)
-    result = {}
-    for (handle, headers, paths), (_, owned, _, _) in zip(plan, rooms):
+    result: Dict[str, Tuple[int, int]] = {}
+    for (handle, headers, paths), (_, owned, _, _) in zip(plan, rooms, strict=True):
         total = sum(h.num_rows for h in headers)
         placed = unplaced = 0
         desc = f"load {handle.qualified_name}"
@@ -418,9 +420,16 @@ def DynamicEmbDump(
             the new manifest does not list are deleted; other files are left alone).
         show_progress: force the rank-0 progress bars on or off (None: only on a terminal).
 
+    Every file names the dump (a random ``dump_id``), its collection, table, kind, rank and world
+    size; the manifest lists the same and each file's header checksum, which :func:`DynamicEmbLoad`
+    checks (docs/torchrec.md, "Identity of a checkpoint's files"). Temp files a killed dump left
+    in ``path`` are deleted first.
+
     Raises:
         FileExistsError: ``path`` is not empty and ``allow_overwrite`` is False (nothing written).
         NotADirectoryError: ``path`` is a file.
+        CheckpointWriteError: a file could not be written (a full disk, ...); the message names it
+            and the folder is left without a manifest.
     """
     _check_pg(pg, "DynamicEmbDump")
     dump_tables(

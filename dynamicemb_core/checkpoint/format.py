@@ -369,9 +369,7 @@ def _header_meta(path: str, blob: bytes) -> Dict[str, Any]:
             problems.append(f"section {i} has a field of the wrong type")
         elif sec["offset"] < 0 or sec["nbytes"] < 0:
             problems.append(f"section {i} has a negative offset or length")
-    if not problems and (
-        meta["num_rows"] < 0 or meta["dim"] < 0 or meta["optimizer_width"] < 0
-    ):
+    if not problems and (meta["num_rows"] < 0 or meta["dim"] < 0 or meta["optimizer_width"] < 0):
         problems.append("a negative row count or width")
     if not problems and meta["kind"] not in (ROWS, COUNTER):
         problems.append(f"kind {meta['kind']!r} is neither {ROWS!r} nor {COUNTER!r}")

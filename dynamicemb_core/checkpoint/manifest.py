@@ -270,7 +270,9 @@ def _inside(root: str, entry: ManifestEntry, manifest: str) -> str:
             f"checkpoint {manifest}: file {rel!r} of {entry.describe()} is outside the checkpoint "
             "folder (paths must be relative and stay inside it); refused"
         )
-    expected = shard_relpath(entry.collection, entry.table, entry.rank, entry.world_size, entry.kind)
+    expected = shard_relpath(
+        entry.collection, entry.table, entry.rank, entry.world_size, entry.kind
+    )
     if os.path.normpath(rel) != os.path.normpath(expected):
         raise CheckpointCorruptError(
             f"checkpoint {manifest}: file {rel!r} is listed for {entry.describe()}, whose file is "
@@ -318,7 +320,9 @@ def read_manifest(root: str) -> List[ManifestEntry]:
     if version != FORMAT_VERSION:
         old = (
             " (written before checkpoints named their dump; re-dump it with this build)"
-            if _typed(version, int) and version < FORMAT_VERSION
+            if isinstance(version, int)
+            and not isinstance(version, bool)
+            and version < FORMAT_VERSION
             else ""
         )
         raise CheckpointCorruptError(
@@ -392,7 +396,9 @@ def check_entry(root: str, entry: ManifestEntry, header: ShardHeader, crc32: int
         ("dump id", entry.dump_id, header.dump_id),
         ("header checksum", entry.crc32, crc32),
     ]
-    wrong = [f"{name}: manifest {want!r}, file {got!r}" for name, want, got in checks if want != got]
+    wrong = [
+        f"{name}: manifest {want!r}, file {got!r}" for name, want, got in checks if want != got
+    ]
     if wrong:
         raise CheckpointMismatchError(
             f"checkpoint file {os.path.join(root, entry.path)} is not the file the manifest lists "

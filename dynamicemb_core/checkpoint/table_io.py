@@ -257,7 +257,10 @@ def check_room(
         num_buckets = capacity // width
         every = torch.cat([table.export(t).keys, new])
         counts = torch.bincount(buckets_of_tensor(every, num_buckets), minlength=num_buckets)
-        fullest, over = int(counts.max()) if counts.numel() else 0, int((counts - width).clamp(min=0).sum())
+        fullest, over = (
+            int(counts.max()) if counts.numel() else 0,
+            int((counts - width).clamp(min=0).sum()),
+        )
     if over > 0:
         raise CheckpointMismatchError(
             f"{where}; at {capacity} slots ({capacity // width} buckets of {width}) {over} keys "

@@ -40,8 +40,7 @@ def _contents(model):
 
 def _same(a, b):
     return a.keys() == b.keys() and all(
-        a[n][0] == b[n][0] and all(torch.equal(x, y) for x, y in zip(a[n][1], b[n][1]))
-        for n in a
+        a[n][0] == b[n][0] and all(torch.equal(x, y) for x, y in zip(a[n][1], b[n][1])) for n in a
     )
 
 
@@ -81,7 +80,9 @@ def setup(tmp_path):
 def test_a_file_of_another_table_of_the_same_size_is_refused(setup):
     root, dst, before, _ = setup
     shutil.copyfile(_file(root, "t1"), _file(root, "t0"))
-    with pytest.raises(CheckpointMismatchError, match=r"t0\.rank0-of-1\.demb.*table: manifest 't0', file 't1'"):
+    with pytest.raises(
+        CheckpointMismatchError, match=r"t0\.rank0-of-1\.demb.*table: manifest 't0', file 't1'"
+    ):
         DynamicEmbLoad(root, dst, optim=True)
     assert _same(before, _contents(dst))
 
@@ -121,7 +122,9 @@ def test_the_same_table_of_another_models_dump_is_refused(setup):
     # Rewriting the entry's dump id too makes the manifest disagree with itself.
     foreign = json.load(open(os.path.join(str(tmp_path / "other"), "MANIFEST.json")))
     _edit_manifest(root, lambda m: m["files"][0].update(dump_id=foreign["dump_id"]))
-    with pytest.raises(CheckpointMismatchError, match="is of dump '[0-9a-f]{32}', the manifest of dump"):
+    with pytest.raises(
+        CheckpointMismatchError, match="is of dump '[0-9a-f]{32}', the manifest of dump"
+    ):
         DynamicEmbLoad(root, dst, optim=True)
     assert _same(before, _contents(dst))
 
@@ -136,7 +139,9 @@ def test_the_same_table_of_another_collection_is_refused(setup):
 
     other = Other()
     DynamicEmbDump(str(tmp_path / "other"), other)
-    shutil.copyfile(os.path.join(str(tmp_path / "other"), "user", "t0.rank0-of-1.demb"), _file(root, "t0"))
+    shutil.copyfile(
+        os.path.join(str(tmp_path / "other"), "user", "t0.rank0-of-1.demb"), _file(root, "t0")
+    )
     _match_sizes(root)
     with pytest.raises(CheckpointMismatchError, match="collection: manifest 'ebc', file 'user'"):
         DynamicEmbLoad(root, dst)
@@ -162,7 +167,9 @@ def test_a_manifest_listing_a_rank_twice_or_missing_one_is_refused(setup):
 def test_a_checkpoint_of_the_previous_format_is_refused_clearly(setup):
     root, dst, before, _ = setup
     _edit_manifest(root, lambda m: m.update(format_version=1))
-    with pytest.raises(CheckpointCorruptError, match="format version 1; this build reads 2.*re-dump"):
+    with pytest.raises(
+        CheckpointCorruptError, match="format version 1; this build reads 2.*re-dump"
+    ):
         DynamicEmbLoad(root, dst)
     assert _same(before, _contents(dst))
 
@@ -175,7 +182,11 @@ def test_an_intact_dump_loads_and_the_files_say_who_they_are(setup):
     for e in meta["files"]:
         header, crc = read_shard_identity(os.path.join(root, e["path"]))
         assert (header.collection, header.table_name, header.kind, header.dump_id, crc) == (
-            e["collection"], e["table"], e["kind"], meta["dump_id"], e["crc32"]
+            e["collection"],
+            e["table"],
+            e["kind"],
+            meta["dump_id"],
+            e["crc32"],
         )
     fresh = make_model(dims=(8, 8))
     DynamicEmbLoad(root, fresh, optim=True)

@@ -32,9 +32,7 @@ BIG = {"max_capacity": 4096, "init_capacity": 4096}
 
 
 def _contents(model):
-    return {
-        name: {k: s.rows[k].clone() for k in s.keys()} for name, s in snapshot(model).items()
-    }
+    return {name: {k: s.rows[k].clone() for k in s.keys()} for name, s in snapshot(model).items()}
 
 
 def _same(a, b):
@@ -122,7 +120,10 @@ def _rewrite(root, edit):
 
 
 DAMAGES = {
-    "unexpected entry field": (lambda m: m["files"][0].update(owner="x"), "unexpected field 'owner'"),
+    "unexpected entry field": (
+        lambda m: m["files"][0].update(owner="x"),
+        "unexpected field 'owner'",
+    ),
     "missing files": (lambda m: m.pop("files"), "'files' is missing"),
     "unexpected top field": (lambda m: m.update(note=1), "unexpected field 'note'"),
     "size as text": (
@@ -130,7 +131,10 @@ DAMAGES = {
         "'nbytes' is str, expected int",
     ),
     "rank as bool": (lambda m: m["files"][0].update(rank=False), "'rank' is bool, expected int"),
-    "entry not an object": (lambda m: m["files"].append([1, 2]), r"files\[\d+\] is list, expected an object"),
+    "entry not an object": (
+        lambda m: m["files"].append([1, 2]),
+        r"files\[\d+\] is list, expected an object",
+    ),
     "files not a list": (lambda m: m.update(files={"a": 1}), "'files' is dict, expected a list"),
     "missing dump id": (lambda m: m.pop("dump_id"), "'dump_id' is missing"),
     "missing entry field": (lambda m: m["files"][1].pop("crc32"), "'crc32' is missing"),
@@ -172,9 +176,16 @@ def test_a_truncated_shard_gives_a_clear_error_even_when_the_manifest_agrees(dum
     (path,) = glob.glob(os.path.join(root, "ebc", "t1.*"))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 100)
-    _rewrite(root, lambda m: [e.update(nbytes=os.path.getsize(os.path.join(root, e["path"]))) for e in m["files"]])
+    _rewrite(
+        root,
+        lambda m: [
+            e.update(nbytes=os.path.getsize(os.path.join(root, e["path"]))) for e in m["files"]
+        ],
+    )
     dst, before = _target()
-    with pytest.raises(CheckpointCorruptError, match=r"t1\.rank0-of-1\.demb: truncated: \d+ bytes, header says"):
+    with pytest.raises(
+        CheckpointCorruptError, match=r"t1\.rank0-of-1\.demb: truncated: \d+ bytes, header says"
+    ):
         DynamicEmbLoad(root, dst, optim=True)
     assert _same(before, _contents(dst))
 
@@ -191,13 +202,16 @@ def test_a_manifest_path_outside_the_folder_is_refused(dumped):
         "../elsewhere/t0.rank0-of-1.demb",
         "ebc/../../elsewhere/t0.rank0-of-1.demb",
     ):
-        _rewrite(root, lambda m: m.update(files=[dict(original["files"][0], path=path)] + original["files"][1:]))
+        files = [dict(original["files"][0], path=path)] + original["files"][1:]
+        _rewrite(root, lambda m, files=files: m.update(files=files))
         with pytest.raises(CheckpointCorruptError, match="outside the checkpoint folder"):
             DynamicEmbLoad(root, dst)
     _rewrite(root, lambda m: m.update(original))
     shutil.rmtree(os.path.join(root, "ebc"))
     os.symlink(outside, os.path.join(root, "ebc"))  # the listed path, through a link
-    with pytest.raises(CheckpointCorruptError, match="resolves to .*elsewhere.* outside the checkpoint folder"):
+    with pytest.raises(
+        CheckpointCorruptError, match="resolves to .*elsewhere.* outside the checkpoint folder"
+    ):
         DynamicEmbLoad(root, dst)
     assert _same(before, _contents(dst))
 
@@ -205,7 +219,9 @@ def test_a_manifest_path_outside_the_folder_is_refused(dumped):
 def test_a_listed_path_must_be_the_one_its_entry_names(dumped):
     root, _ = dumped
     _rewrite(root, lambda m: m["files"][0].update(path="ebc/t1.rank0-of-1.demb"))
-    with pytest.raises(CheckpointCorruptError, match="is listed for 'ebc/t0' rank 0 of 1, whose file is"):
+    with pytest.raises(
+        CheckpointCorruptError, match="is listed for 'ebc/t0' rank 0 of 1, whose file is"
+    ):
         DynamicEmbLoad(root, make_model())
 
 
@@ -223,9 +239,16 @@ def test_a_crafted_pickle_in_place_of_a_file_runs_nothing(dumped):
     marker = str(tmp_path / "ran")
     (shard,) = glob.glob(os.path.join(root, "ebc", "t0.*"))
     torch.save({"rows": _Payload(marker)}, shard)
-    _rewrite(root, lambda m: [e.update(nbytes=os.path.getsize(os.path.join(root, e["path"]))) for e in m["files"]])
+    _rewrite(
+        root,
+        lambda m: [
+            e.update(nbytes=os.path.getsize(os.path.join(root, e["path"]))) for e in m["files"]
+        ],
+    )
     dst, before = _target()
-    with pytest.raises(CheckpointCorruptError, match=r"t0\.rank0-of-1\.demb: not a dynamicemb shard \(magic"):
+    with pytest.raises(
+        CheckpointCorruptError, match=r"t0\.rank0-of-1\.demb: not a dynamicemb shard \(magic"
+    ):
         DynamicEmbLoad(root, dst)
     with open(_manifest(root), "wb") as f:
         pickle.dump(_Payload(marker), f)
@@ -260,7 +283,10 @@ def test_a_full_disk_names_the_file_and_leaves_no_partial_checkpoint(tmp_path, m
         return real(fd)
 
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(CheckpointWriteError, match=r"t1\.rank0-of-1\.demb failed: No space left on device \(errno 28\)") as info:
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"t1\.rank0-of-1\.demb failed: No space left on device \(errno 28\)",
+    ) as info:
         DynamicEmbDump(root, src)
     assert info.value.errno == errno.ENOSPC and isinstance(info.value.__cause__, OSError)
     monkeypatch.setattr(os, "fsync", real)
@@ -288,4 +314,6 @@ def test_a_dump_removes_the_temp_files_a_killed_dump_left(dumped):
 
 
 def test_checkpoint_errors_are_value_errors():
-    assert issubclass(CheckpointWriteError, CheckpointError) and issubclass(CheckpointError, ValueError)
+    assert issubclass(CheckpointWriteError, CheckpointError) and issubclass(
+        CheckpointError, ValueError
+    )
