@@ -26,7 +26,11 @@ from dynamicemb_core.checkpoint.collectives import (
     group_size,
 )
 from dynamicemb_core.checkpoint.discovery import find_tables
-from dynamicemb_core.checkpoint.errors import CheckpointError, CheckpointMismatchError
+from dynamicemb_core.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+)
 from dynamicemb_core.checkpoint.format import (
     ROWS,
     ShardHeader,
@@ -259,10 +263,25 @@ def _checked_headers(
         full = os.path.join(path, entry.path)
         header, crc = read_shard_identity(full)
         check_entry(path, entry, header, crc)
+        _check_extra(full, header)
         check_header(header, **expected)
         headers.append(header)
         paths.append(full)
     return headers, paths
+
+
+def _check_extra(full: str, header: ShardHeader) -> None:
+    """The header's ``extra`` fields a load applies after writing rows must be usable now: the
+    score clock an int, the training state an object (its contents: check_training_states)."""
+    clock = header.extra.get(SCORE_CLOCK)
+    state = header.extra.get(TRAINING_STATE)
+    if (clock is not None and (not isinstance(clock, int) or isinstance(clock, bool))) or (
+        state is not None and not isinstance(state, dict)
+    ):
+        raise CheckpointCorruptError(
+            f"checkpoint file {full}: damaged header: extra {SCORE_CLOCK}={clock!r} / "
+            f"{TRAINING_STATE}={type(state).__name__} (expected an int / an object)"
+        )
 
 
 def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:

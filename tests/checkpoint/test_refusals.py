@@ -6,6 +6,7 @@ Issue 28 items 3 and 9, issue 29 item 4.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import glob
 import json
@@ -24,7 +25,7 @@ from dynamicemb_core.checkpoint import (
     DynamicEmbDump,
     DynamicEmbLoad,
 )
-from dynamicemb_core.checkpoint.format import MAGIC, read_shard
+from dynamicemb_core.checkpoint.format import MAGIC, read_shard, read_shard_identity, write_shard
 from dynamicemb_core.table.hashing import buckets_of_tensor
 from tests.checkpoint.helpers import make_model, snapshot, train
 
@@ -186,6 +187,29 @@ def test_a_truncated_shard_gives_a_clear_error_even_when_the_manifest_agrees(dum
     with pytest.raises(
         CheckpointCorruptError, match=r"t1\.rank0-of-1\.demb: truncated: \d+ bytes, header says"
     ):
+        DynamicEmbLoad(root, dst, optim=True)
+    assert _same(before, _contents(dst))
+
+
+def test_a_header_rewritten_with_its_checksums_is_still_checked_before_writing(dumped):
+    # Whoever rewrites a file can recompute every checksum; what the load applies after the rows
+    # (the score clock) must still be checked before them.
+    root, _ = dumped
+    (path,) = glob.glob(os.path.join(root, "ebc", "t0.*"))
+    header, payload = read_shard(path)
+    write_shard(
+        path, dataclasses.replace(header, extra={**header.extra, "score_clock": "x"}), payload
+    )
+    crc = read_shard_identity(path)[1]
+
+    def edit(meta):
+        for e in meta["files"]:
+            if e["table"] == "t0":
+                e.update(nbytes=os.path.getsize(path), crc32=crc)
+
+    _rewrite(root, edit)
+    dst, before = _target()
+    with pytest.raises(CheckpointCorruptError, match=r"t0\.rank0-of-1\.demb: damaged header"):
         DynamicEmbLoad(root, dst, optim=True)
     assert _same(before, _contents(dst))
 
