@@ -315,8 +315,8 @@ def _check_rooms(plan: Plan) -> List[Tuple[TableHandle, torch.Tensor, int, int]]
 def _grow(rooms: List[Tuple[TableHandle, torch.Tensor, int, int]]) -> None:
     """Grow every table to the capacity its check planned (a rehash: keys and rows stay). Where
     memory stops a table short of it, check its buckets again at the capacity it reached."""
-    for handle, keys, capacity, total in rooms:
-        reached = handle.table.reserve(handle.table_id, total)
+    for handle, keys, capacity, _ in rooms:
+        reached = handle.table.reserve(handle.table_id, capacity)
         if reached < capacity:
             check_room(handle, keys, reached)
 

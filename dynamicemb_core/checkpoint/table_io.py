@@ -199,8 +199,8 @@ def insert_rows(
 
 
 def planned_capacity(handle: TableHandle, num_keys: int) -> int:
-    """The capacity ``ScoredHashTable.reserve(table_id, num_keys)`` grows the table to (when memory
-    allows): doubled while ``num_keys`` exceed its load factor, up to ``max_capacity``."""
+    """The capacity an insert of ``num_keys`` keys grows the table to: doubled while they exceed
+    its load factor, up to ``max_capacity`` (the rule of ``ScoredHashTable``'s inserts)."""
     spec = handle.table.specs[handle.table_id]
     capacity = handle.table.capacity(handle.table_id)
     while needs_growth(
@@ -217,20 +217,23 @@ def check_room(
 
     A key lands only in its home bucket (``hash % num_buckets``); a full bucket would evict one of
     the table's keys or refuse the new one, and either loses a row the load promised. So every key
-    the table holds after the load (those it holds now and the new ones) must fit its bucket at
-    the capacity the table will have: :func:`planned_capacity` of that count, or ``capacity``.
+    the table holds after the load (those it holds now and the new ones) must fit its bucket. The
+    capacity checked starts at :func:`planned_capacity` of that count and doubles while a bucket
+    overflows, up to ``max_capacity``; the caller grows the table to it
+    (``ScoredHashTable.reserve``) before writing.
 
     Args:
         handle: the target table.
         keys: (n,) int64 distinct keys the load writes into it (this shard's).
-        capacity: the capacity to check at (None: :func:`planned_capacity`).
+        capacity: check at exactly this capacity (the one the table reached) instead.
 
     Returns:
         ``(capacity, keys held after the load)``.
 
     Raises:
-        CheckpointMismatchError: more keys than ``max_capacity`` slots, or a bucket that would
-            overflow; the message names the table, the key counts and the capacity.
+        CheckpointMismatchError: more keys than ``max_capacity`` slots, or a bucket that overflows
+            even at the largest capacity allowed; the message names the table, the key counts and
+            the capacity.
     """
     table, t = handle.table, handle.table_id
     spec = table.specs[t]
@@ -249,19 +252,23 @@ def check_room(
             f"{where}; {total} keys do not fit its max_capacity of {spec.max_capacity} slots. "
             "Nothing was written: load into tables with a larger max_capacity"
         )
-    capacity = planned_capacity(handle, total) if capacity is None else capacity
-    if spec.single_bucket:
-        fullest, width, over = total, capacity, total - capacity
-    else:
-        width = table.bucket_capacity(t)
-        num_buckets = capacity // width
-        every = torch.cat([table.export(t).keys, new])
-        counts = torch.bincount(buckets_of_tensor(every, num_buckets), minlength=num_buckets)
-        fullest, over = (
-            int(counts.max()) if counts.numel() else 0,
-            int((counts - width).clamp(min=0).sum()),
-        )
-    if over > 0:
+    fixed = capacity is not None
+    capacity = capacity if capacity is not None else planned_capacity(handle, total)
+    every = None if spec.single_bucket else torch.cat([table.export(t).keys, new])
+    while True:
+        if every is None:  # one bucket spanning the table
+            width, fullest = capacity, total
+            over = max(0, total - capacity)
+        else:
+            width = table.bucket_capacity(t)
+            num_buckets = capacity // width
+            counts = torch.bincount(buckets_of_tensor(every, num_buckets), minlength=num_buckets)
+            fullest = int(counts.max()) if counts.numel() else 0
+            over = int((counts - width).clamp(min=0).sum())
+        if not over or fixed or capacity >= spec.max_capacity:
+            break
+        capacity *= 2
+    if over:
         raise CheckpointMismatchError(
             f"{where}; at {capacity} slots ({capacity // width} buckets of {width}) {over} keys "
             f"would find no free slot in their bucket (the fullest needs {fullest}). Nothing was "

@@ -249,19 +249,16 @@ class ScoredHashTable:
         """
         self._growth_listeners.append(listener)
 
-    def reserve(self, table_id: int, num_keys: int) -> int:
-        """Double table ``table_id`` until ``num_keys`` keys fit under its load factor, as inserts
-        would one doubling per call; stops at ``max_capacity`` or when memory refuses (the same
-        rule, :class:`expansion.GrowthGuard`). Keys, rows and scores are kept (a rehash).
+    def reserve(self, table_id: int, capacity: int) -> int:
+        """Double table ``table_id`` until it has at least ``capacity`` slots; stops at
+        ``max_capacity`` or when memory refuses (the rule inserts grow by,
+        :class:`expansion.GrowthGuard`). Keys, rows and scores are kept (a rehash).
 
-        A bulk writer (a checkpoint load) calls it first so that a large insert lands in a table
-        already grown to hold it. Returns the capacity reached.
+        A bulk writer (a checkpoint load) calls it first, so that its keys land in a table already
+        as large as they need instead of one doubling per insert call. Returns the capacity reached.
         """
         t = self._table_id(table_id)
-        spec = self.specs[t]
-        while expansion.needs_growth(
-            0, num_keys, self.capacity(t), spec.max_capacity, spec.max_load_factor, spec.no_eviction
-        ):
+        while self.capacity(t) < capacity:
             if self._double(t) is None:
                 break
         return self.capacity(t)

@@ -81,22 +81,37 @@ def test_a_table_that_must_grow_receives_every_row_and_the_counts_are_returned(b
     assert {n: set(s.keys()) for n, s in snapshot(dst).items()} == keys
 
 
-def test_a_bucket_that_would_overflow_is_refused_before_writing(tmp_path):
-    # 17 keys whose home bucket in a 16-bucket table is 0: they fit 256 slots, not one bucket of 16.
+@pytest.fixture(scope="module")
+def crowded_dump(tmp_path_factory):
+    """17 keys whose home bucket in a 16-bucket table is 0: they fit 256 slots, not one bucket of
+    16 (the 256-bucket source holds them all)."""
     cand = torch.arange(1, 20000, dtype=torch.int64)
     crowd = cand[buckets_of_tensor(cand, 16) == 0][:17]
-    src = make_model(**BIG)  # 256 buckets there: the source holds them all
+    src = make_model(**BIG)
     src(crowd, torch.tensor([0, 17, 17])).sum().backward()
-    assert len(snapshot(src)["ebc/t0"].keys()) == 17
-    DynamicEmbDump(str(tmp_path), src)
-    dst = make_model()
+    assert snapshot(src)["ebc/t0"].keys() == sorted(crowd.tolist())
+    root = str(tmp_path_factory.mktemp("crowd"))
+    DynamicEmbDump(root, src)
+    return root, sorted(crowd.tolist())
+
+
+def test_a_bucket_that_would_overflow_is_refused_before_writing(crowded_dump):
+    root, _ = crowded_dump
+    dst = make_model()  # 256 slots, no room to grow
     before = _contents(dst)
     with pytest.raises(
         CheckpointMismatchError,
         match=r"'ebc/t0'.*at 256 slots \(16 buckets of 16\) 1 keys would find no free slot",
     ):
-        DynamicEmbLoad(str(tmp_path), dst)
+        DynamicEmbLoad(root, dst)
     assert _same(before, _contents(dst))
+
+
+def test_a_table_that_may_grow_grows_until_every_bucket_fits(crowded_dump):
+    root, keys = crowded_dump
+    dst = make_model(max_capacity=512)  # 17 keys are far below its load factor at 256 slots
+    assert DynamicEmbLoad(root, dst)["ebc/t0"] == (17, 0)
+    assert snapshot(dst)["ebc/t0"].keys() == keys
 
 
 # ---- item 9: damaged manifests ---------------------------------------------------------------
