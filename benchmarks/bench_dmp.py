@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import os
 import platform
 import re
@@ -88,7 +89,9 @@ def configs(pooled: bool, tables: int, dim: int, num_ids: int) -> List[Any]:
             for i in range(tables)
         ]
     return [
-        EmbeddingConfig(name=f"t{i}", embedding_dim=dim, num_embeddings=num_ids, feature_names=[f"f{i}"])
+        EmbeddingConfig(
+            name=f"t{i}", embedding_dim=dim, num_embeddings=num_ids, feature_names=[f"f{i}"]
+        )
         for i in range(tables)
     ]
 
@@ -121,13 +124,18 @@ def row_bytes(optimizer: str, dim: int) -> int:
     return 4 * dim * (3 if optimizer == "adam" else 1)
 
 
-def dynamic_model(args, pooled: bool, optimizer: str, tables: int, device: torch.device) -> nn.Module:
+def dynamic_model(
+    args, pooled: bool, optimizer: str, tables: int, device: torch.device
+) -> nn.Module:
     """The model with every table dynamic: this project's planner + sharders under DMP."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
 
     from dynamicemb_core import DynamicEmbTableOptions
-    from dynamicemb_core.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from dynamicemb_core.planner import (
+        DynamicEmbeddingShardingPlanner,
+        DynamicEmbParameterConstraints,
+    )
     from dynamicemb_core.planner.planner import default_topology
     from dynamicemb_core.shard import (
         DynamicEmbeddingBagCollectionSharder,
@@ -172,10 +180,14 @@ def _check_all_on_device(model: nn.Module) -> None:
         if isinstance(m, BatchedDynamicEmbeddingKernel):
             limits = m.emb_module._group.storage._device_limits  # None: every row on the device
             if any(limit is not None for limit in limits):
-                raise RuntimeError(f"tables {m.table_names}: device rows {limits}; raise the budget")
+                raise RuntimeError(
+                    f"tables {m.table_names}: device rows {limits}; raise the budget"
+                )
 
 
-def static_model(args, pooled: bool, optimizer: str, tables: int, device: torch.device) -> nn.Module:
+def static_model(
+    args, pooled: bool, optimizer: str, tables: int, device: torch.device
+) -> nn.Module:
     """The same model on TorchRec's row-wise fused tables (FBGEMM TBE)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -194,12 +206,16 @@ def static_model(args, pooled: bool, optimizer: str, tables: int, device: torch.
         # native tables to TorchRec's own sharding code
         from dynamicemb_core.shard import (
             DynamicEmbeddingBagCollectionSharder as Ebc,
+        )
+        from dynamicemb_core.shard import (
             DynamicEmbeddingCollectionSharder as Ec,
         )
     else:
         Ebc, Ec = EmbeddingBagCollectionSharder, EmbeddingCollectionSharder
     sharders = [(Ebc if pooled else Ec)(fused_params=params)]
-    constraints = {c.name: ParameterConstraints(sharding_types=rw, compute_kernels=fused) for c in cfgs}
+    constraints = {
+        c.name: ParameterConstraints(sharding_types=rw, compute_kernels=fused) for c in cfgs
+    }
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=1, compute_device=device.type), constraints=constraints
     )
@@ -274,25 +290,33 @@ def time_pair(steps: List[Callable[[int], None]], warmup: int, repeats: int, dev
     return [statistics.median(t) for t in times]
 
 
-def release(model: Optional[nn.Module], device: torch.device) -> None:
-    """Drop a model and its device memory before the next one is built."""
-    del model
+def release(device: torch.device) -> None:
+    """Return the dropped models' device memory before the next ones are built. The dynamic
+    tables free theirs on ``del``; TorchRec's DMP and sharded modules hold reference cycles, so
+    the collector runs here."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
 
-def run_case(args, pooled: bool, optimizer: str, tables: int, device: torch.device) -> Dict[str, Any]:
+def run_case(
+    args, pooled: bool, optimizer: str, tables: int, device: torch.device
+) -> Dict[str, Any]:
     """One row: both models on the same batches; 'n/a' for a model that cannot be built here."""
     batches = power_law_kjts(args, tables, device)
-    row: Dict[str, Any] = {"model": "EBC (SUM)" if pooled else "EC (NONE)", "opt": optimizer, "tables": tables}
+    row: Dict[str, Any] = {
+        "model": "EBC (SUM)" if pooled else "EC (NONE)",
+        "opt": optimizer,
+        "tables": tables,
+    }
     steps, names, models = [], [], []
     for name, build in (("dynamic", dynamic_model), ("static", static_model)):
         try:
             model = build(args, pooled, optimizer, tables, device)
             step = make_step(model, batches)
             step(0)  # builds TorchRec's lazy input dist, checks the model runs
-        except Exception as err:  # noqa: BLE001 - reported in the row (FBGEMM CPU has no ADAM)
+        except Exception as err:
             row[name] = f"n/a ({type(err).__name__}: {str(err).splitlines()[0][:80]})"
             continue
         models.append(model)
@@ -305,9 +329,6 @@ def run_case(args, pooled: bool, optimizer: str, tables: int, device: torch.devi
     if not args.ops_only and steps:
         for name, ms in zip(names, time_pair(steps, args.warmup, args.repeats, device)):
             row[name] = ms
-    while models:
-        release(models.pop(), device)
-    steps.clear()
     return row
 
 
@@ -342,23 +363,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--optimizers", default="sgd,adam")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--ids", type=int, default=None, help="ids a step (CUDA 1048576, CPU 65536)")
-    p.add_argument("--num-ids", type=int, default=None, help="rows a table (CUDA 1e6, CPU 1e5)")
+    p.add_argument("--num-ids", type=int, default=None, help="rows a table (CUDA 5e5, CPU 1e5)")
     p.add_argument("--batch", type=int, default=None, help="samples a step (CUDA 4096, CPU 512)")
     p.add_argument("--alpha", type=float, default=1.05)
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)")
-    p.add_argument("--ops", action=argparse.BooleanOptionalAction, default=None,
-                   help="count each model's ops per step (default: on CPU)")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads on CPU (0: torch's default)"
+    )
+    p.add_argument(
+        "--ops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="count each model's ops per step (default: on CPU)",
+    )
     p.add_argument("--ops-only", action="store_true", help="count ops, do not time")
-    p.add_argument("--top-ops", type=int, default=0, help="print the N ops whose counts differ most")
+    p.add_argument(
+        "--top-ops", type=int, default=0, help="print the N ops whose counts differ most"
+    )
     add_small_flag(p)
     args = apply_small(p, p.parse_args(argv), SMALL)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     args.ids = args.ids or (1048576 if cuda else 65536)
-    args.num_ids = args.num_ids or (1_000_000 if cuda else 100_000)
+    # 500k rows a table on CUDA: at 26 tables with ADAM both models (dynamic and TBE, each
+    # embedding + two moments) take ~40 GB together; 1M rows would not fit an 80 GB card
+    args.num_ids = args.num_ids or (500_000 if cuda else 100_000)
     args.batch = args.batch or (4096 if cuda else 512)
     args.ops = (not cuda or args.ops_only) if args.ops is None else args.ops
     if args.ops_only:
@@ -370,7 +401,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     init_process_group(device)
     import torchrec
 
-    where = torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine()
+    where = (
+        torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine()
+    )
     print(
         f"# bench_dmp: {where}, torch {torch.__version__}, torchrec {torchrec.__version__}, "
         f"{'nccl' if cuda else 'gloo'} world 1, {torch.get_num_threads()} threads; "
@@ -378,7 +411,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"{args.alpha}, {args.num_ids} ids a table), median of {args.repeats} alternating steps"
         + ("; dynamic rows all in HBM (global_hbm_for_values = every row's bytes)" if cuda else "")
     )
-    print("| model | optimizer | tables | dynamic | static TorchRec | dynamic / static | ops dynamic | ops static |")
+    print(
+        "| model | optimizer | tables | dynamic | static TorchRec | dynamic / static | ops dynamic | ops static |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     missing = 0
     for model_name in args.models.split(","):
@@ -386,9 +421,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             for tables in [int(t) for t in str(args.tables).split(",")]:
                 try:
                     row = run_case(args, model_name == "ebc", opt, tables, device)
-                except Exception as err:  # noqa: BLE001 - a crashed row is reported, then counted
-                    row = {"model": model_name, "opt": opt, "tables": tables,
-                           "dynamic": f"FAILED ({type(err).__name__}: {str(err).splitlines()[0][:100]})"}
+                except Exception as err:
+                    row = {
+                        "model": model_name,
+                        "opt": opt,
+                        "tables": tables,
+                        "dynamic": f"FAILED ({type(err).__name__}: {str(err).splitlines()[0][:100]})",
+                    }
+                release(device)  # this row's models are gone: their memory too
                 if not isinstance(row.get("dynamic"), float) and not args.ops_only:
                     missing += 1
                 print(fmt(row), flush=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -89,8 +89,9 @@ class TableGroup:
         feature_table_map: table of each feature.
         pooled: SUM/MEAN output (else a sequence output).
         kind: the fused optimizer.
-        optimizer_args: returns the module's hyper-parameters now (a checkpoint load may replace
-            them; the learning rate may change between steps).
+        optimizer_args: the module's hyper-parameters (the module hands the group the new object
+            when a checkpoint load replaces them; the learning rate changes in place). A value,
+            not a callback into the module: the group must not keep its module alive.
         initializers, eval_initializers: per table, the initializer of new rows in training and of
             missing rows read in eval.
         trains: per table, whether it trains (its options' ``training``); default: all do.
@@ -107,7 +108,7 @@ class TableGroup:
         feature_table_map: Sequence[int],
         pooled: bool,
         kind: OptimizerKind,
-        optimizer_args: Callable[[], OptimizerArgs],
+        optimizer_args: OptimizerArgs,
         initializers: Sequence[DynamicEmbInitializerArgs],
         eval_initializers: Sequence[DynamicEmbInitializerArgs],
         trains: Optional[Sequence[bool]] = None,
@@ -165,7 +166,7 @@ class TableGroup:
     def _row_init(self) -> GroupInit:
         """The new rows of one placing call: the training initializers with the optimizer's
         fresh state, and a seed drawn from torch's generator."""
-        state = float(initial_state_value(self.kind, self.optimizer_args()))
+        state = float(initial_state_value(self.kind, self.optimizer_args))
         table = self._init_tables.get(state)
         if table is None:
             table = initializer_table(self._initializers, self.device, state)
@@ -532,7 +533,7 @@ class TableGroup:
         backed pairs are read, updated and written in their backing store first."""
         storage = self.storage
         assert step.slots is not None
-        a = self.optimizer_args()
+        a = self.optimizer_args
         hyper = (
             lookup_ops.OPTIMIZER_CODES[self.kind.value],
             float(a.learning_rate),

@@ -45,9 +45,7 @@ def _batch(tables: int, step: int) -> KeyedJaggedTensor:
     g = torch.Generator().manual_seed(step)
     lengths = torch.randint(1, 4, (tables * 8,), generator=g)
     values = torch.randint(0, 1000, (int(lengths.sum()),), generator=g)
-    return KeyedJaggedTensor(
-        keys=[f"f{i}" for i in range(tables)], values=values, lengths=lengths
-    )
+    return KeyedJaggedTensor(keys=[f"f{i}" for i in range(tables)], values=values, lengths=lengths)
 
 
 def _step_ops(pooled: bool, tables: int, dynamic: bool) -> Tuple[int, Counter]:
@@ -125,5 +123,5 @@ def test_bucketize_ops_do_not_grow_with_features() -> None:
     for features in (4, 16):
         kjt, routes = kjt_and_routes(features)
         kjt.length_per_key()  # TorchRec's cache, as after its own checks
-        counts[features] = _ops(lambda: bucketize_kjt_by_owner(kjt, routes, 3))[0]
+        counts[features] = _ops(lambda k=kjt, r=routes: bucketize_kjt_by_owner(k, r, 3))[0]
     assert counts[16] - counts[4] <= 2, counts
