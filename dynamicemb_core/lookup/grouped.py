@@ -29,6 +29,7 @@ import torch
 from dynamicemb_core.config import DynamicEmbInitializerArgs
 from dynamicemb_core.lookup.features import OffsetsCheck
 from dynamicemb_core.lookup.initializers import draw_seed, initial_rows, initializer_table
+from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage, GroupInit
@@ -180,6 +181,7 @@ class TableGroup:
         return initial_rows(init.table, keys, tids, width, self.dims, init.seed)
 
     # ---- forward --------------------------------------------------------------------------------
+    @ranged("dynamicemb::unique")
     def _unique(
         self,
         indices: torch.Tensor,
@@ -300,6 +302,7 @@ class TableGroup:
             rows.append(self._embeddings(self._eval_init, keys[miss], utids[miss]))
         return torch.cat(idx), torch.cat(rows)
 
+    @ranged("dynamicemb::find_or_insert")
     def _mixed_lookup(
         self,
         keys: torch.Tensor,
@@ -486,6 +489,7 @@ class TableGroup:
             pairs = mine.nonzero().squeeze(1)
             cache.add_prefetch(storage.pin(utids[pairs], acquire.slots[pairs]))
 
+    @ranged("dynamicemb::gather")
     def output(
         self, step: GroupStep, rows: GroupedRows, slots: torch.Tensor, mode: Optional[int]
     ) -> torch.Tensor:
@@ -512,6 +516,7 @@ class TableGroup:
         )
 
     # ---- backward -------------------------------------------------------------------------------
+    @ranged("dynamicemb::reduce_update")
     def apply_grads(
         self, step: GroupStep, grad_out: torch.Tensor, mode: Optional[int], it: int
     ) -> None:

@@ -37,6 +37,7 @@ import torch
 
 from dynamicemb_core._weak import weak_method
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
@@ -355,6 +356,7 @@ class GroupedDeviceStorage(DeviceStorage):
             self._sizes_at = self.table.write_count
         return self._sizes
 
+    @ranged("dynamicemb::find_or_insert")
     def acquire_all(
         self,
         keys: torch.Tensor,
@@ -642,6 +644,7 @@ class GroupedDeviceStorage(DeviceStorage):
         self.pin_pending()
         return super().insert_evicting(table_id, keys, rows, scores)
 
+    @ranged("dynamicemb::find")
     def find_all(
         self, keys: torch.Tensor, table_ids: torch.Tensor, *, touch: bool = False
     ) -> Tuple[torch.Tensor, torch.Tensor]:
