@@ -103,15 +103,15 @@ def batches(
     per_bag = max(1, args.ids // (T * B))
     fresh = 1 << 40
     out = []
+    # which stored keys are hot: a random order of each table's keys (fixed over the steps)
+    hot = [stored[t][rng.permutation(len(stored[t]))] for t in range(T)]
     for _ in range(steps):
         lengths = np.full(T * B, per_bag, dtype=np.int64)
         parts = []
         for t in range(T):
             n = B * per_bag
-            keys = stored[t]
-            hot = rng.permutation(len(keys))  # which stored keys are hot: a random order
-            ranks = (rng.zipf(args.alpha, size=n) - 1) % len(keys)
-            ids = keys[hot[ranks]]
+            ranks = (rng.zipf(args.alpha, size=n) - 1) % len(hot[t])
+            ids = hot[t][ranks]
             k = int(round(new_share * n))
             if k:
                 where = rng.choice(n, size=k, replace=False)
