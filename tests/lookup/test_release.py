@@ -96,4 +96,5 @@ def test_cuda_memory_is_returned_on_del(no_gc: None) -> None:
     del module
     torch.cuda.synchronize()
     left = torch.cuda.memory_allocated(device) - before
-    assert left < held // 100, f"{left} of {held} bytes still allocated after del (gc disabled)"
+    # (a tenth: room for any workspace an op keeps; the cycle kept all of it)
+    assert left < held // 10, f"{left} of {held} bytes still allocated after del (gc disabled)"
