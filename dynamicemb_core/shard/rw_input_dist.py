@@ -54,14 +54,14 @@ class FeatureRoute:
 
 
 def _route_all(
-    keys: torch.Tensor, key_lengths: List[int], routes: List[FeatureRoute], world_size: int
+    keys: torch.Tensor, key_lengths: torch.Tensor, routes: List[FeatureRoute], world_size: int
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Owner of each key and the key as the owner will look it up, for all features at once.
 
     The ops run per distinct ``dist_type`` (at most three), never per feature: a feature's
     ``num_embeddings`` and ``local_rows`` reach its keys as tensors expanded from the features'
-    (``key_lengths``: each feature's key count), so the step's op count does not grow with the
-    number of tables.
+    (``key_lengths``: each feature's key count, an int64 tensor on the keys' device), so the
+    step's op count does not grow with the number of tables and nothing is read back.
     """
     device = keys.device
     dist_types = sorted({r.dist_type for r in routes})
@@ -71,7 +71,7 @@ def _route_all(
     n = keys.numel()
     feature = torch.repeat_interleave(
         torch.arange(len(routes), device=device),
-        torch.tensor(key_lengths, dtype=torch.int64, device=device),
+        key_lengths,
         output_size=n,
     )
     owners: Optional[torch.Tensor] = None
@@ -134,7 +134,6 @@ def bucketize_kjt_by_owner(
     check_kjt(kjt, "dynamic row-wise input dist")
     values = kjt.values()
     device = values.device
-    key_values = values.to(torch.int64)
     lengths = kjt.lengths().view(-1)
     num_segments = lengths.numel()  # F * B
     if world_size == 1:
@@ -148,7 +147,10 @@ def bucketize_kjt_by_owner(
             stride=kjt.stride(),
         )
         return bucketized, torch.arange(values.numel(), device=device)
-    owners, routed = _route_all(key_values, kjt.length_per_key(), routes, world_size)
+    key_values = values.to(torch.int64)
+    # keys per feature summed on the device (TorchRec's length_per_key() reads them back)
+    per_feature = lengths.view(len(keys), -1).sum(1, dtype=torch.int64)
+    owners, routed = _route_all(key_values, per_feature, routes, world_size)
     segment = torch.repeat_interleave(
         torch.arange(num_segments, device=device, dtype=torch.int64), lengths.to(torch.int64)
     )
