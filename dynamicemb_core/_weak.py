@@ -16,7 +16,7 @@ __all__ = ["weak_method"]
 
 def weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     """A callable that calls the bound ``method`` while its object lives, and does nothing after."""
-    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    ref = weakref.WeakMethod(method)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         bound = ref()

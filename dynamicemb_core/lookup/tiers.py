@@ -256,11 +256,12 @@ def zero_budget_message(
     not concerned (a zero budget there is a deliberate "no cache")."""
     if device.type != "cuda" or options.caching or options.external_storage is not None:
         return None
-    if int(options.local_hbm_for_values) != 0 or not int(options.max_capacity or 0):
+    capacity = int(options.max_capacity or 0)
+    if int(options.local_hbm_for_values) != 0 or not capacity:
         return None
     return (
         f"table {spec.name!r} is on {device} but global_hbm_for_values=0 (the default; "
-        f"local_hbm_for_values=0 per rank) keeps all of its {int(options.max_capacity)} value rows "
+        f"local_hbm_for_values=0 per rank) keeps all of its {capacity} value rows "
         "per rank in host memory, read over the bus every step. Set "
         "DynamicEmbTableOptions(global_hbm_for_values=<bytes over all ranks>) to keep rows in "
         "device memory (planner.capacity.get_table_value_bytes gives the bytes for all rows)."
