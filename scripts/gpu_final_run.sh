@@ -3,6 +3,7 @@
 # install + build, bench_training (hbm 10/1/26 tables vs FBGEMM TBE, --split), bench_table_cuda,
 # then both insert engines over every CUDA test dir and compute-sanitizer over the key-parallel
 # engine. Needs FBGEMM's CUDA build in /tmp/fbg (see scripts/gpu_check.sh install). ~370 s.
+# A bench_training row missing from its output (crashed, out of memory) prints FAILED.
 # Usage: DEMB_COMMIT=<hash> bash scripts/gpu_final_run.sh   (logs: one tarball, $OUT/final.tgz)
 set -u
 export DEMB_COMMIT=${DEMB_COMMIT:-unknown} L=/tmp/L
@@ -14,7 +15,14 @@ export PYTHONPATH=$PWD:/tmp/site DYNAMICEMB_CACHE_DIR=/tmp/demb_build PYTHONUNBU
 python3 -m dynamicemb_core build > $L/build.log 2>&1; tail -1 $L/build.log
 B="python3 benchmarks/bench_training.py --device cuda --ids 1048576 --num-ids 1000000 --batch 4096 --pooling none"
 timeout 100 $B --setups hbm --warmup 2 --repeats 7 --batches 2 --table-counts 10,1,26 > $L/bench_train.md 2>&1
-grep "^| hbm" $L/bench_train.md | sort -u; pack
+grep "^| hbm" $L/bench_train.md | sort -u
+# every (tables, optimizer) row must be there: a row that crashed or ran out of memory is a failure
+missing=""
+for n in 10 1 26; do for o in SGD ADAM; do
+  grep -q "^| hbm | $n | $o |" $L/bench_train.md || missing="$missing $n/$o"
+done; done
+[ -z "$missing" ] || { echo "FAILED: bench_training rows missing (tables/optimizer):$missing"; tail -3 $L/bench_train.md; }
+pack
 timeout 30 $B --setups hbm --warmup 2 --repeats 5 --batches 1 --table-counts 10 --optimizers sgd --split > $L/bench_split.md 2>&1
 grep -i "sync" $L/bench_split.md | tail -2
 # (the bench runs each (dim, λ) in a process of its own)

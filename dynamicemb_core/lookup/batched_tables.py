@@ -30,6 +30,7 @@ from dynamicemb_core.lookup.tiers import (
     check_row_dtypes,
     table_place,
     tier_kind,
+    warn_zero_budget,
 )
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
@@ -97,7 +98,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
         self.optimizer = optimizer
         self._kind = optimizer_kind(optimizer)
-        self.optimizer_args: OptimizerArgs = optimizer_args_from_kwargs(optimizer, optimizer_kwargs)
+        self._optimizer_args: OptimizerArgs = optimizer_args_from_kwargs(
+            optimizer, optimizer_kwargs
+        )
         # FBGEMM's flag: half-precision rows round their updates stochastically when it is set.
         stochastic = bool(optimizer_kwargs.get("stochastic_rounding", False))
         self.output_dtype = output_dtype_from(output_dtype)
@@ -178,6 +181,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         """The module's one group: every table, device-resident, hybrid or cached."""
         opts = self.table_options
         kinds = [tier_kind(o, spec, self.device) for o, spec in zip(opts, specs)]
+        warn_zero_budget(opts, specs, self.device)
         check_row_dtypes(self.table_names, specs, kinds)
         places = [
             table_place(o, spec, kind, self.device) for o, spec, kind in zip(opts, specs, kinds)
@@ -197,7 +201,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             self.feature_table_map,
             self.pooling_mode is not DynamicEmbPoolingMode.NONE,
             self._kind,
-            self._optimizer_args_now,
+            self._optimizer_args,
             [o.initializer_args for o in opts],
             [o.eval_initializer_args for o in opts],
             trains=[o.training for o in opts],
@@ -243,9 +247,18 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             raise ValueError(f"BatchedDynamicEmbeddingTables: learning_rate must be >= 0, got {lr}")
         self.optimizer_args.learning_rate = float(lr)
 
-    def _optimizer_args_now(self) -> OptimizerArgs:
-        """The hyper-parameters in force (a checkpoint load replaces the object)."""
-        return self.optimizer_args
+    @property
+    def optimizer_args(self) -> OptimizerArgs:
+        """The hyper-parameters in force (``set_learning_rate`` changes the rate in place)."""
+        return self._optimizer_args
+
+    @optimizer_args.setter
+    def optimizer_args(self, args: OptimizerArgs) -> None:
+        # a checkpoint load replaces the object: the group reads the new one from its next step
+        self._optimizer_args = args
+        group = self.__dict__.get("_group")
+        if group is not None:
+            group.optimizer_args = args
 
     def get_learning_rate(self) -> float:
         """The current learning rate."""

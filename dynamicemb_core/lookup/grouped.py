@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core.config import DynamicEmbInitializerArgs
 from dynamicemb_core.lookup.features import OffsetsCheck
 from dynamicemb_core.lookup.initializers import draw_seed, initial_rows, initializer_table
+from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_value
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage, GroupInit
@@ -89,8 +90,9 @@ class TableGroup:
         feature_table_map: table of each feature.
         pooled: SUM/MEAN output (else a sequence output).
         kind: the fused optimizer.
-        optimizer_args: returns the module's hyper-parameters now (a checkpoint load may replace
-            them; the learning rate may change between steps).
+        optimizer_args: the module's hyper-parameters (the module hands the group the new object
+            when a checkpoint load replaces them; the learning rate changes in place). A value,
+            not a callback into the module: the group must not keep its module alive.
         initializers, eval_initializers: per table, the initializer of new rows in training and of
             missing rows read in eval.
         trains: per table, whether it trains (its options' ``training``); default: all do.
@@ -107,7 +109,7 @@ class TableGroup:
         feature_table_map: Sequence[int],
         pooled: bool,
         kind: OptimizerKind,
-        optimizer_args: Callable[[], OptimizerArgs],
+        optimizer_args: OptimizerArgs,
         initializers: Sequence[DynamicEmbInitializerArgs],
         eval_initializers: Sequence[DynamicEmbInitializerArgs],
         trains: Optional[Sequence[bool]] = None,
@@ -165,7 +167,7 @@ class TableGroup:
     def _row_init(self) -> GroupInit:
         """The new rows of one placing call: the training initializers with the optimizer's
         fresh state, and a seed drawn from torch's generator."""
-        state = float(initial_state_value(self.kind, self.optimizer_args()))
+        state = float(initial_state_value(self.kind, self.optimizer_args))
         table = self._init_tables.get(state)
         if table is None:
             table = initializer_table(self._initializers, self.device, state)
@@ -179,6 +181,7 @@ class TableGroup:
         return initial_rows(init.table, keys, tids, width, self.dims, init.seed)
 
     # ---- forward --------------------------------------------------------------------------------
+    @ranged("dynamicemb::unique")
     def _unique(
         self,
         indices: torch.Tensor,
@@ -299,6 +302,7 @@ class TableGroup:
             rows.append(self._embeddings(self._eval_init, keys[miss], utids[miss]))
         return torch.cat(idx), torch.cat(rows)
 
+    @ranged("dynamicemb::find_or_insert")
     def _mixed_lookup(
         self,
         keys: torch.Tensor,
@@ -485,6 +489,7 @@ class TableGroup:
             pairs = mine.nonzero().squeeze(1)
             cache.add_prefetch(storage.pin(utids[pairs], acquire.slots[pairs]))
 
+    @ranged("dynamicemb::gather")
     def output(
         self, step: GroupStep, rows: GroupedRows, slots: torch.Tensor, mode: Optional[int]
     ) -> torch.Tensor:
@@ -511,6 +516,7 @@ class TableGroup:
         )
 
     # ---- backward -------------------------------------------------------------------------------
+    @ranged("dynamicemb::reduce_update")
     def apply_grads(
         self, step: GroupStep, grad_out: torch.Tensor, mode: Optional[int], it: int
     ) -> None:
@@ -532,7 +538,7 @@ class TableGroup:
         backed pairs are read, updated and written in their backing store first."""
         storage = self.storage
         assert step.slots is not None
-        a = self.optimizer_args()
+        a = self.optimizer_args
         hyper = (
             lookup_ops.OPTIMIZER_CODES[self.kind.value],
             float(a.learning_rate),

@@ -29,10 +29,13 @@ import torch
 from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.optim.layout import ROW_DTYPES, row_bytes
 from dynamicemb_core.storage import DeviceStorage
-from dynamicemb_core.types import PerTableStorage, Storage, StorageTableSpec
+from dynamicemb_core.types import DynamicEmbWarning, PerTableStorage, Storage, StorageTableSpec
 
 __all__ = [
     "TablePlace",
+    "device_split",
+    "warn_zero_budget",
+    "zero_budget_message",
     "cached_backings",
     "check_row_dtypes",
     "device_budget_bytes",
@@ -216,3 +219,67 @@ def cached_backings(
         if kind == "cached" and options[t].external_storage is not None:
             out[t] = _external(options[t], specs[t], device)
     return out
+
+
+def device_split(
+    options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device
+) -> Tuple[str, int, int]:
+    """``(kind, device rows, host rows)`` of a table's ``max_capacity`` rows on this rank.
+
+    A cached table's device rows are its cache; its host rows, the backing store's capacity (an
+    external storage: 0, it sizes itself). On a CPU module every row is in host memory, whatever
+    the kind says (its "device" is the host): ``(kind, 0, rows)``. Reads the options only (no
+    allocation), so the planner's printout and the lookup's warning use the same rule.
+    """
+    kind = tier_kind(options, spec, device)
+    capacity = int(options.max_capacity or 0)
+    if device.type == "cpu":
+        return kind, 0, capacity
+    if kind == "device":
+        return kind, capacity, 0
+    place = table_place(options, spec, kind, device)
+    if kind == "hybrid":
+        on_device = min(capacity, int(place.device_rows or 0))
+        return kind, on_device, capacity - on_device
+    backing = 0 if options.external_storage is not None else capacity
+    return kind, int(place.cache_rows or 0), backing
+
+
+def zero_budget_message(
+    options: DynamicEmbTableOptions, spec: StorageTableSpec, device: torch.device
+) -> Optional[str]:
+    """The warning for a CUDA table that gets no device rows from a zero budget, else None.
+
+    ``global_hbm_for_values`` (hence ``local_hbm_for_values``) 0, the seed's default, keeps every
+    value row of a table on a CUDA module in host memory: documented, but a user who forgets the
+    option trains several times slower without a word. Cached tables and external storages are
+    not concerned (a zero budget there is a deliberate "no cache")."""
+    if device.type != "cuda" or options.caching or options.external_storage is not None:
+        return None
+    capacity = int(options.max_capacity or 0)
+    if int(options.local_hbm_for_values) != 0 or not capacity:
+        return None
+    return (
+        f"table {spec.name!r} is on {device} but global_hbm_for_values=0 (the default; "
+        f"local_hbm_for_values=0 per rank) keeps all of its {capacity} value rows "
+        "per rank in host memory, read over the bus every step. Set "
+        "DynamicEmbTableOptions(global_hbm_for_values=<bytes over all ranks>) to keep rows in "
+        "device memory (planner.capacity.get_table_value_bytes gives the bytes for all rows)."
+    )
+
+
+_WARNED_ZERO_BUDGET: set = set()
+
+
+def warn_zero_budget(
+    options: Sequence[DynamicEmbTableOptions],
+    specs: Sequence[StorageTableSpec],
+    device: torch.device,
+) -> None:
+    """Warn (:class:`DynamicEmbWarning`) once per table name per process for
+    :func:`zero_budget_message`'s tables."""
+    for opts, spec in zip(options, specs):
+        message = zero_budget_message(opts, spec, device)
+        if message is not None and spec.name not in _WARNED_ZERO_BUDGET:
+            _WARNED_ZERO_BUDGET.add(spec.name)
+            warnings.warn(message, DynamicEmbWarning, stacklevel=4)

@@ -92,6 +92,53 @@ def _log_sizing(config: BaseEmbeddingConfig, options: DynamicEmbTableOptions, wo
     )
 
 
+def split_lines(
+    options_by_table: Dict[str, DynamicEmbTableOptions],
+    sharders: List[ModuleSharder[nn.Module]],
+    compute_device: str,
+) -> List[str]:
+    """Per dynamic table, where its rows will live on each rank: ``device`` / ``host`` rows of its
+    ``max_capacity`` under its ``local_hbm_for_values`` (the lookup's rule,
+    ``lookup.tiers.device_split``), for the sharders' optimizer (its state widens each row)."""
+    from dynamicemb_core.lookup.tiers import device_split
+    from dynamicemb_core.optim import optimizer_kind, row_width
+    from dynamicemb_core.types import StorageTableSpec
+
+    optimizer = next(
+        (
+            (getattr(s, "fused_params", None) or {}).get("optimizer")
+            for s in sharders
+            if (getattr(s, "fused_params", None) or {}).get("optimizer") is not None
+        ),
+        None,
+    )
+    device = torch.device(compute_device)
+    lines = []
+    for name, o in options_by_table.items():
+        dim = int(o.dim or 0)
+        width = row_width(optimizer_kind(optimizer), dim, o.training) if optimizer else dim
+        spec = StorageTableSpec(
+            name=name,
+            dim=dim,
+            row_width=width,
+            dtype=o.embedding_dtype or torch.float32,
+            num_scores=o.num_scores,
+            capacity=int(o.max_capacity or 0),
+        )
+        kind, on_device, on_host = device_split(o, spec, device)
+        if device.type == "cpu":
+            lines.append(
+                f"table {name!r}: {kind}, per rank all {on_host} rows in host memory (CPU)"
+            )
+            continue
+        lines.append(
+            f"table {name!r}: {kind}, per rank {on_device} rows in {compute_device} memory, "
+            f"{on_host} rows in host memory (local_hbm_for_values={int(o.local_hbm_for_values)} "
+            f"bytes, rows of {width} floats{'' if optimizer else ', optimizer state not counted'})"
+        )
+    return lines
+
+
 def default_topology(world_size: int, compute_device: Optional[str] = None) -> Topology:
     """A TorchRec topology for ``world_size`` ranks on this machine kind (CUDA if present, else CPU)."""
     device = compute_device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -213,8 +260,15 @@ class DynamicEmbeddingShardingPlanner:
                     )
         return plan
 
+    def _log_splits(self, sharders: List[ModuleSharder[nn.Module]]) -> None:
+        """The plan printout's device / host split of each dynamic table (logged at INFO)."""
+        device = str(getattr(self._topology, "compute_device", "cpu"))
+        for line in split_lines(self._dynamic_options, sharders, device):
+            logger.info("%s", line)
+
     def plan(self, module: nn.Module, sharders: List[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """Plan on this process alone (all ranks must make the same call)."""
+        self._log_splits(sharders)
         return self._to_dynamic_plan(self._planner.plan(module, sharders))
 
     def collective_plan(
@@ -228,4 +282,5 @@ class DynamicEmbeddingShardingPlanner:
             from dynamicemb_core.shard.sharders import default_sharders
 
             sharders = default_sharders()
+        self._log_splits(sharders)
         return self._to_dynamic_plan(self._planner.collective_plan(module, sharders, pg))

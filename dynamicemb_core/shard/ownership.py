@@ -20,7 +20,7 @@ key, docs/table_design.md), so negative keys have an owner like any other.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 
@@ -53,6 +53,28 @@ def block_size(num_embeddings: int, world_size: int) -> int:
     return -(-int(num_embeddings) // world_size)
 
 
+def _blocks(num_embeddings: Union[int, torch.Tensor], world_size: int) -> Union[int, torch.Tensor]:
+    """:func:`block_size` of an int, or of each element of an int64 tensor (one per key)."""
+    if isinstance(num_embeddings, torch.Tensor):
+        return -torch.div(-num_embeddings, world_size, rounding_mode="floor")
+    return block_size(num_embeddings, world_size)
+
+
+def continuous_owner(
+    keys: torch.Tensor, num_embeddings: Union[int, torch.Tensor], world_size: int
+) -> Tuple[torch.Tensor, torch.Tensor, Union[int, torch.Tensor]]:
+    """``continuous``'s rule: ``(owner, in_range, block)`` of each key (see the module docstring).
+
+    ``num_embeddings``: the table's row count, or an int64 tensor of each key's table's (many
+    tables routed in one pass)."""
+    block = _blocks(num_embeddings, world_size)
+    in_range = (keys >= 0) & (keys < block * world_size)
+    owner = torch.where(
+        in_range, torch.div(keys, block, rounding_mode="floor"), _unsigned_mod(keys, world_size)
+    )
+    return owner, in_range, block
+
+
 def _unsigned_mod(keys: torch.Tensor, m: int) -> torch.Tensor:
     """``uint64(keys) % m`` for an int64 tensor, computed in int64 arithmetic.
 
@@ -78,7 +100,7 @@ def owner_rank(
     dist_type: str,
     world_size: int,
     *,
-    num_embeddings: Optional[int] = None,
+    num_embeddings: Optional[Union[int, torch.Tensor]] = None,
 ) -> torch.Tensor:
     """Rank that owns each key.
 
@@ -87,6 +109,8 @@ def owner_rank(
         dist_type: one of :data:`DIST_TYPES`.
         world_size: ranks the table is sharded over (>= 1).
         num_embeddings: the table's TorchRec ``num_embeddings``; required by ``continuous`` only.
+            An int64 tensor shaped like ``keys`` gives each key its own table's (the input dist
+            routes many tables' keys in one pass).
 
     Returns:
         (n,) int64 ranks in ``[0, world_size)``, on the keys' device.
@@ -108,13 +132,11 @@ def owner_rank(
     if dist_type == "hash_roundrobin":
         high = torch.bitwise_right_shift(_fmix64(keys), 32) & 0xFFFFFFFF  # logical: drop sign bits
         return torch.remainder(high, world_size)
-    if num_embeddings is None or int(num_embeddings) <= 0:
+    if num_embeddings is None or (
+        not isinstance(num_embeddings, torch.Tensor) and int(num_embeddings) <= 0
+    ):
         raise ValueError(
             f"owner_rank: dist_type 'continuous' needs the table's num_embeddings (> 0), "
             f"got {num_embeddings!r}"
         )
-    block = block_size(num_embeddings, world_size)
-    in_range = (keys >= 0) & (keys < block * world_size)
-    return torch.where(
-        in_range, torch.div(keys, block, rounding_mode="floor"), _unsigned_mod(keys, world_size)
-    )
+    return continuous_owner(keys, num_embeddings, world_size)[0]

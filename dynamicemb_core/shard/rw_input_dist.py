@@ -27,7 +27,7 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb_core.lookup.features import check_kjt
-from dynamicemb_core.shard.ownership import block_size, owner_rank, validate_dist_type
+from dynamicemb_core.shard.ownership import continuous_owner, owner_rank, validate_dist_type
 
 __all__ = ["FeatureRoute", "RwDynamicSparseFeaturesDist", "bucketize_kjt_by_owner"]
 
@@ -53,20 +53,54 @@ class FeatureRoute:
             raise ValueError(f"local_rows needs dist_type 'continuous', got {self.dist_type!r}")
 
 
-def _route_keys(
-    keys: torch.Tensor, route: FeatureRoute, world_size: int
+def _route_all(
+    keys: torch.Tensor, key_lengths: torch.Tensor, routes: List[FeatureRoute], world_size: int
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Owner of each key and the key as the owner will look it up."""
-    owners = owner_rank(keys, route.dist_type, world_size, num_embeddings=route.num_embeddings)
-    if not route.local_rows:
-        return owners, keys
-    block = block_size(route.num_embeddings, world_size)
-    # FBGEMM's block bucketization: in-range keys become block-local rows; others key // world_size.
-    in_range = (keys >= 0) & (keys < block * world_size)
-    local = torch.where(
-        in_range, keys - owners * block, torch.div(keys, world_size, rounding_mode="floor")
+    """Owner of each key and the key as the owner will look it up, for all features at once.
+
+    The ops run per distinct ``dist_type`` (at most three), never per feature: a feature's
+    ``num_embeddings`` and ``local_rows`` reach its keys as tensors expanded from the features'
+    (``key_lengths``: each feature's key count, an int64 tensor on the keys' device), so the
+    step's op count does not grow with the number of tables and nothing is read back.
+    """
+    device = keys.device
+    dist_types = sorted({r.dist_type for r in routes})
+    if dist_types != ["continuous"] and len(dist_types) == 1:
+        # one rule for every key, no table parameter (the usual dynamic case)
+        return owner_rank(keys, dist_types[0], world_size), keys
+    n = keys.numel()
+    feature = torch.repeat_interleave(
+        torch.arange(len(routes), device=device),
+        key_lengths,
+        output_size=n,
     )
-    return owners, local
+    owners: Optional[torch.Tensor] = None
+    routed = keys
+    for dist_type in dist_types:
+        if dist_type == "continuous":
+            num_embeddings = torch.tensor(
+                [r.num_embeddings for r in routes], dtype=torch.int64, device=device
+            )[feature]
+            owner, in_range, block = continuous_owner(keys, num_embeddings, world_size)
+            if any(r.local_rows for r in routes):
+                # FBGEMM's block bucketization for native tables: in-range keys become
+                # block-local rows, others key // world_size; dynamic tables keep raw keys
+                local = torch.tensor([r.local_rows for r in routes], device=device)[feature]
+                rows = torch.where(
+                    in_range,
+                    keys - owner * block,
+                    torch.div(keys, world_size, rounding_mode="floor"),
+                )
+                routed = torch.where(local, rows, keys)
+        else:
+            owner = owner_rank(keys, dist_type, world_size)
+        if owners is None:
+            owners = owner
+        else:
+            mine = torch.tensor([r.dist_type == dist_type for r in routes], device=device)
+            owners = torch.where(mine[feature], owner, owners)
+    assert owners is not None
+    return owners, routed
 
 
 def bucketize_kjt_by_owner(
@@ -100,16 +134,23 @@ def bucketize_kjt_by_owner(
     check_kjt(kjt, "dynamic row-wise input dist")
     values = kjt.values()
     device = values.device
-    key_values = values.to(torch.int64)
     lengths = kjt.lengths().view(-1)
     num_segments = lengths.numel()  # F * B
-    owners = torch.empty_like(key_values)
-    routed = torch.empty_like(key_values)
-    start = 0
-    for route, count in zip(routes, kjt.length_per_key()):
-        end = start + int(count)
-        owners[start:end], routed[start:end] = _route_keys(key_values[start:end], route, world_size)
-        start = end
+    if world_size == 1:
+        # one rank owns every key, and a native table's block-local row is the key itself
+        # (block = num_embeddings; out-of-range keys: key // 1): nothing moves
+        bucketized = KeyedJaggedTensor(
+            keys=keys,
+            values=values,
+            weights=kjt.weights_or_none(),
+            lengths=lengths,
+            stride=kjt.stride(),
+        )
+        return bucketized, torch.arange(values.numel(), device=device)
+    key_values = values.to(torch.int64)
+    # keys per feature summed on the device (TorchRec's length_per_key() reads them back)
+    per_feature = lengths.view(len(keys), -1).sum(1, dtype=torch.int64)
+    owners, routed = _route_all(key_values, per_feature, routes, world_size)
     segment = torch.repeat_interleave(
         torch.arange(num_segments, device=device, dtype=torch.int64), lengths.to(torch.int64)
     )

@@ -29,6 +29,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+from dynamicemb_core import nvtx
 from dynamicemb_core.planner.parameter_sharding import is_dynamic_sharding
 from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
 from dynamicemb_core.shard.rw_sharding import (
@@ -89,6 +90,20 @@ def _register_dynamic_kernels(module: nn.Module) -> None:
     module.dynamic_kernels = nn.ModuleList(kernels)
 
 
+def _mark_stages(module: nn.Module) -> None:
+    """NVTX ranges around the collection's lookup and output dist stages (with CUDA only): hooks
+    on TorchRec's lookup and output-dist modules, which the sharded module calls in turn."""
+    if not nvtx.NVTX_ENABLED:  # read at construction: tests switch it on
+        return
+    for attr, name in (
+        ("_lookups", "dynamicemb::lookup"),
+        ("_output_dists", "dynamicemb::output_dist"),
+    ):
+        for stage in getattr(module, attr, None) or []:
+            stage.register_forward_pre_hook(lambda *_, n=name: nvtx.push(n))
+            stage.register_forward_hook(lambda *_: nvtx.pop())
+
+
 def _dynamic_rw_sharding(
     sharding_cls: type,
     sharding_type: str,
@@ -120,6 +135,11 @@ class _DynamicShardedCollection:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _register_dynamic_kernels(self)  # type: ignore[arg-type]
+        _mark_stages(self)  # type: ignore[arg-type]
+
+    def input_dist(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        with nvtx.nvtx_range("dynamicemb::input_dist"):
+            return super().input_dist(ctx, *args, **kwargs)  # type: ignore[misc]
 
     def reset_parameters(self) -> None:
         with _without_dynamic_configs(self, self._demb_configs_attr):  # type: ignore[arg-type]

@@ -35,7 +35,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
+from dynamicemb_core._weak import weak_method
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
@@ -174,7 +176,7 @@ class GroupedDeviceStorage(DeviceStorage):
             list(device_rows) if device_rows is not None else [None] * len(self.tables)
         )
         self.rows = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
-        self.table.add_growth_listener(self._move_rows)
+        self.table.add_growth_listener(weak_method(self._move_rows))
         self._retain = any(
             o is not None and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY and not cached
             for o, cached in zip(self.table_options, self._cached)
@@ -190,7 +192,7 @@ class GroupedDeviceStorage(DeviceStorage):
         # a deferred placement whose outcome is not counted yet (see send_placement)
         self._unsent: Optional[Tuple[Any, ...]] = None
         self._late_unplaced: Optional[List[int]] = None
-        self.table.counters.before_read = self.settle
+        self.table.counters.before_read = weak_method(self.settle)
         # pinned (table id, slot) pairs alive now: forwards in flight, outstanding prefetches
         self._live: "weakref.WeakSet[PinnedPairs]" = weakref.WeakSet()
         # forwards in flight whose slots the next placing call pins (see hold)
@@ -354,6 +356,7 @@ class GroupedDeviceStorage(DeviceStorage):
             self._sizes_at = self.table.write_count
         return self._sizes
 
+    @ranged("dynamicemb::find_or_insert")
     def acquire_all(
         self,
         keys: torch.Tensor,
@@ -641,6 +644,7 @@ class GroupedDeviceStorage(DeviceStorage):
         self.pin_pending()
         return super().insert_evicting(table_id, keys, rows, scores)
 
+    @ranged("dynamicemb::find")
     def find_all(
         self, keys: torch.Tensor, table_ids: torch.Tensor, *, touch: bool = False
     ) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -33,6 +33,7 @@ consumes prefetches in order); a forward that matches none releases none.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, Optional, Sequence, Tuple
@@ -101,7 +102,9 @@ class CacheTier:
         direct: Sequence[bool],
         strict_prefetch: bool = False,
     ) -> None:
-        self.group = group
+        # a proxy: the group owns this tier, and a strong reference back would be a cycle that
+        # keeps the group's rows allocated after ``del`` until the cycle collector runs
+        self.group = weakref.proxy(group)
         self.backing = backing
         self.device = group.device
         T = len(cached)

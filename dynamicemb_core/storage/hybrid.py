@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from dynamicemb_core._weak import weak_method
 from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
 from dynamicemb_core.storage.device import DeviceStorage, slots_by_block, table_spec_for
 from dynamicemb_core.types import MemoryType, StorageTableSpec
@@ -56,7 +57,7 @@ class HybridStorage(DeviceStorage):
         self._blocks: Dict[int, RowBlocks] = {
             t: self._new_blocks(t, self.table.capacity(t)) for t in range(len(self.tables))
         }
-        self.table.add_growth_listener(self._move_rows)
+        self.table.add_growth_listener(weak_method(self._move_rows))
 
     def budget_rows(self, table_id: int) -> int:
         """Rows of table ``table_id`` that fit in its device budget (``hbm_bytes``)."""

@@ -137,3 +137,35 @@ def test_lengths_that_do_not_sum_to_the_values_are_refused() -> None:
     )
     with pytest.raises(ValueError, match=r"lengths sum to 2 but there are 3 values"):
         bucketize_kjt_by_owner(short, _ROUTES, 2)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_bucketize_tables_of_different_sizes_in_one_pass(world: int) -> None:
+    """Features of continuous tables with different num_embeddings (raw keys and native local
+    rows) and a roundrobin one: each key routed by its own table's block, in one pass."""
+    g = torch.Generator().manual_seed(10 + world)
+    keys = ["a", "b", "c", "d"]
+    batch = 5
+    routes = [
+        FeatureRoute("continuous", 40),
+        FeatureRoute("continuous", 150, local_rows=True),
+        FeatureRoute("roundrobin", 10),
+        FeatureRoute("continuous", 7),
+    ]
+    lengths = torch.randint(0, 4, (len(keys) * batch,), generator=g)
+    per_key = lengths.view(len(keys), batch).sum(1).tolist()
+    parts = [
+        torch.randint(-5, 90, (per_key[0],), generator=g),  # dynamic: any key, out of range too
+        torch.randint(0, 150, (per_key[1],), generator=g),  # native: rows of its table
+        torch.randint(0, 1000, (per_key[2],), generator=g),
+        torch.randint(0, 30, (per_key[3],), generator=g),
+    ]
+    values = torch.cat(parts)
+    kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
+    out, unbucketize = bucketize_kjt_by_owner(kjt, routes, world)
+    exp_lengths, exp_values = _model(keys, lengths.tolist(), values.tolist(), routes, world, batch)
+    assert out.lengths().tolist() == exp_lengths
+    assert out.values().tolist() == exp_values
+    raw = torch.ones(values.numel(), dtype=torch.bool)
+    raw[per_key[0] : per_key[0] + per_key[1]] = False
+    assert torch.equal(out.values()[unbucketize][raw], values[raw])
