@@ -52,8 +52,12 @@ def _torch_version() -> Optional[str]:
 
 
 def _bundle_torch() -> Optional[str]:
-    """The torch version to bundle an ops library for, or None for the plain wheel."""
-    if os.environ.get("DYNAMICEMB_WHEEL_OPS", "1") == "0":
+    """The torch version to bundle an ops library for, or None for the plain wheel.
+
+    A source distribution is never for one torch: `python -m build` makes it first (setuptools'
+    `sdist` command), then the wheel from it, which is where the library goes.
+    """
+    if os.environ.get("DYNAMICEMB_WHEEL_OPS", "1") == "0" or "sdist" in sys.argv:
         return None
     version = _torch_version()
     if version is None:

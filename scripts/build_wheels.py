@@ -39,7 +39,8 @@ def build_wheels(out: Path, repo: Path = REPO, quiet: bool = False) -> List[Path
     """Build every project's sdist and wheel into ``out``; return the wheels, the core's first.
 
     Raises:
-        subprocess.CalledProcessError: when a build fails (its output shows above).
+        subprocess.CalledProcessError: when a build fails (its output is shown, also when
+            ``quiet`` hides the output of the builds that work).
     """
     out.mkdir(parents=True, exist_ok=True)
     wheels: List[Path] = []
@@ -47,11 +48,16 @@ def build_wheels(out: Path, repo: Path = REPO, quiet: bool = False) -> List[Path
         start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="demb-wheel-") as tmp:
             command = [sys.executable, "-m", "build", "--no-isolation", "--outdir", tmp]
-            subprocess.run(
+            done = subprocess.run(
                 [*command, str(project)],
-                check=True,
-                stdout=subprocess.DEVNULL if quiet else None,
+                stdout=subprocess.PIPE if quiet else None,
+                stderr=subprocess.STDOUT if quiet else None,
+                text=True,
             )
+            if done.returncode != 0:
+                if quiet:
+                    print(done.stdout, end="", file=sys.stderr)
+                raise subprocess.CalledProcessError(done.returncode, done.args)
             for built in sorted(Path(tmp).iterdir()):
                 target = out / built.name
                 target.unlink(missing_ok=True)

@@ -128,3 +128,17 @@ def test_wheels_install_and_train_without_compiler_or_sources(wheels, tmp_path: 
     assert "trained 8 steps" in demo.stdout
     assert (work / "out" / "demo.png").is_file()
     assert "building" not in demo.stderr
+
+    # The same wheel under another torch (its manifest says so): `info` names both torches, and
+    # the just-in-time build is tried, says why, and fails here, where there is no compiler.
+    manifest = installed / "dynamicemb_core" / "ops" / "prebuilt" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace(torch.__version__, "2.11.0+cu130"))
+    info = run("-m", "dynamicemb_core", "info")
+    assert info.returncode == 0, info.stdout + info.stderr
+    origin = _rows(info.stdout)["ops origin"]
+    prefix = "built just in time (the wheel's prebuilt ops library is for torch 2.11.0+cu130, "
+    assert origin.startswith(prefix), origin
+    assert f"; this is torch {torch.__version__}, " in origin
+    build = run("-m", "dynamicemb_core", "build")
+    assert build.returncode != 0
+    assert "building the ops from the packaged sources" in build.stderr

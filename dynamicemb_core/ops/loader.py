@@ -4,7 +4,7 @@ A wheel built by setup.py carries the library compiled for the torch of its buil
 ``dynamicemb_core/ops/prebuilt/`` (``manifest.json`` names the torch, its CUDA, the Python and
 whether the CUDA kernels are in it). When one matches the running torch it is loaded as is, with no
 compiler needed (:func:`find_prebuilt`). Otherwise (a source tree, an editable install, a wheel for
-another torch, which is said on stderr) the library is built just in time:
+another torch, which is said on stderr and by ``info``) the library is built just in time:
 
 pip's build isolation would fetch a multi-GB CUDA torch, so the extension is compiled here, against
 the torch that is already installed, with ``torch.utils.cpp_extension`` and ninja. The result is
@@ -288,10 +288,7 @@ def find_prebuilt(folder: Optional[Path] = None) -> Tuple[Optional[Prebuilt], Op
         ) and library.path.is_file():
             return library, None
     built_for = "; ".join(library.describe() for library in libraries)
-    return None, (
-        f"the wheel's prebuilt ops library was built for {built_for}, and this is "
-        f"{here.describe()}: building it from the packaged sources just in time"
-    )
+    return None, f"the wheel's prebuilt ops library is for {built_for}; this is {here.describe()}"
 
 
 def build_library(plan: BuildPlan, verbose: bool = False) -> Path:
@@ -321,8 +318,9 @@ def ensure_loaded(verbose: bool = False) -> Path:
             torch.ops.load_library(str(path))
         else:
             if why_not is not None:
-                logger.warning("dynamicemb_core: %s", why_not)
-                print(f"dynamicemb_core: {why_not}", file=sys.stderr, flush=True)
+                message = f"dynamicemb_core: {why_not}: building the ops from the packaged sources"
+                logger.warning(message)
+                print(message, file=sys.stderr, flush=True)
             plan = build_plan()
             path = build_library(plan, verbose)
             try:  # mark this build as used (prune_builds keeps the recently used ones)

@@ -58,9 +58,8 @@ def test_another_torch_falls_back_and_says_so(tmp_path: Path) -> None:
     found, why_not = loader.find_prebuilt(folder)
     assert found is None
     assert why_not is not None
-    assert "built for torch 2.11.0+cu130" in why_not
-    assert f"this is torch {torch.__version__}" in why_not
-    assert why_not.endswith("building it from the packaged sources just in time")
+    assert why_not.startswith("the wheel's prebuilt ops library is for torch 2.11.0+cu130, ")
+    assert f"; this is torch {torch.__version__}, " in why_not
 
 
 def test_same_version_without_or_with_cuda_kernels_does_not_fit(tmp_path: Path) -> None:
