@@ -64,11 +64,11 @@ def table_snapshot(model: nn.Module, group: Optional[dist.ProcessGroup] = None) 
         dist.all_gather_object(gathered, snapshot, group=group)
         snapshot = {}
         for part in gathered:
-            for collection, tables in (part or {}).items():
-                for table, row in tables.items():
-                    into = snapshot.setdefault(collection, {}).setdefault(table, {})
-                    for name, value in row.items():
-                        into[name] = into.get(name, 0) + value
+            for collection, rows in (part or {}).items():
+                for name, counts in rows.items():
+                    into = snapshot.setdefault(collection, {}).setdefault(name, {})
+                    for key, value in counts.items():
+                        into[key] = into.get(key, 0) + value
     return snapshot
 
 
