@@ -10,7 +10,7 @@
 #      every pin of requirements/lock.txt with `pip install --no-deps` (torch from the local CPU
 #      wheel; nothing is ever resolved, so no CUDA torch and no CUDA fbgemm-gpu can sneak in).
 #      Installed once per lock and shared by every clone; nothing clone-specific goes into it;
-#   2. this clone's virtualenv, $DEMB_HOME/venv-<lock hash>-<hash of the clone's path>: a few MB
+#   2. this clone's virtualenv, $DEMB_HOME/venv-<lock hash>-<hash of the clone's path>: under 1 MB
 #      that see the base's packages through a .pth file (scripts/layout.py link_base) and hold only
 #      this clone's editable installs, so two clones (worktrees, checkouts of other branches) each
 #      import their own sources and plugins, and neither's `./dev` touches the other's;

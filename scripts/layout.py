@@ -166,7 +166,7 @@ def venv_dir(repo: Path = REPO) -> Path:
 
     It holds only the clone's editable installs (core and plugins) and sees the lock's packages
     through a .pth file pointing at :func:`base_dir` (:func:`link_base`), so a second clone costs
-    a few MB and seconds, and one clone's `./dev` never re-points another's imports.
+    under 1 MB and seconds, and one clone's `./dev` never re-points another's imports.
     """
     return demb_home() / f"venv-{lock_hash()}-{clone_key(repo)}"
 
