@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -197,7 +198,13 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
         from dynamicemb_core.tracking.tensorboard import TableMetricsWriter
 
         group = dist.GroupMember.WORLD if world > 1 else None
-        board = TableMetricsWriter(tensorboard_dir(args.out), every=args.interval, group=group)
+        try:  # on every rank, since the writer's sums are collectives
+            importlib.import_module("torch.utils.tensorboard")
+        except ImportError as error:  # the package does not require tensorboard
+            if rank == 0:
+                print(f"no TensorBoard log ({error}; pip install tensorboard)", file=sys.stderr)
+        else:
+            board = TableMetricsWriter(tensorboard_dir(args.out), every=args.interval, group=group)
     progress = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
