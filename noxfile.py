@@ -6,6 +6,7 @@
     PLUGINS=demb_redis ./dev nox -s plugin plugins_with_core
     ./dev nox -s lint typecheck
     ./dev nox -s docs               # the API reference, HTML under build/docs/reference/
+    ./dev nox -s wheels             # the wheels of the core and every plugin, in dist/
 
 The quick path for day-to-day work is ./dev (README.md); nox is for checking one piece in a clean
 environment. Every session installs the pinned set from requirements/lock.txt with `--no-deps`
@@ -99,7 +100,10 @@ def install_core(session: nox.Session, *plugins: Path) -> None:
     editables: List[str] = []
     for path in (REPO, *plugins):
         editables += ["-e", str(path)]
-    session.install("--no-deps", "--no-build-isolation", *editables)
+    # DYNAMICEMB_WHEEL_OPS=0: an editable install bundles no ops library (setup.py).
+    session.install(
+        "--no-deps", "--no-build-isolation", *editables, env={"DYNAMICEMB_WHEEL_OPS": "0"}
+    )
     if (REPO / "dynamicemb_core" / "ops" / "build.py").is_file():
         session.run("python", "-m", "dynamicemb_core", "build")
     else:
@@ -188,6 +192,14 @@ def docs(session: nox.Session) -> None:
     """
     install_core(session)
     session.run("python", str(REPO / "scripts" / "build_docs.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def wheels(session: nox.Session) -> None:
+    """The wheels (and sdists) of the core and every plugin: scripts/build_wheels.py, into dist/
+    (or the folder given after `--`). The core's carries the ops library for the lock's torch."""
+    install_pinned(session)
+    session.run("python", str(REPO / "scripts" / "build_wheels.py"), *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)

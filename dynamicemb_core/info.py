@@ -91,12 +91,18 @@ def _ops_rows(report: Report) -> None:
     from dynamicemb_core.ops import loader
 
     plan = loader.build_plan()
+    prebuilt, why_not = loader.find_prebuilt()
     report.add("ops sources", f"{loader.csrc_dir()} ({len(plan.sources)} files)")
     report.add("ops build", f"{'C++ and CUDA' if plan.with_cuda else 'C++ (CPU)'}")
     if plan.with_cuda:
         report.add("ops CUDA archs", plan.cuda_arch_list or "-")
-    report.add("ops library", str(plan.library_path))
-    if not plan.library_path.is_file():
+    if prebuilt is not None:
+        report.add("ops library", str(prebuilt.path))
+        report.add("ops origin", f"prebuilt in the wheel, for {prebuilt.describe()}")
+    else:
+        report.add("ops library", str(plan.library_path))
+        report.add("ops origin", f"built just in time{f' ({why_not})' if why_not else ''}")
+    if prebuilt is None and not plan.library_path.is_file():
         report.add(
             "ops built", "no: compiles on first use, or run `python -m dynamicemb_core build`"
         )

@@ -7,7 +7,10 @@ pyproject.toml" is written once. Standard library only: bootstrap runs it before
 
 Command line (used by bootstrap.sh)::
 
-    python scripts/layout.py venv-dir   # the virtualenv for the current lock
+    python scripts/layout.py base-dir   # the shared environment of the current lock's packages
+    python scripts/layout.py venv-dir   # this clone's virtualenv (the lock AND the clone's path)
+    python scripts/layout.py link-base VENV BASE   # make VENV see BASE's packages (a .pth file)
+    python scripts/layout.py prune-venvs   # remove the virtualenvs of clones that are gone
     python scripts/layout.py plugins    # one plugin folder per line
     python scripts/layout.py pin NAME   # the version the lock pins for NAME
     python scripts/layout.py check-torch PYTHON   # refuse a torch that pip would download
@@ -144,9 +147,80 @@ def demb_home() -> Path:
     return Path(_cache_dirs_module().cache_dir("home"))
 
 
-def venv_dir() -> Path:
-    """The virtualenv scripts/bootstrap.sh builds for the current lock (outside the clone)."""
-    return demb_home() / f"venv-{lock_hash()}"
+def base_dir() -> Path:
+    """The base environment: every package of the current lock, installed once and shared.
+
+    Nothing clone-specific ever goes into it (no editable install), so any number of clones can
+    use it at once; each sees it through its own :func:`venv_dir`.
+    """
+    return demb_home() / f"base-{lock_hash()}"
+
+
+def clone_key(repo: Path = REPO) -> str:
+    """8 hex digits naming a clone by its resolved path (two clones never share a virtualenv)."""
+    return hashlib.sha256(str(repo.resolve()).encode()).hexdigest()[:8]
+
+
+def venv_dir(repo: Path = REPO) -> Path:
+    """This clone's virtualenv (outside the clone), keyed by the lock and the clone's path.
+
+    It holds only the clone's editable installs (core and plugins) and sees the lock's packages
+    through a .pth file pointing at :func:`base_dir` (:func:`link_base`), so a second clone costs
+    under 1 MB and seconds, and one clone's `./dev` never re-points another's imports.
+    """
+    return demb_home() / f"venv-{lock_hash()}-{clone_key(repo)}"
+
+
+def site_packages(venv: Path) -> Path:
+    """A virtualenv's site-packages folder (the layout `python -m venv` makes on POSIX)."""
+    return venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def base_of(venv: Path) -> Optional[Path]:
+    """The base environment a clone's virtualenv sees (what bootstrap.sh recorded), or None for
+    a virtualenv bootstrap.sh did not make."""
+    marker = venv / ".demb-base"
+    return Path(marker.read_text().strip()) if marker.is_file() else None
+
+
+# The .pth file of a clone's virtualenv that adds the base's site-packages (site.addsitedir also
+# runs the base's own .pth files, as for any site folder). It sorts after the editable installs'.
+BASE_PTH = "zz_demb_base.pth"
+
+
+def link_base(venv: Path, base: Path) -> Path:
+    """Make ``venv``'s python see ``base``'s packages after its own; return the .pth file written."""
+    pth = site_packages(venv) / BASE_PTH
+    pth.parent.mkdir(parents=True, exist_ok=True)
+    pth.write_text(f"import site; site.addsitedir({str(site_packages(base))!r})\n")
+    return pth
+
+
+def prune_venvs(home: Optional[Path] = None) -> List[Path]:
+    """Remove per-clone virtualenvs (any lock) whose clone folder no longer exists; return them.
+
+    Only folders bootstrap.sh made (they record their clone in `.demb-clone`) are considered, and
+    one whose lock file another bootstrap holds is left alone.
+    """
+    import fcntl
+    import shutil
+
+    removed: List[Path] = []
+    root = demb_home() if home is None else home
+    for marker in sorted(root.glob("venv-*/.demb-clone")):
+        venv = marker.parent
+        clone = Path(marker.read_text().strip())
+        if (clone / "dev").is_file():
+            continue
+        with open(f"{venv}.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue
+            shutil.rmtree(venv, ignore_errors=True)
+        Path(f"{venv}.lock").unlink(missing_ok=True)
+        removed.append(venv)
+    return removed
 
 
 def torch_source(python: str) -> str:
@@ -191,6 +265,13 @@ def main(argv: List[str]) -> int:
     """Answer one question on stdout (see the module docstring)."""
     if argv == ["venv-dir"]:
         print(venv_dir())
+    elif argv == ["base-dir"]:
+        print(base_dir())
+    elif len(argv) == 3 and argv[0] == "link-base":
+        link_base(Path(argv[1]), Path(argv[2]))
+    elif argv == ["prune-venvs"]:
+        for venv in prune_venvs():
+            print(f"removed {venv} (its clone is gone)", file=sys.stderr)
     elif argv == ["plugins"]:
         for plugin in plugin_dirs():
             print(plugin)

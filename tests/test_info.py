@@ -54,6 +54,7 @@ def test_info_command_reports_this_environment() -> None:
     assert rows["FBGEMM"] == _installed(*info.FBGEMM[0])
     assert rows["TorchRec"] == _installed(*info.TORCHREC[0])
     assert rows["ops library"] == str(loader.build_plan().library_path)
+    assert rows["ops origin"] == "built just in time"  # a checkout: no wheel, no prebuilt library
     ops = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("dynamicemb::")]
     assert ops, "the loaded library registered no op"
     assert rows["ops built"] == f"yes, {len(ops)} ops in torch.ops.dynamicemb"

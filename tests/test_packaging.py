@@ -132,11 +132,48 @@ def test_pin_lookup_names_known_pins_when_missing():
         repo_layout.pin("no-such-package")
 
 
-def test_venv_is_outside_clone_and_named_after_lock(tmp_path, monkeypatch):
+def test_venv_is_outside_clone_and_named_after_lock_and_clone(tmp_path, monkeypatch):
     monkeypatch.setenv("DEMB_HOME", str(tmp_path / "home"))
     venv = repo_layout.venv_dir()
-    assert venv == tmp_path / "home" / f"venv-{repo_layout.lock_hash()}"
+    key = repo_layout.lock_hash()
+    assert venv == tmp_path / "home" / f"venv-{key}-{repo_layout.clone_key(REPO)}"
+    assert repo_layout.base_dir() == tmp_path / "home" / f"base-{key}"
     assert REPO not in venv.parents
+    other = repo_layout.venv_dir(tmp_path / "other-clone")
+    assert other != venv and other.name.startswith(f"venv-{key}-")
+
+
+def test_a_linked_venv_sees_the_base_packages_after_its_own(tmp_path):
+    """link_base: the clone's virtualenv imports the base's modules, and its own ones first."""
+    base, venv = tmp_path / "base", tmp_path / "venv"
+    for folder, text in ((base, "base"), (venv, "venv")):
+        packages = repo_layout.site_packages(folder)
+        packages.mkdir(parents=True)
+        (packages / "demb_probe_shared.py").write_text(f"WHERE = {text!r}\n")
+    (repo_layout.site_packages(base) / "demb_probe_base_only.py").write_text("WHERE = 'base'\n")
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    repo_layout.link_base(venv, base)
+    probe = "import demb_probe_shared as s, demb_probe_base_only as b; print(s.WHERE, b.WHERE)"
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["venv", "base"]
+
+
+def test_prune_removes_only_venvs_of_clones_that_are_gone(tmp_path):
+    home, live = tmp_path / "home", tmp_path / "live-clone"
+    live.mkdir()
+    (live / "dev").write_text("")
+    for name, clone in (("venv-a-1", live), ("venv-a-2", tmp_path / "gone-clone")):
+        (home / name).mkdir(parents=True)
+        (home / name / ".demb-clone").write_text(f"{clone}\n")
+    (home / "venv-0123456789ab").mkdir()  # made by an older bootstrap: no marker, left alone
+    assert repo_layout.prune_venvs(home) == [home / "venv-a-2"]
+    assert sorted(p.name for p in home.iterdir() if p.is_dir()) == [
+        "venv-0123456789ab",
+        "venv-a-1",
+    ]
 
 
 def test_lock_hash_changes_with_any_requirements_file(tmp_path, monkeypatch):
@@ -197,21 +234,26 @@ def test_shell_scripts_parse_and_are_executable():
 
 
 def _mirror_venv(home: Path) -> Path:
-    """A virtualenv folder under ``home``, named as bootstrap.sh expects, whose python sees the
-    running environment's packages (its site-packages is a link to ours) and whose stamps say that
-    the lock and the editable installs are done: what a reused environment looks like."""
-    venv = home / f"venv-{repo_layout.lock_hash()}"
+    """A base and this clone's virtualenv under ``home``, named as bootstrap.sh expects: the
+    virtualenv's python sees the running environment's packages (its site-packages is a link to
+    ours) and the stamps say that the lock and the editable installs are done: what a reused
+    environment looks like."""
+    base = home / f"base-{repo_layout.lock_hash()}"
+    base.mkdir(parents=True)
+    (base / ".demb-lock-installed").touch()
+    venv = home / f"venv-{repo_layout.lock_hash()}-{repo_layout.clone_key()}"
     (venv / "bin").mkdir(parents=True)
-    base = Path(os.path.realpath(sys.executable))
+    (venv / ".demb-base").write_text(f"{base}\n")
+    (venv / ".demb-clone").write_text(f"{REPO}\n")
+    interpreter = Path(os.path.realpath(sys.executable))
     version = ".".join(map(str, sys.version_info[:3]))
     (venv / "pyvenv.cfg").write_text(
-        f"home = {base.parent}\ninclude-system-site-packages = false\nversion = {version}\n"
+        f"home = {interpreter.parent}\ninclude-system-site-packages = false\nversion = {version}\n"
     )
-    (venv / "bin" / "python").symlink_to(base)
+    (venv / "bin" / "python").symlink_to(interpreter)
     lib = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     lib.mkdir(parents=True)
     (lib / "site-packages").symlink_to(sysconfig.get_paths()["purelib"])
-    (venv / ".demb-lock-installed").touch()
     (venv / ".demb-editables").write_text(repo_layout.editable_key() + "\n")
     return venv
 
@@ -545,7 +587,9 @@ def test_default_suites_are_core_then_each_plugin_with_tests():
 # --- the wheel -----------------------------------------------------------------------------------
 
 
-def test_wheel_ships_csrc_and_declares_no_torch(tmp_path):
+def test_plain_wheel_ships_csrc_and_declares_no_torch(tmp_path):
+    """DYNAMICEMB_WHEEL_OPS=0: the wheel without a library (py3-none-any), compiled on first use;
+    tests/test_wheels.py checks the one with the library."""
     source = tmp_path / "src"
     source.mkdir()
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
@@ -558,8 +602,10 @@ def test_wheel_ships_csrc_and_declares_no_torch(tmp_path):
         + ["--no-index", "--wheel-dir", str(tmp_path / "dist"), str(source)],
         check=True,
         capture_output=True,
+        env={**os.environ, "DYNAMICEMB_WHEEL_OPS": "0"},
     )
     (wheel,) = (tmp_path / "dist").glob("dynamicemb_core-*.whl")
+    assert wheel.name == "dynamicemb_core-0.1.0-py3-none-any.whl"
     names = set(zipfile.ZipFile(wheel).namelist())
     sources = [p for p in (REPO / "csrc").rglob("*") if p.suffix in (".h", ".cuh", ".cpp", ".cu")]
     assert sources, "no C++ sources found under csrc/"

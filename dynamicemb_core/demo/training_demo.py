@@ -7,7 +7,9 @@ The data is a seeded synthetic click stream (:mod:`dynamicemb_core.demo.data`) w
 drift, so far more ids arrive than the tables hold: the tables fill, then evict by score (TIMESTAMP,
 least recently used first). The demo shows a progress bar; per interval the loss, the throughput and
 each table's size, capacity and evictions (summed over ranks); then a summary and a PNG plot of loss
-and occupancy. CPU by default (gloo); CUDA (NCCL) when present or asked for with ``--device cuda``.
+and occupancy. Beside the PNG, a TensorBoard log (``<out>/tensorboard``, written every interval by
+:class:`dynamicemb_core.tracking.tensorboard.TableMetricsWriter`: each table's counters, occupancy
+and eviction rate, and the loss); open it with ``tensorboard --logdir <out>/tensorboard``. CPU by default (gloo); CUDA (NCCL) when present or asked for with ``--device cuda``.
 
 What is shown is the user's path: TorchRec table configs, ``DynamicEmbParameterConstraints`` marking
 the tables dynamic, ``DynamicEmbeddingShardingPlanner``, our sharder, ``DistributedModelParallel``,
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -43,7 +46,7 @@ from dynamicemb_core.demo.report import (
 if TYPE_CHECKING:
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-__all__ = ["build_model", "main", "parse_args"]
+__all__ = ["build_model", "main", "parse_args", "tensorboard_dir"]
 
 FEATURES = ("user_id", "item_id", "category_id")
 # The tables' score strategy (DynamicEmbTableOptions' default), as the plot's title names it.
@@ -68,7 +71,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         "--lr", type=float, default=0.02, help="learning rate (tables: Adam; dense: Adam)"
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--out", default="demo_out", help="folder for the PNG plot")
+    p.add_argument(
+        "--out", default="demo_out", help="folder for the PNG plot and the TensorBoard log"
+    )
+    p.add_argument(
+        "--no-tensorboard", action="store_true", help="write no TensorBoard log (<out>/tensorboard)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
@@ -185,6 +193,18 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
     )
     loss_fn = nn.BCEWithLogitsLoss()
     history = History()
+    board = None
+    if not args.no_tensorboard:
+        from dynamicemb_core.tracking.tensorboard import TableMetricsWriter
+
+        group = dist.GroupMember.WORLD if world > 1 else None
+        try:  # on every rank, since the writer's sums are collectives
+            importlib.import_module("torch.utils.tensorboard")
+        except ImportError as error:  # the package does not require tensorboard
+            if rank == 0:
+                print(f"no TensorBoard log ({error}; pip install tensorboard)", file=sys.stderr)
+        else:
+            board = TableMetricsWriter(tensorboard_dir(args.out), every=args.interval, group=group)
     progress = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
@@ -215,6 +235,10 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
                 tables=_table_stats(model, device),
             )
             history.add(record)
+            if board is not None:  # every rank: the counts are summed over them
+                board.write(model, step)
+                board.add_scalar("demo/loss", record.loss, step)
+                board.add_scalar("demo/samples_per_s", record.samples_per_s, step)
             if rank == 0:
                 _say(format_interval(record), progress)
             interval_loss.zero_()
@@ -223,6 +247,8 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
     seconds = time.perf_counter() - start
     if progress is not None:
         progress.close()
+    if board is not None:
+        board.close()
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, "demo.png")
@@ -239,7 +265,14 @@ def _train(args: argparse.Namespace, device: torch.device) -> int:
             format_summary(history, seconds, args.steps * args.batch_size * world, path, world),
             flush=True,
         )
+        if board is not None:
+            print(f"tensorboard: tensorboard --logdir {tensorboard_dir(args.out)}", flush=True)
     return 0
+
+
+def tensorboard_dir(out: str) -> str:
+    """The demo's TensorBoard log folder, beside its PNG."""
+    return os.path.join(out, "tensorboard")
 
 
 def _quiet_torchrec() -> None:

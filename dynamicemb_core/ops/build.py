@@ -37,9 +37,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     args = parser.parse_args(argv)
     start = time.monotonic()
-    cached = loader.build_plan().library_path.is_file()
+    prebuilt, _ = loader.find_prebuilt()
+    cached = prebuilt is not None or loader.build_plan().library_path.is_file()
     path = loader.ensure_loaded(verbose=args.verbose)
     if not (args.quiet and cached):
         action = "found in the cache" if cached else "built"
+        if prebuilt is not None:
+            action = f"prebuilt in the wheel for {prebuilt.describe()}"
         print(f"dynamicemb ops library: {path} ({action}, {time.monotonic() - start:.1f} s)")
     return 0

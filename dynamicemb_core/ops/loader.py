@@ -1,4 +1,10 @@
-"""Just-in-time build and one-time load of the C++/CUDA ops library (``torch.ops.dynamicemb``).
+"""Loading the C++/CUDA ops library (``torch.ops.dynamicemb``) once: prebuilt, else built just in time.
+
+A wheel built by setup.py carries the library compiled for the torch of its build environment in
+``dynamicemb_core/ops/prebuilt/`` (``manifest.json`` names the torch, its CUDA, the Python and
+whether the CUDA kernels are in it). When one matches the running torch it is loaded as is, with no
+compiler needed (:func:`find_prebuilt`). Otherwise (a source tree, an editable install, a wheel for
+another torch, which is said on stderr and by ``info``) the library is built just in time:
 
 pip's build isolation would fetch a multi-GB CUDA torch, so the extension is compiled here, against
 the torch that is already installed, with ``torch.utils.cpp_extension`` and ninja. The result is
@@ -15,6 +21,7 @@ library, so a half-written cache folder is never seen and a killed build leaves 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -25,13 +32,24 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from dynamicemb_core.ops.cache_dirs import cache_dir
 
-__all__ = ["BuildPlan", "build_plan", "cache_root", "ensure_loaded", "is_loaded", "prune_builds"]
+__all__ = [
+    "BuildPlan",
+    "Prebuilt",
+    "build_library",
+    "build_plan",
+    "cache_root",
+    "ensure_loaded",
+    "find_prebuilt",
+    "is_loaded",
+    "prebuilt_entry",
+    "prune_builds",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +57,8 @@ LIBRARY_NAME = "dynamicemb_ops"
 _SOURCE_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
 _lock = threading.Lock()
 _loaded_path: Optional[Path] = None
+# Where a wheel keeps its prebuilt libraries (setup.py writes it; a source tree has none).
+PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
 # Old builds (other sources, flags or torch versions) are pruned once a new build lands: the newest
 # KEEP_BUILDS by last use stay, and anything unused for less than PRUNE_AGE_S stays too, since another
 # process (another venv, another checkout) may be about to load it.
@@ -102,10 +122,16 @@ class BuildPlan:
         return self.directory / f"{LIBRARY_NAME}.so"
 
 
-def build_plan() -> BuildPlan:
-    """Collect sources (``ops.cpp``, ``cpu/*.cpp``, ``cuda/*.cu`` when CUDA is usable) and the key."""
+def build_plan(with_cuda: Optional[bool] = None) -> BuildPlan:
+    """Collect sources (``ops.cpp``, ``cpu/*.cpp``, ``cuda/*.cu`` when CUDA is built) and the key.
+
+    Args:
+        with_cuda: compile the CUDA kernels too; default :func:`cuda_build_enabled` (setup.py asks
+            for the C++-only library on a CUDA machine as well, for installs without a GPU).
+    """
     root = csrc_dir()
-    with_cuda = cuda_build_enabled()
+    if with_cuda is None:
+        with_cuda = cuda_build_enabled()
     sources = [root / "ops.cpp", *sorted((root / "cpu").glob("*.cpp"))]
     if with_cuda:
         sources += sorted((root / "cuda").glob("*.cu"))
@@ -191,8 +217,91 @@ def _compile(plan: BuildPlan, verbose: bool) -> None:
     logger.info("dynamicemb_core: build finished in %.1f s", time.monotonic() - start)
 
 
+@dataclass(frozen=True)
+class Prebuilt:
+    """A library a wheel carries, and what it was built for (one entry of ``manifest.json``)."""
+
+    path: Path
+    torch: str
+    torch_cuda: Optional[str]
+    python: str
+    with_cuda: bool
+
+    def describe(self) -> str:
+        kernels = "C++ and CUDA" if self.with_cuda else "C++ only"
+        return f"torch {self.torch}, Python {self.python}, {kernels}"
+
+
+def prebuilt_entry(plan: BuildPlan) -> Dict[str, object]:
+    """The manifest fields of a library built by ``plan`` in this process (setup.py writes them)."""
+    return {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": "%d.%d" % sys.version_info[:2],
+        "with_cuda": plan.with_cuda,
+        "cuda_archs": plan.cuda_arch_list,
+        "key": plan.key,
+    }
+
+
+def prebuilt_libraries(folder: Optional[Path] = None) -> List[Prebuilt]:
+    """Every library listed in ``folder/manifest.json`` (default: this package's); [] without one."""
+    folder = PREBUILT_DIR if folder is None else folder
+    manifest = folder / "manifest.json"
+    if not manifest.is_file():
+        return []
+    return [
+        Prebuilt(
+            path=folder / str(entry["file"]),
+            torch=str(entry["torch"]),
+            torch_cuda=entry.get("torch_cuda"),
+            python=str(entry["python"]),
+            with_cuda=bool(entry["with_cuda"]),
+        )
+        for entry in json.loads(manifest.read_text())["libraries"]
+    ]
+
+
+def find_prebuilt(folder: Optional[Path] = None) -> Tuple[Optional[Prebuilt], Optional[str]]:
+    """(the prebuilt library to load, None) or (None, why none fits; None when there is none).
+
+    A library fits when it was built for this exact torch version (the local part too: ``+cpu``
+    and ``+cu130`` differ), this Python minor version, and with the CUDA kernels exactly when this
+    process builds them (a CUDA torch with a GPU); a wheel built on a CUDA machine carries both.
+    """
+    libraries = prebuilt_libraries(folder)
+    if not libraries:
+        return None, None
+    here = Prebuilt(
+        path=Path(),
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        python="%d.%d" % sys.version_info[:2],
+        with_cuda=cuda_build_enabled(),
+    )
+    for library in libraries:
+        if (library.torch, library.torch_cuda, library.python, library.with_cuda) == (
+            here.torch,
+            here.torch_cuda,
+            here.python,
+            here.with_cuda,
+        ) and library.path.is_file():
+            return library, None
+    built_for = "; ".join(library.describe() for library in libraries)
+    return None, f"the wheel's prebuilt ops library is for {built_for}; this is {here.describe()}"
+
+
+def build_library(plan: BuildPlan, verbose: bool = False) -> Path:
+    """The library of ``plan`` in the cache, compiled first when it is not there; its path."""
+    if not plan.library_path.is_file():
+        _compile(plan, verbose)
+        for path in prune_builds(plan.directory.parent, plan.directory):
+            logger.info("dynamicemb_core: removed an old build, %s", path)
+    return plan.library_path
+
+
 def ensure_loaded(verbose: bool = False) -> Path:
-    """Build (if needed) and load the ops library once per process; return the library's path.
+    """Load the ops library once per process (prebuilt, else built if needed); return its path.
 
     After loading, imports :mod:`dynamicemb_core.ops.fake` so every op also has a fake kernel
     (torch.compile / torch.export tracing).
@@ -203,22 +312,28 @@ def ensure_loaded(verbose: bool = False) -> Path:
     with _lock:
         if _loaded_path is not None:
             return _loaded_path
-        plan = build_plan()
-        if not plan.library_path.is_file():
-            _compile(plan, verbose)
-            for path in prune_builds(plan.directory.parent, plan.directory):
-                logger.info("dynamicemb_core: removed an old build, %s", path)
-        try:  # mark this build as used (prune_builds keeps the recently used ones)
-            os.utime(plan.directory)
-        except OSError:  # a read-only cache still loads
-            pass
-        # cpp_extension.load may already have loaded the library from the temp folder; loading
-        # the same file again from its final path is then a no-op for the op registry.
-        if not _registered():
-            torch.ops.load_library(str(plan.library_path))
+        prebuilt, why_not = find_prebuilt()
+        if prebuilt is not None:
+            path = prebuilt.path
+            torch.ops.load_library(str(path))
+        else:
+            if why_not is not None:
+                message = f"dynamicemb_core: {why_not}: building the ops from the packaged sources"
+                logger.warning(message)
+                print(message, file=sys.stderr, flush=True)
+            plan = build_plan()
+            path = build_library(plan, verbose)
+            try:  # mark this build as used (prune_builds keeps the recently used ones)
+                os.utime(plan.directory)
+            except OSError:  # a read-only cache still loads
+                pass
+            # cpp_extension.load may already have loaded the library from the temp folder; loading
+            # the same file again from its final path is then a no-op for the op registry.
+            if not _registered():
+                torch.ops.load_library(str(path))
         import dynamicemb_core.ops.fake  # noqa: F401  (registers fake kernels)
 
-        _loaded_path = plan.library_path
+        _loaded_path = path
         logger.debug("dynamicemb_core: loaded %s", _loaded_path)
         return _loaded_path
 

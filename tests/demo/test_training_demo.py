@@ -35,6 +35,28 @@ def _check_report(out: str, tmp_path: Path, world: int) -> None:
     assert re.search(r"table t_user_id: \d+ keys in \d+ slots", out)
     png = tmp_path / "out" / "demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    _check_tensorboard_log(out, tmp_path / "out" / "tensorboard")
+
+
+def _check_tensorboard_log(out: str, log_dir: Path) -> None:
+    """The log beside the PNG holds, per interval, each table's size and capacity as printed."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert f"tensorboard: tensorboard --logdir {Path('out') / 'tensorboard'}" in out
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    printed = re.findall(r"(t_\w+): (\d+)/(\d+) \(\d+%\) ev \d+", out)
+    assert printed
+    steps = [int(s) for s in re.findall(r"step\s+(\d+)\s+loss", out)]
+    per_step = len(printed) // len(steps)
+    for i, (table, size, capacity) in enumerate(printed):
+        step = steps[i // per_step]
+        for name, value in (("size", size), ("capacity", capacity)):
+            (tag,) = [t for t in tags if t.endswith(f"/{table}/{name}")]
+            logged = {e.step: e.value for e in acc.Scalars(tag)}
+            assert logged[step] == int(value), (tag, step)
+    assert {e.step for e in acc.Scalars("demo/loss")} == set(steps)
 
 
 def test_demo_trains_evicts_and_plots_with_tiny_args(tmp_path: Path) -> None:
