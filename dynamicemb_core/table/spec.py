@@ -43,7 +43,8 @@ class TableSpec:
         row_width: elements per value row (embedding then optimizer state); 0 keeps keys only.
         dtype: element dtype of the value rows.
         init_capacity: slots at creation, rounded up to a whole number of buckets.
-        max_capacity: expansion stops once the capacity reaches this (NO_EVICTION too).
+        max_capacity: expansion stops once the capacity reaches this; a NO_EVICTION table
+            grows past it while memory allows (``expansion.GrowthGuard``).
         bucket_capacity: slots per bucket, a multiple of BUCKET_ALIGNMENT, or MAX_BUCKET_CAPACITY
             for one bucket spanning the table.
         max_load_factor: an insert that would pass ``size / capacity`` above this doubles the table.
