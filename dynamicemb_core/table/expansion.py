@@ -64,6 +64,7 @@ def needs_growth(
     max_capacity: int,
     max_load_factor: float,
     no_eviction: bool,
+    past_max_capacity: Optional[bool] = None,
 ) -> bool:
     """True when ``incoming`` candidate keys would push the table past its load factor and it may grow.
 
@@ -73,9 +74,12 @@ def needs_growth(
         capacity: slots now; max_capacity: the cap of an evicting table (a NO_EVICTION table
             grows past it while memory allows, see :meth:`GrowthGuard.refusal`).
         max_load_factor: the table's; NO_EVICTION uses NO_EVICTION_LOAD_FACTOR.
+        past_max_capacity: the table may grow past ``max_capacity``
+            (``TableSpec.grows_past_max_capacity``); None: when NO_EVICTION.
     """
     load_factor = NO_EVICTION_LOAD_FACTOR if no_eviction else max_load_factor
-    may_grow = no_eviction or capacity < max_capacity
+    unbounded = no_eviction if past_max_capacity is None else past_max_capacity
+    may_grow = unbounded or capacity < max_capacity
     return may_grow and incoming > 0 and size + incoming > load_factor * capacity
 
 
@@ -145,11 +149,12 @@ class GrowthGuard:
         max_capacity: int,
         needed_bytes: int,
         device: torch.device,
-        no_eviction: bool = False,
+        past_max_capacity: bool = False,
     ) -> Optional[str]:
         """None when the table may double; otherwise why not (for the warning). The module
-        docstring states the rule."""
-        if capacity >= max_capacity and not no_eviction:
+        docstring states the rule; ``past_max_capacity``: a NO_EVICTION table's (not a cache's,
+        ``TableSpec.grows_past_max_capacity``)."""
+        if capacity >= max_capacity and not past_max_capacity:
             return f"it is at max_capacity ({max_capacity} slots)"
         free = free_bytes(device)
         if free is None:
@@ -171,14 +176,17 @@ class GrowthGuard:
         needed_bytes: int,
         device: torch.device,
         no_eviction: bool,
+        past_max_capacity: Optional[bool] = None,
     ) -> bool:
         """True when the table may double. Warns once per table when it may not and that matters:
         a NO_EVICTION table (its keys go unplaced), or any table short of memory below its cap."""
-        reason = self.refusal(capacity, max_capacity, needed_bytes, device, no_eviction)
+        unbounded = no_eviction if past_max_capacity is None else past_max_capacity
+        reason = self.refusal(capacity, max_capacity, needed_bytes, device, unbounded)
         if reason is None:
             return True
         at_cap = capacity >= max_capacity
-        if (no_eviction or not at_cap) and name not in self._warned:
+        # a cache at its size (fixed capacity) spills to its next tier: nothing to warn about
+        if ((no_eviction and unbounded) or not at_cap) and name not in self._warned:
             self._warned.add(name)
             effect = (
                 "new keys that find their bucket full are not placed and follow safe_check_mode"

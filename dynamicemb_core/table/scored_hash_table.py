@@ -102,7 +102,10 @@ class ScoredHashTable:
         # whether any table counts accesses (LFU, TIMESTAMP+LFU): only then do the inserting
         # calls of a deduplicated batch pass each key's occurrence counts
         self.counts_accesses = any(p in (_LFU, COMPOUND_POLICY) for p in self._policies)
-        self._growth_rules = [(s.max_capacity, s.max_load_factor, s.no_eviction) for s in specs]
+        self._growth_rules = [
+            (s.max_capacity, s.max_load_factor, s.no_eviction, s.grows_past_max_capacity)
+            for s in specs
+        ]
         self._retains = [s.evicted_item_mode == EvictedItemMode.RETAIN_KEY for s in specs]
         self._max_scores = max(s.num_scores for s in specs)
         self._next_number = torch.zeros(len(specs), dtype=i64, device=dev)
@@ -216,7 +219,13 @@ class ScoredHashTable:
         if self.outside_growth_bytes is not None:
             needed += self.outside_growth_bytes(t)
         if not self._growth.allow(
-            spec.name, self.capacity(t), spec.max_capacity, needed, self.device, spec.no_eviction
+            spec.name,
+            self.capacity(t),
+            spec.max_capacity,
+            needed,
+            self.device,
+            spec.no_eviction,
+            spec.grows_past_max_capacity,
         ):
             return None
         begin, end = self._offsets[t], self._offsets[t + 1]
@@ -265,7 +274,13 @@ class ScoredHashTable:
         )
         for t in involved:
             spec = self.specs[t]
-            args = (self.capacity(t), spec.max_capacity, spec.max_load_factor, spec.no_eviction)
+            args = (
+                self.capacity(t),
+                spec.max_capacity,
+                spec.max_load_factor,
+                spec.no_eviction,
+                spec.grows_past_max_capacity,
+            )
             upper = keys.numel() if counts is None else counts[t]
             if not expansion.needs_growth(sizes[t], upper, *args):
                 continue
@@ -342,7 +357,7 @@ class ScoredHashTable:
             if not count:
                 continue
             retain = retain or retains[t]
-            max_capacity, max_load_factor, no_eviction = rules[t]
+            max_capacity, max_load_factor, no_eviction, past_max = rules[t]
             if expansion.needs_growth(
                 int(sizes[t]),
                 int(count),
@@ -350,6 +365,7 @@ class ScoredHashTable:
                 max_capacity,
                 max_load_factor,
                 no_eviction,
+                past_max,
             ):
                 self._double(t)
         cur = self._cur_scores(None)

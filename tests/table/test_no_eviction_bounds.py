@@ -181,15 +181,15 @@ def test_module_with_no_eviction_that_cannot_grow_raises_under_error_mode(monkey
 
 
 def _no_eviction_module(**kw) -> BatchedDynamicEmbeddingTables:
-    opts = DynamicEmbTableOptions(
+    fields = dict(
         dim=4,
         init_capacity=16,
         max_capacity=16,
         bucket_capacity=16,
         score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
         initializer_args=DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG),
-        **kw,
     )
+    opts = DynamicEmbTableOptions(**{**fields, **kw})
     return BatchedDynamicEmbeddingTables(
         [opts],
         ["t"],
@@ -250,3 +250,19 @@ def test_growth_stopped_by_the_headroom_warns_once_counts_and_trains_on(monkeypa
     torch.testing.assert_close(again.detach()[stored], _debug_row(keys[stored]) - 0.5)
     metrics = m.metrics()["t"]
     assert metrics["unplaced"] == 2 * (100 - placed) and metrics["placed"] == placed
+
+
+def test_a_no_eviction_cache_keeps_its_size_and_its_next_tier_grows() -> None:
+    """A cache's size is its device budget: a NO_EVICTION cached table's cache stays at its 16
+    slots (keys that do not fit spill to the host table) and the host table grows past
+    max_capacity (64), so all 100 keys are kept, none unplaced, nothing warned."""
+    m = _no_eviction_module(max_capacity=64, caching=True, local_hbm_for_values=16 * 16)
+    keys = torch.arange(1, 101)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DynamicEmbWarning)
+        out = m(keys, torch.tensor([0, 100]))
+    torch.testing.assert_close(out, _debug_row(keys))
+    tier = m.tables[0]
+    assert tier.capacity(0) == 16
+    assert bool(tier.find(0, keys)[0].all())
+    assert m.metrics()["t"]["unplaced"] == 0
