@@ -266,3 +266,32 @@ def test_a_no_eviction_cache_keeps_its_size_and_its_next_tier_grows() -> None:
     assert tier.capacity(0) == 16
     assert bool(tier.find(0, keys)[0].all())
     assert m.metrics()["t"]["unplaced"] == 0
+
+
+def test_a_table_grown_past_max_capacity_round_trips_a_checkpoint(tmp_path) -> None:
+    """Load inserts into a table at its planned size; a NO_EVICTION one grows again to take every
+    key of a checkpoint that outgrew max_capacity, with its rows, optimizer state and numbers."""
+    from dynamicemb_core.checkpoint import DynamicEmbDump, DynamicEmbLoad
+    from tests.checkpoint.helpers import assert_same_rows_by_key, make_model, snapshot
+
+    kw = dict(
+        score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+        max_capacity=16,
+        init_capacity=16,
+        bucket_capacity=16,
+    )
+    src = make_model(**kw)
+    keys = [list(range(100)), list(range(500, 540))]
+    flat = torch.tensor([k for ks in keys for k in ks])
+    offsets = torch.tensor([0, 100, 140])
+    src(flat, offsets).pow(2).sum().backward()
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model(**kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DynamicEmbWarning)
+        DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    a, b = snapshot(src), snapshot(dst)
+    assert sorted(a["ebc/t0"].slots) == keys[0] and sorted(a["ebc/t1"].slots) == keys[1]
+    assert_same_rows_by_key(a, b)
+    for name in a:
+        assert a[name].scores == b[name].scores, name
