@@ -26,10 +26,11 @@ TORCH_LIBRARY(dynamicemb, m) {
   // per-call leader map (on the H200 10-16% of a find_or_insert). A key that does occur twice may
   // then be stored twice: pass it only for keys made distinct. Other engines ignore it.
   //
-  // ``counts`` (find, insert, find_or_insert, insert_and_evict): an optional (n,) int64, each >= 1,
+  // ``counts`` (find, insert, find_or_insert, insert_and_evict): an optional (n,) int64, each >= 0,
   // the accesses key i's touch counts (score_policy.h, touch_count): LFU and COMPOUND counts grow
-  // by it, other policies ignore it. A lookup that deduplicated its keys passes their occurrence
-  // counts, so a key seen 3 times in a batch counts 3 (NVIDIA's DynamicEmb). None: 1 per occurrence.
+  // by it, other policies ignore it; 0 places or keeps a key without counting an access (a
+  // prefetch). A lookup that deduplicated its keys passes their occurrence counts, so a key seen
+  // 3 times in a batch counts 3 (as NVIDIA's DynamicEmb). None: 1 per occurrence.
   // ---------------------------------------------------------------------------------------------
 
   // Look keys up; with update_score, touch the found ones. -> (slots, found, scores (n,2) internal order)

@@ -435,13 +435,13 @@ InsertArgs check_insert(const char* op, const Tensor& keys, const Tensor& table_
   return a;
 }
 
-/** The op's optional per-key access counts (check_counts_arg), each checked >= 1: a touch never
- * lowers an LFU count. */
+/** The op's optional per-key access counts (check_counts_arg), each checked >= 0: a touch never
+ * lowers an LFU count (0: the key is placed or kept without counting an access, a prefetch). */
 const int64_t* check_counts(const char* op, const c10::optional<Tensor>& counts, int64_t n) {
   const int64_t* c = check_counts_arg(op, counts, n, at::Device(at::kCPU));
   for (int64_t i = 0; c != nullptr && i < n; ++i) {
-    DEMB_CHECK_VALUE(c[i] >= 1, "dynamicemb.", op, ": counts[", i,
-                     "] must be >= 1 (the accesses of key ", i, "), got ", c[i]);
+    DEMB_CHECK_VALUE(c[i] >= 0, "dynamicemb.", op, ": counts[", i,
+                     "] must be >= 0 (the accesses of key ", i, "), got ", c[i]);
   }
   return c;
 }

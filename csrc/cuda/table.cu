@@ -299,15 +299,15 @@ void run_insert_and_evict_parallel(UpsertResult& r, UpsertParams& p,
 }
 
 /**
- * The op's optional per-key access counts (check_counts_arg); with `check`, each is verified >= 1
+ * The op's optional per-key access counts (check_counts_arg); with `check`, each is verified >= 0
  * on the device (one synchronisation, as the other data checks).
  */
 const int64_t* check_counts_cuda(const char* op, const c10::optional<Tensor>& counts, int64_t n,
                                  const at::Device& dev, bool check) {
   const int64_t* c = check_counts_arg(op, counts, n, dev);
   if (c != nullptr && check && n > 0) {
-    DEMB_CHECK_VALUE(counts->min().item<int64_t>() >= 1, "dynamicemb.", op,
-                     " (CUDA): counts must be >= 1 (each key's accesses), got a smaller one");
+    DEMB_CHECK_VALUE(counts->min().item<int64_t>() >= 0, "dynamicemb.", op,
+                     " (CUDA): counts must be >= 0 (each key's accesses), got a negative one");
   }
   return c;
 }

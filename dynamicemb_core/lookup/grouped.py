@@ -498,7 +498,9 @@ class TableGroup:
             idx = keep.nonzero().squeeze(1)
             keys, utids = keys[idx], utids[idx]
             counts = torch.bincount(utids, minlength=self.num_tables).tolist()
-        acquire = storage.acquire_all(keys, utids, counts, self._row_init())
+        # a prefetch is no access: LFU counts grow by the batch's accesses in its forward
+        none = torch.zeros_like(keys) if storage.table.counts_accesses else None
+        acquire = storage.acquire_all(keys, utids, counts, self._row_init(), key_counts=none)
         if cache is not None:
             mine = cache.cached_dev[utids] & (acquire.slots >= 0)
             pairs = mine.nonzero().squeeze(1)

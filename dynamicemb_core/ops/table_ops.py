@@ -104,8 +104,8 @@ def find(
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Look keys up. Returns ``(slots (n,), found (n,) bool, scores (n, 2) internal order)``.
 
-    ``counts``: (n,) int64 >= 1 on the keys' device, the accesses each key's touch counts (an LFU
-    count grows by it; see ``csrc/ops.cpp``); None: 1 per occurrence."""
+    ``counts``: (n,) int64 >= 0 on the keys' device, the accesses each key's touch counts (an LFU
+    count grows by it, 0: none; see ``csrc/ops.cpp``); None: 1 per occurrence."""
     return _ops().find.default(keys, table_ids, *state, cur_scores, update_score, check, counts)
 
 

@@ -345,7 +345,7 @@ class ScoredHashTable:
         The placement counters are the caller's to add (:meth:`PlacementCounters.add`): it reads
         the per-table outcome back with its sizes anyway, so counting costs no device work here.
 
-        ``counts``: (n,) int64 >= 1, each key's occurrences in the caller's batch before it
+        ``counts``: (n,) int64 >= 0, each key's occurrences in the caller's batch before it
         deduplicated them: an LFU (or TIMESTAMP+LFU) count grows by it, as if every occurrence had
         been looked up (NVIDIA's DynamicEmb counts them so); None: 1 per key.
         """

@@ -100,18 +100,64 @@ def test_counts_argument_matches_the_reference_model(device):
         assert got == dict(zip(model.keys, (s[0] for s in model.scores))), step
 
 
-def test_counts_below_one_are_refused():
+def test_a_prefetch_counts_no_access(device):
+    """A prefetch places the batch's keys; its forward counts their accesses, once."""
+    m = _module(device, DynamicEmbScoreStrategy.LFU)
+    keys, offsets = torch.tensor([4, 4, 9], device=device), torch.tensor([0, 3], device=device)
+    for _ in range(2):
+        m.prefetch(keys, offsets)
+        m(keys, offsets).sum().backward()
+    assert _counts(m, [4, 9]) == {4: 4, 9: 2}
+
+
+def test_negative_counts_are_refused():
     table = ScoredHashTable(
         [TableSpec("t", row_width=0, score_strategy=DynamicEmbScoreStrategy.LFU)], "cpu"
     )
     keys = torch.tensor([1, 2])
-    with pytest.raises(ValueError, match=r"counts\[1\] must be >= 1"):
+    with pytest.raises(ValueError, match=r"counts\[1\] must be >= 0"):
         table_ops.find_or_insert(
             keys,
             torch.zeros_like(keys),
             table.state,
             torch.zeros(1, dtype=torch.int64),
             torch.zeros(1, dtype=torch.int64),
-            counts=torch.tensor([1, 0]),
+            counts=torch.tensor([1, -1]),
         )
     assert table.size(0) == 0  # refused before anything was written
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "key_parallel"])
+@pytest.mark.parametrize("op", ["find", "insert", "find_or_insert", "insert_and_evict"])
+def test_cuda_engines_count_like_the_cpu_kernel(op, deterministic):
+    """Every touching op with counts (0 included) and repeated keys, on both CUDA engines: each
+    key's count equals the CPU kernel's and the hand count (1 from the first insert + its counts)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    g = torch.Generator().manual_seed(11)
+    keys = torch.randint(0, 50, (300,), generator=g)
+    counts = torch.randint(0, 4, (300,), generator=g)
+    first = torch.unique(keys)
+    want = Counter({int(k): 1 for k in first})
+    for k, c in zip(keys.tolist(), counts.tolist()):
+        want[k] += c
+    got = {}
+    for device in ("cpu", "cuda"):
+        table = ScoredHashTable(
+            [TableSpec("t", row_width=0, score_strategy=DynamicEmbScoreStrategy.LFU)], device
+        )
+        table.insert(first.to(device))
+        k, c = keys.to(device), counts.to(device)
+        tids = torch.zeros_like(k)
+        zero = torch.zeros(1, dtype=torch.int64, device=device)
+        fns = torch.zeros(1, dtype=torch.int64)
+        if op == "find":
+            table_ops.find(k, tids, table.state, zero, True, counts=c)
+        else:
+            call = getattr(table_ops, op)
+            extra = () if op == "find_or_insert" else (None,)
+            call(k, tids, table.state, fns, zero, *extra, deterministic=deterministic, counts=c)
+        out = table.export(0)
+        got[device] = dict(zip(out.keys.tolist(), out.scores[:, 0].tolist()))
+    assert got["cuda"] == got["cpu"] == dict(want)

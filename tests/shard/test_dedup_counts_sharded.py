@@ -86,7 +86,7 @@ def _cases(rank: int, world: int) -> None:
         seen: Counter = Counter()
         for step in range(len(BATCHES)):
             seen.update(sent[step])
-            for dedup, model in models.items():
+            for model in models.values():
                 out = model(_kjt(step, rank))
                 sum(jt.values().sum() for jt in out.values()).backward()
                 model.fused_optimizer.step()

@@ -64,7 +64,8 @@ DEMB_HOST_DEVICE int64_t resolve_now(int64_t policy, int64_t cur_score, int64_t 
  * @brief How many accesses a touch of occurrence i counts: `counts[i]` where the caller gives
  * per-key counts (a lookup that deduplicated its keys passes each unique key's occurrences in the
  * batch, so an LFU count grows by every occurrence as NVIDIA's DynamicEmb counts them), else 1
- * (each occurrence of a key in the call is its own touch).
+ * (each occurrence of a key in the call is its own touch). 0: the touch places or keeps the key
+ * without counting an access (a prefetch, whose forward counts the batch's accesses).
  */
 DEMB_HOST_DEVICE int64_t touch_count(const int64_t* counts, int64_t i) {
   return counts != nullptr ? counts[i] : 1;

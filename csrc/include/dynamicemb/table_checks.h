@@ -86,7 +86,7 @@ inline void check_input_scores_arg(const char* op, const at::Tensor& s, int64_t 
 
 /// counts (find, insert, find_or_insert, insert_and_evict): an optional contiguous (n,) int64
 /// tensor, the accesses each key's touch counts (score_policy.h, touch_count). Returns its data
-/// pointer, or null when the op was given none. The values (>= 1) are checked by the CPU kernels;
+/// pointer, or null when the op was given none. The values (>= 0) are checked by the CPU kernels;
 /// on CUDA only where the caller asks for the data checks (check_counts_values).
 inline const int64_t* check_counts_arg(const char* op, const c10::optional<at::Tensor>& counts,
                                        int64_t n, const at::Device& device) {
