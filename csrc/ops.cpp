@@ -25,31 +25,37 @@ TORCH_LIBRARY(dynamicemb, m) {
   // in ``keys`` (a grouped lookup's keys after its unique); the key-parallel engine then skips its
   // per-call leader map (on the H200 10-16% of a find_or_insert). A key that does occur twice may
   // then be stored twice: pass it only for keys made distinct. Other engines ignore it.
+  //
+  // ``counts`` (find, insert, find_or_insert, insert_and_evict): an optional (n,) int64, each >= 0,
+  // the accesses key i's touch counts (score_policy.h, touch_count): LFU and COMPOUND counts grow
+  // by it, other policies ignore it; 0 places or keeps a key without counting an access (a
+  // prefetch). A lookup that deduplicated its keys passes their occurrence counts, so a key seen
+  // 3 times in a batch counts 3 (as NVIDIA's DynamicEmb). None: 1 per occurrence.
   // ---------------------------------------------------------------------------------------------
 
   // Look keys up; with update_score, touch the found ones. -> (slots, found, scores (n,2) internal order)
   m.def(
       "find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, Tensor(a!) scores, "
       "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor cur_scores, "
-      "bool update_score, bool check=True) -> (Tensor, Tensor, Tensor)");
+      "bool update_score, bool check=True, Tensor? counts=None) -> (Tensor, Tensor, Tensor)");
   // Insert-or-assign keys (evicting from full buckets); input_scores (n,2) replace the policy's words.
   m.def(
       "insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
       "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True, Tensor? pins=None, "
-      "bool deterministic=True, bool unique_keys=False) -> Tensor");
+      "bool deterministic=True, bool unique_keys=False, Tensor? counts=None) -> Tensor");
   // Find keys, inserting the missing ones. -> (slots, is_new)
   m.def(
       "find_or_insert(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
       "Tensor(d!) sizes, Tensor cur_scores, bool check=True, Tensor? pins=None, "
-      "bool deterministic=True, bool unique_keys=False) -> (Tensor, Tensor)");
+      "bool deterministic=True, bool unique_keys=False, Tensor? counts=None) -> (Tensor, Tensor)");
   // Insert and report what was evicted. -> (slots, is_new, ev_keys, ev_slots, ev_scores, ev_table_ids)
   m.def(
       "insert_and_evict(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
       "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True, Tensor? pins=None, "
-      "bool deterministic=True, bool unique_keys=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "bool deterministic=True, bool unique_keys=False, Tensor? counts=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // find_or_insert and the keys' value rows in one call (HKV's find_or_insert with values):
   // `values` as find_rows' (rows by local slot of the tables the keys name; with check, it must
   // hold every slot of those tables), `rows` (n, width) in and out: a found key gets its slot's

@@ -247,6 +247,7 @@ struct InsertOutputs {
   int64_t* ev_key = nullptr;
   int64_t* ev_words = nullptr;  // (n, 2)
   const int32_t* pins = nullptr;  // (total_slots,) pin counts, or null: pinned slots are no victims
+  const int64_t* counts = nullptr;  // (n,) accesses each key's touch counts, or null: 1 each
 };
 
 /** Lowest-ranked slot of a full bucket that this call has not written and nobody pinned, or -1. */
@@ -272,15 +273,16 @@ int64_t pick_victim(const State& s, const Home& home, const WrittenSlots& writte
   return best;
 }
 
-/** Write the call's score into slot g: input_scores[i] when given, else the policy's touch. */
+/** Write the call's score into slot g: input_scores[i] when given, else the policy's touch
+ * (counting counts[i] accesses, touch_count). */
 void write_score(State& s, int64_t g, int64_t i, int64_t t, const int64_t* now,
-                 const int64_t* input_scores) {
+                 const int64_t* input_scores, const int64_t* counts) {
   int64_t* w = s.scores + 2 * g;
   if (input_scores != nullptr) {
     w[0] = input_scores[2 * i];
     w[1] = input_scores[2 * i + 1];
   } else {
-    apply_touch(s.policies[t], now[t], w);
+    apply_touch(s.policies[t], now[t], w, touch_count(counts, i));
   }
 }
 
@@ -293,7 +295,7 @@ bool touch_present(State& s, int64_t i, int64_t key, const Home& home, const int
                    const int64_t* input_scores, WrittenSlots& written, InsertOutputs& out) {
   const int64_t g = probe(s, home, key, nullptr);
   if (g < 0) return false;
-  write_score(s, g, i, home.table, now, input_scores);
+  write_score(s, g, i, home.table, now, input_scores, out.counts);
   written.set(g, 1);
   out.slots[i] = g - s.offsets[home.table];
   if (out.is_new) out.is_new[i] = false;
@@ -336,7 +338,7 @@ void place_absent(State& s, int64_t i, int64_t key, const Home& home, const int6
     s.scores[2 * g + 1] = 0;
     written.set(g, 2);
   }
-  write_score(s, g, i, t, now, input_scores);
+  write_score(s, g, i, t, now, input_scores, out.counts);
   out.slots[i] = g - s.offsets[t];
   if (out.is_new) out.is_new[i] = true;  // placed by this call (possibly by an earlier duplicate)
 }
@@ -433,6 +435,17 @@ InsertArgs check_insert(const char* op, const Tensor& keys, const Tensor& table_
   return a;
 }
 
+/** The op's optional per-key access counts (check_counts_arg), each checked >= 0: a touch never
+ * lowers an LFU count (0: the key is placed or kept without counting an access, a prefetch). */
+const int64_t* check_counts(const char* op, const c10::optional<Tensor>& counts, int64_t n) {
+  const int64_t* c = check_counts_arg(op, counts, n, at::Device(at::kCPU));
+  for (int64_t i = 0; c != nullptr && i < n; ++i) {
+    DEMB_CHECK_VALUE(c[i] >= 0, "dynamicemb.", op, ": counts[", i,
+                     "] must be >= 0 (the accesses of key ", i, "), got ", c[i]);
+  }
+  return c;
+}
+
 // ------------------------------------------------------------------------------------------------
 // Ops
 // ------------------------------------------------------------------------------------------------
@@ -444,7 +457,8 @@ std::tuple<Tensor, Tensor, Tensor> find_impl(const char* op, const Tensor& keys,
                                              const Tensor& slot_offsets, const Tensor& bucket_caps,
                                              const Tensor& policies, const Tensor& sizes,
                                              const c10::optional<Tensor>& cur_scores,
-                                             bool update_score) {
+                                             bool update_score,
+                                             const c10::optional<Tensor>& counts = c10::nullopt) {
   State s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                         sizes);
   check_keys(op, keys, table_ids, s.num_tables);
@@ -455,6 +469,7 @@ std::tuple<Tensor, Tensor, Tensor> find_impl(const char* op, const Tensor& keys,
   }
   const Tensor kc = keys.contiguous(), tc = table_ids.contiguous();
   const int64_t n = kc.numel();
+  const int64_t* cnt = check_counts(op, counts, n);
   const int64_t* k = kc.data_ptr<int64_t>();
   const int64_t* tid = tc.data_ptr<int64_t>();
   Tensor slots = at::empty({n}, kc.options());
@@ -480,7 +495,7 @@ std::tuple<Tensor, Tensor, Tensor> find_impl(const char* op, const Tensor& keys,
       const int64_t t_now = now[home.table];
       if (policy_keeps_words(policy)) return;  // the concurrent form of apply_touch
       if (policy == kLfu || policy == kCompound) {
-        __atomic_fetch_add(&w[0], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&w[0], touch_count(cnt, i), __ATOMIC_RELAXED);
         __atomic_store_n(&w[1], policy == kCompound ? t_now : 0, __ATOMIC_RELAXED);
       } else {
         __atomic_store_n(&w[0], t_now, __ATOMIC_RELAXED);
@@ -506,9 +521,10 @@ std::tuple<Tensor, Tensor, Tensor> find_cpu(const Tensor& keys, const Tensor& ta
                                             const Tensor& scores, const Tensor& slot_offsets,
                                             const Tensor& bucket_caps, const Tensor& policies,
                                             const Tensor& sizes, const Tensor& cur_scores,
-                                            bool update_score, bool /*check: the CPU kernels always check*/) {
+                                            bool update_score, bool /*check: the CPU kernels always check*/,
+                                            const c10::optional<Tensor>& counts) {
   return find_impl("find", keys, table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
-                   policies, sizes, cur_scores, update_score);
+                   policies, sizes, cur_scores, update_score, counts);
 }
 
 Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys,
@@ -517,12 +533,14 @@ Tensor insert_cpu(const Tensor& keys, const Tensor& table_ids, const Tensor& tab
                   const Tensor& sizes, const Tensor& cur_scores,
                   const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
                   const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
-                  bool /*unique_keys: no leader map on CPU*/) {
+                  bool /*unique_keys: no leader map on CPU*/,
+                  const c10::optional<Tensor>& counts) {
   InsertArgs a = check_insert("insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                               bucket_caps, policies, score_fns, sizes, cur_scores, input_scores);
   Tensor slots = at::empty({a.keys.numel()}, a.keys.options());
   InsertOutputs out{slots.data_ptr<int64_t>(), nullptr};
   out.pins = check_pins_arg("insert", pins, a.state.total_slots, at::Device(at::kCPU));
+  out.counts = check_counts("insert", counts, a.keys.numel());
   insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, a.input_scores, out);
   return slots;
 }
@@ -535,7 +553,8 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
                                               const Tensor& cur_scores, bool /*check: the CPU kernels always check*/,
                                               const c10::optional<Tensor>& pins,
                                               bool /*deterministic: always, on CPU*/,
-                                              bool /*unique_keys: no leader map on CPU*/) {
+                                              bool /*unique_keys: no leader map on CPU*/,
+                                              const c10::optional<Tensor>& counts) {
   InsertArgs a =
       check_insert("find_or_insert", keys, table_ids, table_keys, digests, scores, slot_offsets,
                    bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
@@ -544,6 +563,7 @@ std::tuple<Tensor, Tensor> find_or_insert_cpu(const Tensor& keys, const Tensor& 
   Tensor is_new = at::empty({n}, a.keys.options().dtype(at::kBool));
   InsertOutputs out{slots.data_ptr<int64_t>(), is_new.data_ptr<bool>()};
   out.pins = check_pins_arg("find_or_insert", pins, a.state.total_slots, at::Device(at::kCPU));
+  out.counts = check_counts("find_or_insert", counts, n);
   insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, nullptr, out);
   return std::make_tuple(slots, is_new);
 }
@@ -554,7 +574,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const c10::optional<Tensor>& input_scores, bool /*check: the CPU kernels always check*/,
     const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
-    bool /*unique_keys: no leader map on CPU*/) {
+    bool /*unique_keys: no leader map on CPU*/, const c10::optional<Tensor>& counts) {
   InsertArgs a = check_insert("insert_and_evict", keys, table_ids, table_keys, digests, scores,
                               slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
                               input_scores);
@@ -567,6 +587,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cpu(
   InsertOutputs out{slots.data_ptr<int64_t>(), is_new.data_ptr<bool>(), ev_flag.data(),
                     ev_key.data(), ev_words.data()};
   out.pins = check_pins_arg("insert_and_evict", pins, a.state.total_slots, at::Device(at::kCPU));
+  out.counts = check_counts("insert_and_evict", counts, n);
   insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, a.input_scores, out);
   // Compact the evictions in input order (the new key's slot is the one the evicted key had).
   int64_t m = 0;
@@ -876,7 +897,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_ev
   auto [sl, is_new, ek, es, ew, et] =
       insert_and_evict_cpu(keys, table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
                            policies, score_fns, sizes, cur_scores, input_scores, check, pins,
-                           deterministic, unique_keys);
+                           deterministic, unique_keys, c10::nullopt);
   Tensor ev_rows = at::empty({es.numel(), values.size(1)}, values.options());
   copy_rows(values, es.data_ptr<int64_t>(), es.numel(), ev_rows);  // before any new row lands
   scatter_rows_into(values, sl.data_ptr<int64_t>(), sl.numel(), rows);

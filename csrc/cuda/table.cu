@@ -299,6 +299,20 @@ void run_insert_and_evict_parallel(UpsertResult& r, UpsertParams& p,
 }
 
 /**
+ * The op's optional per-key access counts (check_counts_arg); with `check`, each is verified >= 0
+ * on the device (one synchronisation, as the other data checks).
+ */
+const int64_t* check_counts_cuda(const char* op, const c10::optional<Tensor>& counts, int64_t n,
+                                 const at::Device& dev, bool check) {
+  const int64_t* c = check_counts_arg(op, counts, n, dev);
+  if (c != nullptr && check && n > 0) {
+    DEMB_CHECK_VALUE(counts->min().item<int64_t>() >= 0, "dynamicemb.", op,
+                     " (CUDA): counts must be >= 0 (each key's accesses), got a negative one");
+  }
+  return c;
+}
+
+/**
  * The shared body of insert, find_or_insert and insert_and_evict: the key-parallel engine, or with
  * ``deterministic`` the bucket-ordered one (slot-for-slot the CPU kernels' result).
  */
@@ -309,7 +323,8 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                         const Tensor& sizes, const Tensor& cur_scores_in,
                         const c10::optional<Tensor>& input_scores_in, bool check,
                         const c10::optional<Tensor>& pins, bool deterministic,
-                        bool unique_keys, const RowsArgs* rows = nullptr) {
+                        bool unique_keys, const RowsArgs* rows = nullptr,
+                        const c10::optional<Tensor>& counts = c10::nullopt) {
   const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   if (rows != nullptr) check_insert_rows_args(op, rows->values, rows->rows, keys_in.numel(),
@@ -329,6 +344,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
     input_scores = input_scores_in->contiguous();
   }
   const int32_t* pin_counts = check_pins_arg(op, pins, s.total_slots, dev);
+  const int64_t* touch_counts = check_counts_cuda(op, counts, keys.size(0), dev, check);
   if (rows != nullptr && check) check_values_cover(op, rows->values, slot_offsets, table_ids);
   const int64_t n = keys.numel();
   const auto opts = keys.options();
@@ -340,6 +356,7 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   insert_scratch(p, s, policies, cur_scores, !deterministic, opts, stream, scratch);
   p.pins = pin_counts;
   p.input_scores = input_scores.defined() ? input_scores.data_ptr<int64_t>() : nullptr;
+  p.counts = touch_counts;
 
   // Score functions: handles are read on the host (a CPU score_fns costs no synchronisation).
   const Tensor fns_host = score_fns.device().is_cpu() ? score_fns.contiguous() : score_fns.cpu();
@@ -431,7 +448,8 @@ std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor
                                              const Tensor& scores, const Tensor& slot_offsets,
                                              const Tensor& bucket_caps, const Tensor& policies,
                                              const Tensor& sizes, const Tensor& cur_scores_in,
-                                             bool update_score, bool check) {
+                                             bool update_score, bool check,
+                                             const c10::optional<Tensor>& counts) {
   const StateView s = check_state("find", table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
   const at::Device dev = table_keys.device();
@@ -448,7 +466,8 @@ std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor
   FindParams p{keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, s.table_keys,
                s.digests, s.scores, s.slot_offsets, s.bucket_caps, s.policies, s.num_tables,
                nullptr, update_score, slots.data_ptr<int64_t>(), found.data_ptr<bool>(),
-               out_scores.data_ptr<int64_t>(), nullptr};
+               out_scores.data_ptr<int64_t>(), nullptr,
+               check_counts_cuda("find", counts, n, dev, check)};
   Tensor now, global;
   if (update_score) {
     now = resolve_now_cuda(policies, cur_scores);
@@ -489,10 +508,11 @@ Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& ta
                    const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
                    const Tensor& sizes, const Tensor& cur_scores,
                    const c10::optional<Tensor>& input_scores, bool check,
-                   const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys) {
+                   const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys,
+                   const c10::optional<Tensor>& counts) {
   return run_insert("insert", UpsertMode::kInsert, keys, table_ids, table_keys, digests, scores,
                     slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
-                    input_scores, check, pins, deterministic, unique_keys)
+                    input_scores, check, pins, deterministic, unique_keys, nullptr, counts)
       .slots;
 }
 
@@ -503,11 +523,12 @@ std::tuple<Tensor, Tensor> find_or_insert_cuda(const Tensor& keys, const Tensor&
                                                const Tensor& score_fns, const Tensor& sizes,
                                                const Tensor& cur_scores, bool check,
                                                const c10::optional<Tensor>& pins,
-                                               bool deterministic, bool unique_keys) {
+                                               bool deterministic, bool unique_keys,
+                                               const c10::optional<Tensor>& counts) {
   UpsertResult r = run_insert("find_or_insert", UpsertMode::kFindOrInsert, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, c10::nullopt, check, pins,
-                              deterministic, unique_keys);
+                              deterministic, unique_keys, nullptr, counts);
   return {r.slots, r.flag};
 }
 
@@ -516,11 +537,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
     const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
     const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
     const c10::optional<Tensor>& input_scores, bool check, const c10::optional<Tensor>& pins,
-    bool deterministic, bool unique_keys) {
+    bool deterministic, bool unique_keys, const c10::optional<Tensor>& counts) {
   UpsertResult r = run_insert("insert_and_evict", UpsertMode::kInsertAndEvict, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, input_scores, check, pins,
-                              deterministic, unique_keys);
+                              deterministic, unique_keys, nullptr, counts);
   // Evictions (m depends on data: the host reads a count): deterministic, in input order of the
   // keys that caused them (compact_evicted reads it); key-parallel, in pending-list order (the
   // counts were read inside run_insert, with the finish pass still queued).

@@ -71,22 +71,26 @@ struct FindParams {
   bool* out_found;      // (n,)
   int64_t* out_scores;  // (n, 2) internal order
   int64_t* out_global;  // (n,) global slot or -1, for the score read-back; only with update_score
+  const int64_t* counts;  // (n,) accesses each key's touch counts (touch_count), or null: 1 each
 };
 
 /**
- * @brief The concurrent form of apply_touch (score_policy.h) for one occurrence of a found key:
- * counts grow with atomicAdd; time / step / custom words are the same value for every occurrence
- * of the call, so plain stores agree. Keep in step with apply_touch.
+ * @brief The concurrent form of apply_touch (score_policy.h) for one occurrence of a found key,
+ * counting `count` accesses (touch_count): counts grow with atomicAdd; time / step / custom words
+ * are the same value for every occurrence of the call, so plain stores agree. Keep in step with
+ * apply_touch.
  */
-__device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_t* words) {
+__device__ __forceinline__ void touch_atomic(int64_t policy, int64_t now, int64_t* words,
+                                             int64_t count) {
   if (policy_keeps_words(policy)) return;
+  const unsigned long long add = static_cast<unsigned long long>(count);
   switch (policy) {
     case kLfu:
-      atomicAdd(reinterpret_cast<unsigned long long*>(words), 1ull);
+      atomicAdd(reinterpret_cast<unsigned long long*>(words), add);
       words[1] = 0;
       break;
     case kCompound:
-      atomicAdd(reinterpret_cast<unsigned long long*>(words), 1ull);
+      atomicAdd(reinterpret_cast<unsigned long long*>(words), add);
       words[1] = now;
       break;
     default:
@@ -167,7 +171,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kBlocks) find_kernel(FindParam
   __stcs(reinterpret_cast<unsigned char*>(p.out_found + i), static_cast<unsigned char>(g >= 0));
   if (kUpdate) {
     p.out_global[i] = g;
-    if (g >= 0) touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+    if (g >= 0) touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g, touch_count(p.counts, i));
     return;
   }
   __stcs(reinterpret_cast<longlong2*>(p.out_scores + 2 * i), make_longlong2(r.w0, r.w1));  // 0s: missing

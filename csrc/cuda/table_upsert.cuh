@@ -59,6 +59,7 @@ struct UpsertParams {
   int64_t num_tables;
   const int64_t* now;           // (T,) resolved score of the call; null for erase / insert_at
   const int64_t* input_scores;  // (n, 2) internal order, or null
+  const int64_t* counts;        // (n,) accesses each key's touch counts (touch_count), or null
   const int64_t* in_slots;      // kInsertAt: (n,) local slots
   bool dry_run;                 // kInsertAt: check only
   const double* fn_scores;      // (total_slots,) score-function ranks, or null
@@ -153,7 +154,7 @@ __device__ __forceinline__ void touched_words(const UpsertParams& p, int64_t i, 
     w[0] = p.input_scores[2 * i];
     w[1] = p.input_scores[2 * i + 1];
   } else {
-    apply_touch(policy, now, w);
+    apply_touch(policy, now, w, touch_count(p.counts, i));
   }
 }
 
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         p.out_flag[i] = false;
         protect(p.protect_bits, g);
         if (p.input_scores == nullptr) {
-          touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+          touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g, touch_count(p.counts, i));
           sort_key = sentinel;
         }
       } else {

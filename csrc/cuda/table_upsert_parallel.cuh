@@ -214,7 +214,7 @@ __device__ __forceinline__ void present_key(const Tile& tile, const UpsertParams
         const int64_t w[2] = {p.input_scores[2 * i], p.input_scores[2 * i + 1]};
         store_words(p.scores, g, w);
       } else {
-        touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+        touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g, touch_count(p.counts, i));
       }
     }
     return;
@@ -596,7 +596,7 @@ __device__ __forceinline__ void finish_follower(const UpsertParams& p, int64_t i
     const int64_t w[2] = {p.input_scores[2 * i], p.input_scores[2 * i + 1]};
     store_words(p.scores, g, w);
   } else {
-    touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g);
+    touch_atomic(p.policies[t], p.now[t], p.scores + 2 * g, touch_count(p.counts, i));
   }
 }
 

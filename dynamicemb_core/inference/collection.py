@@ -322,6 +322,9 @@ class _InferenceCollection(nn.Module):
         return self.embeddings.lookup(values, offsets, per_sample_weights)
 
     def _kjt_tensors(self, features: Any) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+        from dynamicemb_core.lookup.features import check_kjt_shape
+
+        check_kjt_shape(features, type(self).__name__)
         keys = list(features.keys())
         if keys != self.feature_names:
             absent = [f for f in self.feature_names if f not in keys]

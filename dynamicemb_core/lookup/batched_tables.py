@@ -354,6 +354,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         indices: torch.Tensor,
         offsets: torch.Tensor,
         per_sample_weights: Optional[torch.Tensor] = None,
+        occurrence_counts: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Look up and pool.
 
@@ -363,6 +364,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             per_sample_weights: optional (N,) float weights (SUM only); when they require grad,
                 the output is differentiable with respect to them (the gradient of weight i is
                 the dot product of the row index i read with its bag's output gradient).
+            occurrence_counts: optional (N,) counts (any integral-valued dtype) of an
+                already-deduplicated batch: index i stands for that many occurrences of its key.
+                LFU scores and admission counters count them (a sharded EmbeddingCollection with
+                ``use_index_dedup=True`` passes them); gradients are not scaled by them.
 
         Returns:
             (B, sum of feature dims) for SUM/MEAN, (N, D) for NONE, of ``output_dtype``.
@@ -381,7 +386,17 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             and per_sample_weights.requires_grad
             and torch.is_grad_enabled()
         )
-        out = self._grouped_forward(indices, offsets, per_sample_weights, B, learn_weights, check)
+        occurrences = None
+        if occurrence_counts is not None:
+            if occurrence_counts.shape != indices.shape:
+                raise ValueError(
+                    "BatchedDynamicEmbeddingTables: occurrence_counts must be shaped like indices "
+                    f"{tuple(indices.shape)}, got {tuple(occurrence_counts.shape)}"
+                )
+            occurrences = occurrence_counts.to(self.device).round().to(torch.int64).clamp_(min=1)
+        out = self._grouped_forward(
+            indices, offsets, per_sample_weights, B, learn_weights, check, occurrences
+        )
         if self.training and self._group.any_trains:  # some table's options train
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
             self._step += 1
@@ -396,12 +411,15 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         B: int,
         learn_weights: bool,
         check: OffsetsCheck,
+        occurrences: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """The forward of a grouped module: one pass for all tables (see lookup/grouped.py)."""
         group = self._group
         assert group is not None
         training = self.training and group.any_trains
-        step, rows, slots, unplaced = group.lookup(indices, offsets, B, training, check)
+        step, rows, slots, unplaced = group.lookup(
+            indices, offsets, B, training, check, occurrences
+        )
         mode: Optional[int] = None
         if self.pooling_mode is DynamicEmbPoolingMode.SUM:
             mode = lookup_ops.POOL_SUM

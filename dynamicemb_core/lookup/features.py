@@ -15,6 +15,7 @@ __all__ = [
     "OffsetsCheck",
     "check_bag_lengths",
     "check_kjt",
+    "check_kjt_shape",
     "validate_batch",
     "validate_inputs",
 ]
@@ -201,6 +202,38 @@ def check_bag_lengths(
         )
 
 
+def check_kjt_shape(kjt: Any, where: str) -> None:
+    """A KeyedJaggedTensor's lengths must hold one entry per (feature, sample): ``len(keys) *
+    stride`` of them (with variable strides, the sum of the features' strides).
+
+    Shapes only (no readback, free on the GPU path): called where a KJT enters a lookup, before
+    TorchRec's own code reshapes the lengths (which fails with a bare ``shape '[F, B]' is invalid``).
+
+    Raises:
+        ValueError: naming the features, the batch size and the number of lengths.
+    """
+    names = list(kjt.keys())
+    lengths = kjt.lengths()
+    got = lengths.numel()
+    if kjt.variable_stride_per_key():
+        strides = list(kjt.stride_per_key())
+        if len(strides) != len(names) or sum(strides) != got:
+            raise ValueError(
+                f"{where}: KeyedJaggedTensor has {got} lengths, but its {len(names)} features "
+                f"{names} with per-feature batch sizes {strides} need {sum(strides)} (one length "
+                "per feature and sample)"
+            )
+        return
+    stride = int(kjt.stride())
+    want = len(names) * stride
+    if got != want:
+        raise ValueError(
+            f"{where}: KeyedJaggedTensor has {got} lengths, but its {len(names)} features "
+            f"{names} x batch size {stride} need {want} (one length per feature and sample; "
+            "build the KJT with lengths laid out feature after feature, or pass stride=)"
+        )
+
+
 def check_kjt(kjt: Any, where: str) -> None:
     """A KeyedJaggedTensor of ids: integer values, lengths that describe them, per feature.
 
@@ -209,9 +242,11 @@ def check_kjt(kjt: Any, where: str) -> None:
 
     Raises:
         TypeError: values are not int64 / int32.
-        ValueError: negative lengths (decreasing offsets) or lengths not summing to the values,
-            naming the first bad feature.
+        ValueError: lengths that are not one per feature and sample (:func:`check_kjt_shape`),
+            negative lengths (decreasing offsets) or lengths not summing to the values, naming
+            the first bad feature.
     """
+    check_kjt_shape(kjt, where)
     values = kjt.values()
     names = list(kjt.keys())
     if values.dtype not in (torch.int64, torch.int32):

@@ -220,6 +220,7 @@ class TableGroup:
         batch_size: int,
         training: bool,
         check: Optional[OffsetsCheck] = None,
+        occurrences: Optional[torch.Tensor] = None,
     ) -> Tuple[GroupStep, GroupedRows, torch.Tensor, Optional[List[int]]]:
         """Resolve the batch's unique pairs: ``(step, rows, slots, unplaced)``.
 
@@ -229,6 +230,9 @@ class TableGroup:
         -1 and reads zeros (the seed); ``unplaced`` counts them per table (None when there were
         none). ``check``: the batch's pending offsets check, verified after the unique's
         readback and before anything is written (the two share one synchronisation).
+        ``occurrences``: (n,) int64 >= 1, how many occurrences each index stands for (a batch
+        deduplicated before it came here); each pair's accesses are their sum, else its count.
+        A pair's accesses are what LFU scores and admission counters count.
         """
         training = training and self.any_trains
         order = None
@@ -241,6 +245,11 @@ class TableGroup:
             keys, utids, inverse, key_counts, counts = self._unique(
                 indices, offsets, batch_size, check, False
             )
+        accesses = key_counts
+        if occurrences is not None:
+            accesses = torch.zeros_like(key_counts).index_add_(
+                0, inverse, occurrences.to(key_counts.dtype)
+            )
         if not training:
             slots, found = self.storage.find_all(keys, utids)
             idx, rows = self._read_through(keys, utids, found, None)
@@ -248,7 +257,12 @@ class TableGroup:
             return self._source(step, slots, slots, idx, rows) + (None,)
         if self._plain:
             acquire = self.storage.acquire_all(
-                keys, utids, counts, self._row_init(), defer=self.defer_placement
+                keys,
+                utids,
+                counts,
+                self._row_init(),
+                defer=self.defer_placement,
+                key_counts=accesses,
             )
             step = self._step(keys, utids, inverse, acquire.slots, None, offsets, batch_size)
             step.backed = acquire.backed
@@ -257,7 +271,7 @@ class TableGroup:
             )
         else:
             step, acquire, out = self._mixed_lookup(
-                keys, utids, inverse, key_counts, offsets, batch_size
+                keys, utids, inverse, accesses, offsets, batch_size
             )
         if order is not None or self.device.type == "cpu":
             # the dedup's order (CUDA) and per-pair counts: the backward need not count again
@@ -308,13 +322,14 @@ class TableGroup:
         keys: torch.Tensor,
         utids: torch.Tensor,
         inverse: torch.Tensor,
-        key_counts: torch.Tensor,
+        accesses: torch.Tensor,
         offsets: torch.Tensor,
         batch_size: int,
     ) -> Tuple[GroupStep, GroupAcquire, Tuple[GroupStep, GroupedRows, torch.Tensor]]:
         """A training forward where some tables do not train or admit keys: one find of every
-        pair, admission per table over its missing pairs, then one placement of the pairs that
-        train. Returns the step, the placement and what the output reads (:meth:`_source`)."""
+        pair, admission per table over its missing pairs (counting each pair's ``accesses``),
+        then one placement of the pairs that train. Returns the step, the placement and what the
+        output reads (:meth:`_source`)."""
         storage = self.storage
         stored, found = storage.find_all(keys, utids)
         frozen = ~self._trains_dev[utids]
@@ -324,13 +339,17 @@ class TableGroup:
             mine = frozen[got]
             kept, kept_rows = got[mine], brows[mine][:, : self.max_dim]
         trained = ~frozen
-        rejected = self._admit(keys, utids, key_counts, found, trained)
+        rejected = self._admit(keys, utids, accesses, found, trained)
         if rejected is not None:
             trained[rejected] = False
+            # refused keys were looked up and missed: hits + misses = unique keys looked up
+            storage.table.counters.add_refused(utids[rejected])
         take = trained.nonzero().squeeze(1)
         take_tids = utids[take]
         table_counts = torch.bincount(take_tids, minlength=self.num_tables).tolist()
-        acquire = storage.acquire_all(keys[take], take_tids, table_counts, self._row_init())
+        acquire = storage.acquire_all(
+            keys[take], take_tids, table_counts, self._row_init(), key_counts=accesses[take]
+        )
         slots = torch.full_like(keys, -1)
         slots[take] = acquire.slots
         read = torch.where(trained, slots, stored)
@@ -483,7 +502,9 @@ class TableGroup:
             idx = keep.nonzero().squeeze(1)
             keys, utids = keys[idx], utids[idx]
             counts = torch.bincount(utids, minlength=self.num_tables).tolist()
-        acquire = storage.acquire_all(keys, utids, counts, self._row_init())
+        # a prefetch is no access: LFU counts grow by the batch's accesses in its forward
+        none = torch.zeros_like(keys) if storage.table.counts_accesses else None
+        acquire = storage.acquire_all(keys, utids, counts, self._row_init(), key_counts=none)
         if cache is not None:
             mine = cache.cached_dev[utids] & (acquire.slots >= 0)
             pairs = mine.nonzero().squeeze(1)

@@ -30,6 +30,11 @@ def _check_keys(keys: Tensor, table_ids: Tensor) -> int:
     return keys.shape[0]
 
 
+def _check_counts(counts: Optional[Tensor], n: int) -> None:
+    if counts is not None:
+        torch._check(counts.dim() == 1 and counts.shape[0] == n, lambda: "counts must be (n,)")
+
+
 @torch.library.register_fake(_NS + "find")
 def _find_fake(
     keys: Tensor,
@@ -44,8 +49,10 @@ def _find_fake(
     cur_scores: Tensor,
     update_score: bool,
     check: bool = True,
+    counts: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
+    _check_counts(counts, n)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool), keys.new_empty(n, 2)
 
 
@@ -67,8 +74,11 @@ def _insert_fake(
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
     unique_keys: bool = False,
+    counts: Optional[Tensor] = None,
 ) -> Tensor:
-    return keys.new_empty(_check_keys(keys, table_ids))
+    n = _check_keys(keys, table_ids)
+    _check_counts(counts, n)
+    return keys.new_empty(n)
 
 
 @torch.library.register_fake(_NS + "find_or_insert")
@@ -88,8 +98,10 @@ def _find_or_insert_fake(
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
     unique_keys: bool = False,
+    counts: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
+    _check_counts(counts, n)
     return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool)
 
 
@@ -111,8 +123,10 @@ def _insert_and_evict_fake(
     pins: Optional[Tensor] = None,
     deterministic: bool = True,
     unique_keys: bool = False,
+    counts: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     n = _check_keys(keys, table_ids)
+    _check_counts(counts, n)
     m = torch.library.get_ctx().new_dynamic_size()
     return (
         keys.new_empty(n),

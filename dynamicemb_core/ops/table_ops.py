@@ -100,9 +100,13 @@ def find(
     update_score: bool,
     *,
     check: bool = True,
+    counts: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Look keys up. Returns ``(slots (n,), found (n,) bool, scores (n, 2) internal order)``."""
-    return _ops().find.default(keys, table_ids, *state, cur_scores, update_score, check)
+    """Look keys up. Returns ``(slots (n,), found (n,) bool, scores (n, 2) internal order)``.
+
+    ``counts``: (n,) int64 >= 0 on the keys' device, the accesses each key's touch counts (an LFU
+    count grows by it, 0: none; see ``csrc/ops.cpp``); None: 1 per occurrence."""
+    return _ops().find.default(keys, table_ids, *state, cur_scores, update_score, check, counts)
 
 
 def insert(
@@ -117,8 +121,10 @@ def insert(
     pins: Optional[Tensor] = None,
     deterministic: Optional[bool] = None,
     unique_keys: bool = False,
+    counts: Optional[Tensor] = None,
 ) -> Tensor:
-    """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words."""
+    """Insert-or-assign keys; ``input_scores`` (n, 2) internal order replace the policy's words;
+    ``counts`` as :func:`find`'s."""
     return _ops().insert.default(
         keys,
         table_ids,
@@ -129,6 +135,7 @@ def insert(
         pins,
         _deterministic(deterministic),
         unique_keys,
+        counts,
     )
 
 
@@ -143,8 +150,10 @@ def find_or_insert(
     pins: Optional[Tensor] = None,
     deterministic: Optional[bool] = None,
     unique_keys: bool = False,
+    counts: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``."""
+    """Find keys, inserting absent ones. Returns ``(slots (n,), is_new (n,) bool)``; ``counts``
+    as :func:`find`'s."""
     return _ops().find_or_insert.default(
         keys,
         table_ids,
@@ -154,6 +163,7 @@ def find_or_insert(
         pins,
         _deterministic(deterministic),
         unique_keys,
+        counts,
     )
 
 
@@ -169,8 +179,9 @@ def insert_and_evict(
     pins: Optional[Tensor] = None,
     deterministic: Optional[bool] = None,
     unique_keys: bool = False,
+    counts: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Insert and report evictions.
+    """Insert and report evictions (``counts`` as :func:`find`'s).
 
     Returns:
         ``(slots (n,), is_new (n,) bool, ev_keys (m,), ev_slots (m,), ev_scores (m, 2) internal
@@ -186,6 +197,7 @@ def insert_and_evict(
         pins,
         _deterministic(deterministic),
         unique_keys,
+        counts,
     )
 
 

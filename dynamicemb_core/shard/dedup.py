@@ -11,6 +11,12 @@ The deduplicated batch keeps the input's keys and bags: a table's distinct ids a
 value order of its features' bags, spread as evenly as possible over those bags (bag lengths carry no
 meaning in a sequence lookup; only the values' order and their table do). The output is expanded back
 by ``reverse_indices`` (the position of each input id among the deduplicated values), as TorchRec does.
+
+Each distinct id stands for all its occurrences: LFU scores and admission counters must count every one
+of them (a key seen 3 times in a batch counts 3 whether or not the batch was deduplicated). The
+deduplicated batch therefore carries each id's occurrence count as its weight, as NVIDIA's DynamicEmb
+does; the weights travel with the ids through the all-to-all and the owner's lookup reads them as
+occurrence counts (:attr:`BatchedDynamicEmbeddingKernel.weights_are_counts`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def dedup_by_table(
     features: KeyedJaggedTensor,
     features_per_table: Sequence[int],
     accumulate_weights: bool = False,
+    counts_as_weights: bool = False,
 ) -> Tuple[KeyedJaggedTensor, torch.Tensor]:
     """Deduplicate each table's ids of ``features``.
 
@@ -43,7 +50,10 @@ def dedup_by_table(
         features: one sharding's features, each table's features consecutive (TorchRec's order).
         features_per_table: how many consecutive keys of ``features`` each table has.
         accumulate_weights: sum the weights of equal ids (TorchRec's feature-score accumulation);
-            otherwise the deduplicated batch has no weights, as in TorchRec.
+            otherwise the deduplicated batch has no weights, as in TorchRec, unless
+            ``counts_as_weights``.
+        counts_as_weights: (without ``accumulate_weights``) weight each distinct id by how many
+            times it occurs in its table's ids (float32, exact below 2**24 occurrences).
 
     Returns:
         ``(deduplicated features, reverse_indices)``: ``reverse_indices[i]`` is the position in the
@@ -64,14 +74,16 @@ def dedup_by_table(
     bags_per_key = features.stride_per_key()
     reverse = torch.empty_like(values)
     uniques: List[torch.Tensor] = []
+    occurrences: List[torch.Tensor] = []
     lengths: List[torch.Tensor] = []
     value_start = key = found = 0
     for n_features in features_per_table:
         value_end = value_start + sum(ids_per_key[key : key + n_features])
         bags = sum(bags_per_key[key : key + n_features])
-        unique, inverse, _ = lookup_ops.unique(values[value_start:value_end])
+        unique, inverse, counts = lookup_ops.unique(values[value_start:value_end])
         reverse[value_start:value_end] = inverse + found
         uniques.append(unique)
+        occurrences.append(counts)
         if bags:
             lengths.append(_spread(unique.numel(), bags, device))
         found += unique.numel()
@@ -81,6 +93,8 @@ def dedup_by_table(
     if accumulate_weights and source_weights is not None:
         weights = torch.zeros(found, dtype=source_weights.dtype, device=device)
         weights.scatter_add_(0, reverse, source_weights)
+    elif counts_as_weights:
+        weights = (torch.cat(occurrences) if occurrences else values[:0]).to(torch.float32)
     dedup = KeyedJaggedTensor(
         keys=keys,
         values=torch.cat(uniques) if uniques else values[:0],

@@ -113,6 +113,8 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
             output_dtype=output_dtype,
             **optimizer_kwargs,
         )
+        # the weights of the features are occurrence counts of deduplicated ids (forward)
+        self.weights_are_counts = False
         self._optim = DynamicEmbFusedOptimizer(
             self._emb_module, self.table_names, float(optimizer_kwargs.get("learning_rate", 0.01))
         )
@@ -131,7 +133,18 @@ class BatchedDynamicEmbeddingKernel(BaseEmbedding, FusedOptimizerModule):
         return self._optim
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """Look up the features' raw keys: (B, sum D) pooled or (n, D) sequence."""
+        """Look up the features' raw keys: (B, sum D) pooled or (n, D) sequence.
+
+        With :attr:`weights_are_counts` (set by a sharded EmbeddingCollection that deduplicates
+        its ids, ``use_index_dedup=True``), the weights are each id's occurrence count in the
+        batch before deduplication, passed on as ``occurrence_counts``.
+        """
+        if self.weights_are_counts:
+            return self._emb_module(
+                features.values().to(torch.int64),
+                features.offsets().to(torch.int64),
+                occurrence_counts=features.weights_or_none(),
+            )
         return self._emb_module(
             features.values().to(torch.int64),
             features.offsets().to(torch.int64),

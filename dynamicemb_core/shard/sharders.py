@@ -29,7 +29,11 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+<<<<<<< HEAD
 from dynamicemb_core import nvtx
+=======
+from dynamicemb_core.lookup.features import check_kjt_shape
+>>>>>>> wt/table
 from dynamicemb_core.planner.parameter_sharding import is_dynamic_sharding
 from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
 from dynamicemb_core.shard.rw_sharding import (
@@ -145,6 +149,13 @@ class _DynamicShardedCollection:
         with _without_dynamic_configs(self, self._demb_configs_attr):  # type: ignore[arg-type]
             super().reset_parameters()  # type: ignore[misc]
 
+    def input_dist(self, ctx: Any, features: Any) -> Any:
+        """TorchRec's input dist, after a shape check of the batch (no readback): lengths that are
+        not one per feature and sample raise a ValueError naming the features, where TorchRec's
+        split would fail with a bare reshape error."""
+        check_kjt_shape(features, type(self).__name__)
+        return super().input_dist(ctx, features)  # type: ignore[misc]
+
 
 class _RowWiseShardingTypes:
     """Sharder mixin: offer row-wise sharding on every device, as a dynamic table needs it."""
@@ -179,13 +190,19 @@ class ShardedDynamicEmbeddingCollection(_DynamicShardedCollection, ShardedEmbedd
         from dynamicemb_core.shard.dedup import dedup_by_table
 
         accumulate = bool(getattr(self, "_enable_feature_score_weight_accumulation", False))
+        if not accumulate:
+            # each distinct id carries its occurrence count to its owner's lookup (dedup.py)
+            for kernel in self.dynamic_kernels:
+                kernel.weights_are_counts = True
         out = []
         with torch.autograd.profiler.record_function("## dedup_ec_indices ##"):
             for sharding, features in zip(
                 self._sharding_type_to_sharding.values(), input_feature_splits
             ):
                 per_table = [t.num_features() for t in sharding.embedding_tables()]
-                dedup, reverse = dedup_by_table(features, per_table, accumulate)
+                dedup, reverse = dedup_by_table(
+                    features, per_table, accumulate, counts_as_weights=not accumulate
+                )
                 ctx.input_features.append(features)
                 ctx.reverse_indices.append(reverse)
                 out.append(dedup)

@@ -83,6 +83,8 @@ def table_spec_for(
             init_cap = min(options.init_capacity, max_cap)
         kwargs["max_capacity"] = int(max_cap)
         kwargs["init_capacity"] = int(init_cap)
+        # a cache's size is its device budget: it never grows past it (NO_EVICTION included)
+        kwargs["fixed_capacity"] = capacity is not None
     if options is not None:
         bucket = options.bucket_capacity
         if max_cap and bucket > max_cap:

@@ -177,6 +177,7 @@ class GroupedDeviceStorage(DeviceStorage):
         )
         self.rows = self._allocate([self.table.capacity(t) for t in range(len(self.tables))])
         self.table.add_growth_listener(weak_method(self._move_rows))
+        self.table.outside_growth_bytes = weak_method(self._growth_row_bytes)
         self._retain = any(
             o is not None and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY and not cached
             for o, cached in zip(self.table_options, self._cached)
@@ -240,6 +241,14 @@ class GroupedDeviceStorage(DeviceStorage):
     def meta(self) -> torch.Tensor:
         """The device buffer's (T, 4) meta."""
         return self.rows.meta
+
+    def _growth_row_bytes(self, table_id: int) -> int:
+        """Bytes of the new rows buffer a doubling of ``table_id`` allocates while the old one
+        is alive (:meth:`_move_rows`): every table's rows, that table's twice; float32 columns,
+        an upper bound for half-precision rows. The hash table's growth check adds them."""
+        caps = [self.table.capacity(t) for t in range(len(self.tables))]
+        caps[table_id] *= 2
+        return 4 * sum(c * w for c, w in zip(caps, self.widths))
 
     def _move_rows(self, table_id: int, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
         """Growth listener: new rows with table ``table_id`` at its new capacity.
@@ -365,6 +374,7 @@ class GroupedDeviceStorage(DeviceStorage):
         init: GroupInit,
         *,
         defer: bool = False,
+        key_counts: Optional[torch.Tensor] = None,
     ) -> GroupAcquire:
         """Make unique ``(table id, key)`` pairs resident; new keys get ``init`` rows (keys of a
         cached table: their rows from the backing store when it holds them).
@@ -379,14 +389,16 @@ class GroupedDeviceStorage(DeviceStorage):
                 counters, when the caller's next unique has synchronised anyway); the result's
                 ``unplaced`` is then 0 and ``unplaced_per_table`` None, and the unplaced counts
                 come later through :meth:`take_unplaced`. No host synchronisation.
+            key_counts: (u,) int64, each pair's occurrences in the batch (the dedup's counts):
+                LFU counts grow by them (:meth:`ScoredHashTable.find_or_insert_counted`).
 
         Raises:
             StorageTierError: a backing store failed; the cache placement was undone.
         """
         self.pin_pending()
         if self.cache is not None and self.cache.any_direct:
-            return self._acquire_with_direct(keys, table_ids, table_counts, init)
-        return self._acquire_placed(keys, table_ids, table_counts, init, defer)
+            return self._acquire_with_direct(keys, table_ids, table_counts, init, key_counts)
+        return self._acquire_placed(keys, table_ids, table_counts, init, defer, key_counts)
 
     def _fresh(self, init: GroupInit, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
         """(m, max row_width) rows of new keys (embedding, fresh optimizer state) in a buffer."""
@@ -448,12 +460,18 @@ class GroupedDeviceStorage(DeviceStorage):
         table_counts: Sequence[int],
         init: GroupInit,
         defer: bool = False,
+        key_counts: Optional[torch.Tensor] = None,
     ) -> GroupAcquire:
         """``acquire_all`` of pairs that all go through the hash table."""
         cache = self.cache
         sizes = self._known_sizes()
         res = self.table.find_or_insert_counted(
-            keys, table_ids, table_counts, sizes, report_evicted=self._retain or cache is not None
+            keys,
+            table_ids,
+            table_counts,
+            sizes,
+            report_evicted=self._retain or cache is not None,
+            counts=key_counts if self.table.counts_accesses else None,
         )
         slots, is_new = res.slots, res.is_new
         write_count = self.table.write_count
@@ -585,6 +603,7 @@ class GroupedDeviceStorage(DeviceStorage):
         table_ids: torch.Tensor,
         table_counts: Sequence[int],
         init: GroupInit,
+        key_counts: Optional[torch.Tensor] = None,
     ) -> GroupAcquire:
         """``acquire_all`` when some cached tables have no cache: their pairs skip the hash table
         (found in the backing store, or new keys written there with ``init`` rows)."""
@@ -598,7 +617,10 @@ class GroupedDeviceStorage(DeviceStorage):
         by_table = [0] * len(self.tables)
         backed_parts, rows_parts = [], []
         if inside.numel():
-            got = self._acquire_placed(keys[inside], table_ids[inside], counts, init)
+            inside_counts = None if key_counts is None else key_counts[inside]
+            got = self._acquire_placed(
+                keys[inside], table_ids[inside], counts, init, key_counts=inside_counts
+            )
             slots[inside] = got.slots
             if got.unplaced_per_table is not None:
                 by_table = list(got.unplaced_per_table)

@@ -5,7 +5,8 @@ the rest in a host buffer (pinned when the device is CUDA). Where a key's row li
 slot, i.e. from its hash, as DynamicEmb's ``caching=False`` hybrid table does. Keys and scores stay
 on the device.
 
-The table grows like a device table (``init_capacity`` doubling up to ``max_capacity`` under load):
+The table grows like a device table (``init_capacity`` doubling up to ``max_capacity`` under load,
+NO_EVICTION past it while memory allows):
 the hash table calls back after each doubling (``ScoredHashTable.add_growth_listener``) and the
 storage moves every row from its old slot to its new one. The device block is sized
 ``min(capacity, budget rows)``, so slots added beyond the budget are host rows.

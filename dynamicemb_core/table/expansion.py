@@ -6,11 +6,20 @@ each value row from its old slot to its new one. Keys of old bucket ``b`` land i
 or ``b + num_buckets``, so no new bucket receives more keys than an old one held and the rehash
 never evicts. Other tables' local slots are untouched; only the flat arrays are spliced.
 
-Whether a table may double at all is one rule, :meth:`GrowthGuard.refusal`: never at or past
-``max_capacity`` (NO_EVICTION included), and never when the doubling's new buffers would not fit in
-the free memory of the table's device (CUDA: ``mem_get_info``; host: ``MemAvailable``). A
-NO_EVICTION table that cannot grow warns once and leaves the keys it cannot place unplaced (the
-caller applies ``safe_check_mode``); its stored keys are untouched.
+Whether a table may double at all is one rule, :meth:`GrowthGuard.refusal`:
+
+- an evicting table never grows at or past ``max_capacity`` (past it, it evicts);
+- a NO_EVICTION table grows past ``max_capacity`` as the seed says ("the table's capacity doubles
+  whenever there are not enough slots for new keys, and this continues until available memory is
+  exhausted"): ``max_capacity`` is only its planned size;
+- no table doubles when the doubling's new buffers would not leave :func:`memory_headroom` free on
+  the table's device (CUDA: ``mem_get_info``; host: ``MemAvailable`` of ``MemTotal``): the larger of
+  :data:`HEADROOM_FRACTION` of the device's memory and :data:`HEADROOM_MIN_BYTES` stays free for
+  the rest of training (activations, the optimizer, the allocator's cache, other processes).
+
+A NO_EVICTION table that cannot grow warns once (``DynamicEmbWarning``) and leaves the keys it cannot
+place unplaced: they read zeros, get no update and count as ``unplaced`` in the table's metrics (the
+caller applies ``safe_check_mode``); its stored keys are untouched and training continues.
 """
 
 from __future__ import annotations
@@ -33,13 +42,19 @@ __all__ = [
     "double_table",
     "doubling_bytes",
     "free_bytes",
+    "memory_headroom",
     "needs_growth",
     "region_state",
+    "total_bytes",
 ]
 
 INT64_MIN = -(2**63)
 # NO_EVICTION tables grow at this load factor whatever max_load_factor says (docs/table_design.md).
 NO_EVICTION_LOAD_FACTOR = 0.5
+# Memory a doubling must leave free on the table's device: this share of its total memory, and at
+# least HEADROOM_MIN_BYTES (docs/sizing.md, "NO_EVICTION growth"). The one growth headroom rule.
+HEADROOM_FRACTION = 0.10
+HEADROOM_MIN_BYTES = 1 << 30  # 1 GiB
 
 
 def needs_growth(
@@ -49,17 +64,22 @@ def needs_growth(
     max_capacity: int,
     max_load_factor: float,
     no_eviction: bool,
+    past_max_capacity: Optional[bool] = None,
 ) -> bool:
     """True when ``incoming`` candidate keys would push the table past its load factor and it may grow.
 
     Args:
         size: keys in the table now.
         incoming: distinct keys of the call for this table (present or not: an upper bound).
-        capacity: slots now; max_capacity: the cap (NO_EVICTION included).
+        capacity: slots now; max_capacity: the cap of an evicting table (a NO_EVICTION table
+            grows past it while memory allows, see :meth:`GrowthGuard.refusal`).
         max_load_factor: the table's; NO_EVICTION uses NO_EVICTION_LOAD_FACTOR.
+        past_max_capacity: the table may grow past ``max_capacity``
+            (``TableSpec.grows_past_max_capacity``); None: when NO_EVICTION.
     """
     load_factor = NO_EVICTION_LOAD_FACTOR if no_eviction else max_load_factor
-    may_grow = capacity < max_capacity
+    unbounded = no_eviction if past_max_capacity is None else past_max_capacity
+    may_grow = unbounded or capacity < max_capacity
     return may_grow and incoming > 0 and size + incoming > load_factor * capacity
 
 
@@ -76,21 +96,45 @@ def doubling_bytes(capacity: int, total_slots: int, row_bytes: int) -> int:
     return 2 * capacity * (_STATE_BYTES + row_bytes) + (total_slots + capacity) * _STATE_BYTES
 
 
+def _meminfo(field: str) -> Optional[int]:
+    """A ``/proc/meminfo`` field in bytes, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def free_bytes(device: torch.device) -> Optional[int]:
     """Memory the table's device can still give: CUDA's free memory, the host's ``MemAvailable``;
-    None where it cannot be read (then only ``max_capacity`` bounds growth)."""
+    None where it cannot be read (then nothing but ``max_capacity`` bounds growth)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
     if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
+        return _meminfo("MemAvailable")
     return None
+
+
+def total_bytes(device: torch.device) -> Optional[int]:
+    """The device's whole memory: CUDA's total, the host's ``MemTotal``; None where unknown."""
+    if device.type == "cuda":
+        _, total = torch.cuda.mem_get_info(device)
+        return int(total)
+    if device.type == "cpu":
+        return _meminfo("MemTotal")
+    return None
+
+
+def memory_headroom(device: torch.device) -> int:
+    """Bytes a table's growth must leave free on ``device``: :data:`HEADROOM_FRACTION` of its
+    memory, at least :data:`HEADROOM_MIN_BYTES`."""
+    total = total_bytes(device)
+    share = int(total * HEADROOM_FRACTION) if total is not None else 0
+    return max(share, HEADROOM_MIN_BYTES)
 
 
 class GrowthGuard:
@@ -101,16 +145,26 @@ class GrowthGuard:
 
     @staticmethod
     def refusal(
-        capacity: int, max_capacity: int, needed_bytes: int, device: torch.device
+        capacity: int,
+        max_capacity: int,
+        needed_bytes: int,
+        device: torch.device,
+        past_max_capacity: bool = False,
     ) -> Optional[str]:
-        """None when the table may double; otherwise why not (for the warning)."""
-        if capacity >= max_capacity:
+        """None when the table may double; otherwise why not (for the warning). The module
+        docstring states the rule; ``past_max_capacity``: a NO_EVICTION table's (not a cache's,
+        ``TableSpec.grows_past_max_capacity``)."""
+        if capacity >= max_capacity and not past_max_capacity:
             return f"it is at max_capacity ({max_capacity} slots)"
         free = free_bytes(device)
-        if free is not None and needed_bytes > free:
+        if free is None:
+            return None
+        headroom = memory_headroom(device)
+        if needed_bytes > free - headroom:
             return (
-                f"doubling needs {needed_bytes} bytes and {free} are free on {device} (no "
-                "allocation was tried)"
+                f"doubling needs {needed_bytes} bytes and {free} are free on {device}, of which "
+                f"{headroom} stay free (the growth headroom, docs/sizing.md; no allocation was "
+                "tried)"
             )
         return None
 
@@ -122,14 +176,17 @@ class GrowthGuard:
         needed_bytes: int,
         device: torch.device,
         no_eviction: bool,
+        past_max_capacity: Optional[bool] = None,
     ) -> bool:
         """True when the table may double. Warns once per table when it may not and that matters:
         a NO_EVICTION table (its keys go unplaced), or any table short of memory below its cap."""
-        reason = self.refusal(capacity, max_capacity, needed_bytes, device)
+        unbounded = no_eviction if past_max_capacity is None else past_max_capacity
+        reason = self.refusal(capacity, max_capacity, needed_bytes, device, unbounded)
         if reason is None:
             return True
         at_cap = capacity >= max_capacity
-        if (no_eviction or not at_cap) and name not in self._warned:
+        # a cache at its size (fixed capacity) spills to its next tier: nothing to warn about
+        if ((no_eviction and unbounded) or not at_cap) and name not in self._warned:
             self._warned.add(name)
             effect = (
                 "new keys that find their bucket full are not placed and follow safe_check_mode"
@@ -138,7 +195,8 @@ class GrowthGuard:
             )
             warnings.warn(
                 f"table {name!r} cannot grow beyond {capacity} slots: {reason}; {effect} (its "
-                "stored keys are kept). Raise max_capacity, free memory, or use an evicting "
+                "stored keys are kept, training continues; the table's 'unplaced' metric counts "
+                "the keys). Free memory, shard the table over more ranks, or use an evicting "
                 "score_strategy. Warned once per table.",
                 DynamicEmbWarning,
                 stacklevel=5,

@@ -7,7 +7,8 @@ numbers reach the host only when someone reads them (:meth:`PlacementCounters.re
 Columns (:data:`METRIC_NAMES`), counted per logical table over unique keys:
 
 - ``hits``: keys a lookup (``find_or_insert``) found already stored;
-- ``misses``: keys a lookup did not find (``placed`` by it, or ``unplaced``);
+- ``misses``: keys a lookup did not find (``placed`` by it, ``unplaced``, or refused by the table's
+  admission strategy), so ``hits + misses`` is the unique keys a training lookup looked up;
 - ``placed``: keys a placing call stored for the first time;
 - ``evicted``: stored keys a placing call pushed out to make room for new ones;
 - ``unplaced``: keys a placing call could not store (their bucket full of keys pinned or written
@@ -82,6 +83,19 @@ class PlacementCounters:
                 mine[EVICTED] += int(evicted[t])
                 mine[UNPLACED] += u
         self._pending.clear()
+
+    def add_refused(self, tids: Tensor) -> None:
+        """Count keys an admission strategy refused as misses of their tables (device ops only).
+
+        A refused key was looked up and not found; it is neither placed nor unplaced (it was
+        never offered to the table), so it counts as a miss and nothing else: ``hits + misses``
+        stays the number of unique keys looked up (docs/lookup.md).
+
+        Args:
+            tids: (m,) int64 table id of each refused key, on the counters' device.
+        """
+        if tids.numel():
+            self.counts[:, MISSES].index_add_(0, tids, torch.ones_like(tids))
 
     def record(
         self,

@@ -99,7 +99,13 @@ class ScoredHashTable:
         # what each inserting call reads of every spec, read once (the specs are fixed): policy
         # codes, the growth check's (max_capacity, max_load_factor, no_eviction), RETAIN_KEY
         self._policies = [s.policy for s in specs]
-        self._growth_rules = [(s.max_capacity, s.max_load_factor, s.no_eviction) for s in specs]
+        # whether any table counts accesses (LFU, TIMESTAMP+LFU): only then do the inserting
+        # calls of a deduplicated batch pass each key's occurrence counts
+        self.counts_accesses = any(p in (_LFU, COMPOUND_POLICY) for p in self._policies)
+        self._growth_rules = [
+            (s.max_capacity, s.max_load_factor, s.no_eviction, s.grows_past_max_capacity)
+            for s in specs
+        ]
         self._retains = [s.evicted_item_mode == EvictedItemMode.RETAIN_KEY for s in specs]
         self._max_scores = max(s.num_scores for s in specs)
         self._next_number = torch.zeros(len(specs), dtype=i64, device=dev)
@@ -111,6 +117,9 @@ class ScoredHashTable:
         self._evicted_keys: List[List[Tensor]] = [[] for _ in specs]
         self._growth_listeners: List[GrowthListener] = []
         self._growth = expansion.GrowthGuard()  # may a table double (cap, memory); warns once
+        # bytes a doubling of table t allocates for rows kept outside this table (a grouped
+        # storage's flat buffer, moved by its growth listener): counted in the memory check
+        self.outside_growth_bytes: Optional[Callable[[int], int]] = None
         self._write_count = 0
         self._cur_scores_host: List[int] = []  # the values of _cur_scores_dev
         self._cur_scores_dev = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -207,8 +216,16 @@ class ScoredHashTable:
         spec = self.specs[t]
         row_bytes = spec.row_width * self._values[t].element_size()
         needed = expansion.doubling_bytes(self.capacity(t), self._offsets[-1], row_bytes)
+        if self.outside_growth_bytes is not None:
+            needed += self.outside_growth_bytes(t) or 0
         if not self._growth.allow(
-            spec.name, self.capacity(t), spec.max_capacity, needed, self.device, spec.no_eviction
+            spec.name,
+            self.capacity(t),
+            spec.max_capacity,
+            needed,
+            self.device,
+            spec.no_eviction,
+            spec.grows_past_max_capacity,
         ):
             return None
         begin, end = self._offsets[t], self._offsets[t + 1]
@@ -271,7 +288,13 @@ class ScoredHashTable:
         )
         for t in involved:
             spec = self.specs[t]
-            args = (self.capacity(t), spec.max_capacity, spec.max_load_factor, spec.no_eviction)
+            args = (
+                self.capacity(t),
+                spec.max_capacity,
+                spec.max_load_factor,
+                spec.no_eviction,
+                spec.grows_past_max_capacity,
+            )
             upper = keys.numel() if counts is None else counts[t]
             if not expansion.needs_growth(sizes[t], upper, *args):
                 continue
@@ -321,6 +344,7 @@ class ScoredHashTable:
         sizes: Sequence[int],
         *,
         report_evicted: bool = True,
+        counts: Optional[Tensor] = None,
     ) -> InsertResult:
         """:meth:`find_or_insert` for a caller that already knows, on the host, how many distinct
         keys each table receives and how many keys each table holds (a grouped lookup, which
@@ -334,14 +358,20 @@ class ScoredHashTable:
 
         The placement counters are the caller's to add (:meth:`PlacementCounters.add`): it reads
         the per-table outcome back with its sizes anyway, so counting costs no device work here.
+
+        ``counts``: (n,) int64 >= 0, each key's occurrences in the caller's batch before it
+        deduplicated them: an LFU (or TIMESTAMP+LFU) count grows by it, as if every occurrence had
+        been looked up (NVIDIA's DynamicEmb counts them so); None: 1 per key.
         """
+        if counts is not None and counts.dtype != torch.int64:
+            counts = counts.to(torch.int64)
         retain = False
         rules, retains = self._growth_rules, self._retains
         for t, count in enumerate(table_counts):
             if not count:
                 continue
             retain = retain or retains[t]
-            max_capacity, max_load_factor, no_eviction = rules[t]
+            max_capacity, max_load_factor, no_eviction, past_max = rules[t]
             if expansion.needs_growth(
                 int(sizes[t]),
                 int(count),
@@ -349,11 +379,14 @@ class ScoredHashTable:
                 max_capacity,
                 max_load_factor,
                 no_eviction,
+                past_max,
             ):
                 self._double(t)
         cur = self._cur_scores(None)
         if report_evicted or retain:
-            slots, is_new, evicted = self._run_insert(keys, table_ids, cur, None, True, unique=True)
+            slots, is_new, evicted = self._run_insert(
+                keys, table_ids, cur, None, True, unique=True, counts=counts
+            )
         else:
             self._write_count += 1
             slots, is_new = table_ops.find_or_insert(
@@ -366,9 +399,12 @@ class ScoredHashTable:
                 pins=self._pin_counts_arg(),
                 deterministic=self._deterministic,
                 unique_keys=True,
+                counts=counts,
             )
             evicted = self._no_evictions(self._max_scores)
-        slots, is_new = self._retry_no_eviction(keys, table_ids, cur, None, True, slots, is_new)
+        slots, is_new = self._retry_no_eviction(
+            keys, table_ids, cur, None, True, slots, is_new, counts
+        )
         self._number_new_keys(table_ids, slots, is_new, None)
         self._collect_evicted(evicted)
         assert is_new is not None
@@ -439,9 +475,11 @@ class ScoredHashTable:
         evicting: bool,
         table_ids: TableIds = None,
         unique: bool = False,
+        counts: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor], EvictedItems]:
         """One inserting op on the state; ``unique``: the pairs are distinct (the ops'
-        ``unique_keys``, which spares the key-parallel engine its leader map)."""
+        ``unique_keys``, which spares the key-parallel engine its leader map); ``counts``: the
+        accesses each key's touch counts (the ops' ``counts``)."""
         self._write_count += 1
         pins, det = self._pin_counts_arg(), self._deterministic
         if not evicting:
@@ -456,6 +494,7 @@ class ScoredHashTable:
                 pins=pins,
                 deterministic=det,
                 unique_keys=unique,
+                counts=counts,
             )
             return slots, None, self._no_evictions(self._num_columns(table_ids))
         slots, is_new, ek, es, ew, et = table_ops.insert_and_evict(
@@ -469,6 +508,7 @@ class ScoredHashTable:
             pins=pins,
             deterministic=det,
             unique_keys=unique,
+            counts=counts,
         )
         scores = score_columns_for_user(ew, et, self._reversed, self._num_columns(table_ids))
         return slots, is_new, EvictedItems(ek, es, scores, et, self._read_evicted_rows(es, et))
@@ -513,6 +553,7 @@ class ScoredHashTable:
         evicting: bool,
         slots: Tensor,
         is_new: Optional[Tensor],
+        counts: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """NO_EVICTION keys that found their bucket full: double the table, remap, retry them."""
         if not self._any_no_eviction:
@@ -537,7 +578,10 @@ class ScoredHashTable:
             failed &= torch.isin(tids, torch.tensor(grown, device=self.device))
             idx = failed.nonzero().squeeze(1)
             sub_words = None if words is None else words[idx]
-            sub_slots, sub_new, _ = self._run_insert(keys[idx], tids[idx], cur, sub_words, evicting)
+            sub_counts = None if counts is None else counts[idx]
+            sub_slots, sub_new, _ = self._run_insert(
+                keys[idx], tids[idx], cur, sub_words, evicting, counts=sub_counts
+            )
             slots[idx] = sub_slots
             if is_new is not None:
                 # is_new is only tracked when evicting, and _run_insert then returns it

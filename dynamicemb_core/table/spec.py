@@ -43,7 +43,9 @@ class TableSpec:
         row_width: elements per value row (embedding then optimizer state); 0 keeps keys only.
         dtype: element dtype of the value rows.
         init_capacity: slots at creation, rounded up to a whole number of buckets.
-        max_capacity: expansion stops once the capacity reaches this (NO_EVICTION too).
+        max_capacity: expansion stops once the capacity reaches this; a NO_EVICTION table
+            grows past it while memory allows (``expansion.GrowthGuard``), unless
+            ``fixed_capacity``.
         bucket_capacity: slots per bucket, a multiple of BUCKET_ALIGNMENT, or MAX_BUCKET_CAPACITY
             for one bucket spanning the table.
         max_load_factor: an insert that would pass ``size / capacity`` above this doubles the table.
@@ -51,6 +53,8 @@ class TableSpec:
         score_function: compound strategy only: ``f(scores, cur_timestamp) -> float``.
         safe_check_mode: what happens to keys that could not be placed.
         evicted_item_mode: RETAIN_KEY keeps evicted keys for :meth:`pop_evicted_keys`.
+        fixed_capacity: never grow past ``max_capacity``, NO_EVICTION included (a cache tier,
+            whose size is its device budget: what it cannot hold goes to the next tier).
     """
 
     name: str
@@ -64,6 +68,7 @@ class TableSpec:
     score_function: Optional[Callable[..., float]] = None
     safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
     evicted_item_mode: EvictedItemMode = EvictedItemMode.DISCARD
+    fixed_capacity: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -157,6 +162,12 @@ class TableSpec:
     @property
     def no_eviction(self) -> bool:
         return self._derived()[2] == _NO_EVICTION_POLICY
+
+    @property
+    def grows_past_max_capacity(self) -> bool:
+        """NO_EVICTION tables grow past ``max_capacity`` while memory allows (the seed), except
+        a ``fixed_capacity`` one."""
+        return self.no_eviction and not self.fixed_capacity
 
     def initial_layout(self) -> Tuple[int, int]:
         """``(num_buckets, bucket_cap)`` at creation; warns when init_capacity is rounded up."""

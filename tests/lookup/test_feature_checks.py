@@ -83,3 +83,38 @@ def test_offsets_check_given_numbers_decide_as_its_own() -> None:
     good = OffsetsCheck(torch.tensor([0, 2, 2, 3]), 3, 3)
     good.give([0, 3, 0])
     good.verify()
+
+
+def test_kjt_lengths_that_do_not_fit_features_by_batch_are_named() -> None:
+    """Issue 28 item 10: 3 lengths for 2 features x batch 1 raised TorchRec's bare
+    ``shape '[2, 1]' is invalid for input of size 3``; the lookup's entry names the problem (a shape
+    check: no readback)."""
+    from types import SimpleNamespace
+
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from dynamicemb_core.inference.collection import InferenceEmbeddingBagCollection
+    from dynamicemb_core.lookup.features import check_kjt, check_kjt_shape
+
+    bad = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 1, 1])
+    )
+    message = r"3 lengths, but its 2 features \['a', 'b'\] x batch size 1 need 2"
+    for check in (check_kjt_shape, check_kjt):
+        with pytest.raises(ValueError, match=r"where: KeyedJaggedTensor has " + message):
+            check(bad, "where")
+    served = SimpleNamespace(feature_names=["a", "b"])
+    with pytest.raises(ValueError, match=message):
+        InferenceEmbeddingBagCollection._kjt_tensors(served, bad)
+    good = KeyedJaggedTensor(
+        keys=["a", "b"], values=torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 0, 1, 1])
+    )
+    check_kjt(good, "where")
+    variable = KeyedJaggedTensor(
+        keys=["a", "b"],
+        values=torch.tensor([1, 2, 3]),
+        lengths=torch.tensor([1, 1, 1]),
+        stride_per_key_per_rank=[[1], [1]],
+    )
+    with pytest.raises(ValueError, match=r"per-feature batch sizes \[1, 1\] need 2"):
+        check_kjt_shape(variable, "where")

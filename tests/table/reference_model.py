@@ -14,6 +14,13 @@ Layers:
       :class:`RefEntry`, plus the value rows indexed by local slot.
     * :class:`RefScoredHashTable` mirrors the public Python class: several logical tables, default
       scores (step / custom score), user-order score columns, expansion, RETAIN_KEY buffers.
+
+Accesses: an LFU (or COMPOUND) count grows by every access of a key, and an occurrence of a key in a
+call is one access unless the call gives ``counts`` (a lookup that deduplicated its batch passes each
+key's occurrences in it): then occurrence ``i`` is ``counts[i]`` accesses.
+
+NO_EVICTION growth: a NO_EVICTION table doubles past ``max_capacity`` whenever a key finds no slot
+(the model assumes memory never runs out; the real table stops at its memory headroom).
 """
 
 from __future__ import annotations
@@ -330,11 +337,24 @@ class RefScoredHashTable:
         return list(seen)
 
     # -- the kernel semantics shared by every inserting op ----------------------------------------
+    @staticmethod
+    def _accesses(
+        pairs: Sequence[Tuple[int, int]], counts: Optional[Sequence[int]]
+    ) -> "_Multiset[Tuple[int, int]]":
+        """Accesses of each pair in a call: its occurrences, each ``counts[i]`` when given."""
+        if counts is None:
+            return _Multiset(pairs)
+        total: "_Multiset[Tuple[int, int]]" = _Multiset()
+        for pair, c in zip(pairs, counts):
+            total[pair] += int(c)
+        return total
+
     def _upsert(
         self,
         pairs: List[Tuple[int, int]],
         nows: Dict[int, Optional[int]],
         input_scores: Optional[List[Tuple[int, int]]],
+        counts: Optional[Sequence[int]] = None,
     ) -> Tuple[List[int], List[bool], List[RefEvicted]]:
         """One kernel call of insert / find_or_insert / insert_and_evict.
 
@@ -342,7 +362,7 @@ class RefScoredHashTable:
         call are protected. New keys are then placed in order of their first occurrence: the first
         empty slot of the bucket, else (unless NO_EVICTION) the unprotected slot of lowest rank.
         """
-        occurrences = _Multiset(pairs)
+        occurrences = self._accesses(pairs, counts)
         order = self._unique_in_order(pairs)
         # CHOICE: with input scores, a duplicated key takes the scores of its last occurrence.
         given = {} if input_scores is None else dict(zip(pairs, input_scores))
@@ -404,7 +424,7 @@ class RefScoredHashTable:
             table = self.tables[t]
             no_eviction = table.spec.policy == NO_EVICTION
             load_factor = 0.5 if no_eviction else table.spec.max_load_factor
-            below_cap = table.capacity < table.spec.max_capacity  # NO_EVICTION too
+            below_cap = no_eviction or table.capacity < table.spec.max_capacity
             if table.size + k > load_factor * table.capacity and below_cap:
                 table.double()
 
@@ -415,6 +435,7 @@ class RefScoredHashTable:
         rows: Optional[Sequence[Sequence[float]]],
         user_scores: Optional[Sequence[Sequence[int]]],
         score: Optional[int],
+        counts: Optional[Sequence[int]] = None,
     ) -> RefInsertResult:
         """insert / find_or_insert / insert_and_evict as the Python class runs them."""
         tids = self._table_ids(keys, table_ids)
@@ -424,18 +445,16 @@ class RefScoredHashTable:
         internal = None
         if user_scores is not None:
             internal = [self.tables[t].internal_scores(u) for t, u in zip(tids, user_scores)]
-        slots, is_new, evicted = self._upsert(pairs, nows, internal)
+        slots, is_new, evicted = self._upsert(pairs, nows, internal, counts)
 
-        # NO_EVICTION: keys that found a full bucket trigger a doubling and a retry, up to
-        # max_capacity (then they stay unplaced).
+        # NO_EVICTION: keys that found a full bucket trigger a doubling and a retry, past
+        # max_capacity (memory is the real table's bound; the model has none).
         while True:
             retry = sorted(
                 {
                     t
                     for (t, _), s in zip(pairs, slots)
-                    if s == -1
-                    and self.tables[t].spec.policy == NO_EVICTION
-                    and self.tables[t].capacity < self.tables[t].spec.max_capacity
+                    if s == -1 and self.tables[t].spec.policy == NO_EVICTION
                 }
             )
             if not retry:
@@ -446,7 +465,8 @@ class RefScoredHashTable:
             idx = [i for i, (t, s) in enumerate(zip(tids, slots)) if s == -1 and t in retry]
             sub_pairs = [pairs[i] for i in idx]
             sub_scores = None if internal is None else [internal[i] for i in idx]
-            sub_slots, sub_new, _ = self._upsert(sub_pairs, nows, sub_scores)
+            sub_counts = None if counts is None else [counts[i] for i in idx]
+            sub_slots, sub_new, _ = self._upsert(sub_pairs, nows, sub_scores, sub_counts)
             for i, s, n in zip(idx, sub_slots, sub_new):
                 slots[i], is_new[i] = s, n
 
@@ -477,10 +497,12 @@ class RefScoredHashTable:
                 self.next_numbers[t] += 1
 
     # -- public API, mirroring ScoredHashTable ----------------------------------------------------
-    def find(self, keys, table_ids=None, *, update_score=False, score=None) -> RefFindResult:
+    def find(
+        self, keys, table_ids=None, *, update_score=False, score=None, counts=None
+    ) -> RefFindResult:
         tids = self._table_ids(keys, table_ids)
         pairs = list(zip(tids, (int(k) for k in keys)))
-        occurrences = _Multiset(pairs)
+        occurrences = self._accesses(pairs, counts)
         slot_of: Dict[Tuple[int, int], int] = {}
         for t, key in self._unique_in_order(pairs):
             table = self.tables[t]
@@ -500,8 +522,8 @@ class RefScoredHashTable:
     def insert(self, keys, table_ids=None, *, rows=None, scores=None, score=None) -> List[int]:
         return self._insert_call(keys, table_ids, rows, scores, score).slots
 
-    def find_or_insert(self, keys, table_ids=None, *, score=None) -> RefInsertResult:
-        return self._insert_call(keys, table_ids, None, None, score)
+    def find_or_insert(self, keys, table_ids=None, *, score=None, counts=None) -> RefInsertResult:
+        return self._insert_call(keys, table_ids, None, None, score, counts)
 
     def insert_and_evict(
         self, keys, table_ids=None, *, rows=None, scores=None, score=None

@@ -111,11 +111,13 @@ def test_no_eviction_doubles_at_half_load_and_retries_full_buckets() -> None:
     assert sorted(m.export(0).keys) == list(range(9))
 
 
-def test_no_eviction_stops_growing_at_max_capacity() -> None:
+def test_no_eviction_grows_past_max_capacity() -> None:
     m = _one(ref.NO_EVICTION, init_capacity=16, max_capacity=16)
     m.insert(list(range(8)), score=0)
-    m.insert([8], score=0)  # past half load, but at the cap: no doubling
-    assert m.capacity() == 16 and m.size() == 9
+    m.insert([8], score=0)  # past half load: doubles though at max_capacity (the seed's rule)
+    assert m.capacity() == 32 and m.size() == 9
+    m.insert(list(range(100, 200)), score=0)
+    assert m.size() == 109 and all(s >= 0 for s in m.find(list(range(100, 200))).slots)
 
 
 def test_expansion_stops_at_max_capacity_and_keeps_keys() -> None:

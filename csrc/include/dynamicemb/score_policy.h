@@ -61,22 +61,35 @@ DEMB_HOST_DEVICE int64_t resolve_now(int64_t policy, int64_t cur_score, int64_t 
 }
 
 /**
- * @brief Apply one touch (one occurrence of a key in a call) to a slot's score words.
+ * @brief How many accesses a touch of occurrence i counts: `counts[i]` where the caller gives
+ * per-key counts (a lookup that deduplicated its keys passes each unique key's occurrences in the
+ * batch, so an LFU count grows by every occurrence as NVIDIA's DynamicEmb counts them), else 1
+ * (each occurrence of a key in the call is its own touch). 0: the touch places or keeps the key
+ * without counting an access (a prefetch, whose forward counts the batch's accesses).
+ */
+DEMB_HOST_DEVICE int64_t touch_count(const int64_t* counts, int64_t i) {
+  return counts != nullptr ? counts[i] : 1;
+}
+
+/**
+ * @brief Apply one touch (occurrence i of a key in a call, counting `count` accesses, see
+ * touch_count) to a slot's score words.
  *
- * A new key starts from words {0, 0}, so repeated touches in one call leave an LFU count equal to
- * the number of occurrences, and an existing key's count grows by that number.
+ * A new key starts from words {0, 0}, so the touches of one call leave an LFU count equal to the
+ * accesses they count, and an existing key's count grows by that number.
  * @param words  the slot's two words, internal order, updated in place.
  * @param now    resolve_now(...) for the key's table.
+ * @param count  accesses this touch counts (LFU and COMPOUND add it; other policies ignore it).
  */
-DEMB_HOST_DEVICE void apply_touch(int64_t policy, int64_t now, int64_t* words) {
+DEMB_HOST_DEVICE void apply_touch(int64_t policy, int64_t now, int64_t* words, int64_t count = 1) {
   if (policy_keeps_words(policy)) return;
   switch (policy) {
     case kLfu:
-      words[0] += 1;
+      words[0] += count;
       words[1] = 0;
       break;
     case kCompound:
-      words[0] += 1;
+      words[0] += count;
       words[1] = now;
       break;
     default:  // TIMESTAMP, STEP, CUSTOMIZED

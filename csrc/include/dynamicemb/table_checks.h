@@ -84,6 +84,20 @@ inline void check_input_scores_arg(const char* op, const at::Tensor& s, int64_t 
                    ": input_scores must be (n, 2) = (", n, ", 2), got ", s.sizes());
 }
 
+/// counts (find, insert, find_or_insert, insert_and_evict): an optional contiguous (n,) int64
+/// tensor, the accesses each key's touch counts (score_policy.h, touch_count). Returns its data
+/// pointer, or null when the op was given none. The values (>= 0) are checked by the CPU kernels;
+/// on CUDA only where the caller asks for the data checks (check_counts_values).
+inline const int64_t* check_counts_arg(const char* op, const c10::optional<at::Tensor>& counts,
+                                       int64_t n, const at::Device& device) {
+  if (!counts.has_value()) return nullptr;
+  check_table_arg(*counts, op, "counts", at::kLong, 1, device);
+  DEMB_CHECK_VALUE(counts->size(0) == n && counts->is_contiguous(), "dynamicemb.", op,
+                   ": counts must be a contiguous (n,) = (", n,
+                   ",) int64 tensor, one access count per key, got ", counts->sizes());
+  return counts->data_ptr<int64_t>();
+}
+
 /// pins: (total_slots,) int32 pin counts, one per global slot (a slot with a count > 0 is never a
 /// victim). Returns the contiguous data pointer, or null when the op was given none.
 inline const int32_t* check_pins_arg(const char* op, const c10::optional<at::Tensor>& pins,
