@@ -204,7 +204,13 @@ def planned_capacity(handle: TableHandle, num_keys: int) -> int:
     spec = handle.table.specs[handle.table_id]
     capacity = handle.table.capacity(handle.table_id)
     while needs_growth(
-        0, num_keys, capacity, spec.max_capacity, spec.max_load_factor, spec.no_eviction
+        0,
+        num_keys,
+        capacity,
+        spec.max_capacity,
+        spec.max_load_factor,
+        spec.no_eviction,
+        spec.grows_past_max_capacity,
     ):
         capacity *= 2
     return capacity
@@ -219,7 +225,8 @@ def check_room(
     the table's keys or refuse the new one, and either loses a row the load promised. So every key
     the table holds after the load (those it holds now and the new ones) must fit its bucket. The
     capacity checked starts at :func:`planned_capacity` of that count and doubles while a bucket
-    overflows, up to ``max_capacity``; the caller grows the table to it
+    overflows, up to ``max_capacity`` (past it for a table that grows past it, which memory bounds
+    instead); the caller grows the table to it
     (``ScoredHashTable.reserve``) before writing.
 
     Args:
@@ -248,7 +255,10 @@ def check_room(
         + f": the checkpoint brings {keys.numel()} keys ({new.numel()} not in the table, which "
         f"holds {held})"
     )
-    if total > spec.max_capacity:
+    # A table that grows past max_capacity (NO_EVICTION, see GrowthGuard) is bounded by memory
+    # instead: reserve() stops where the guard refuses, and the load raises for any key left out.
+    unbounded = spec.grows_past_max_capacity
+    if total > spec.max_capacity and not unbounded:
         raise CheckpointMismatchError(
             f"{where}; {total} keys do not fit its max_capacity of {spec.max_capacity} slots. "
             "Nothing was written: load into tables with a larger max_capacity"
@@ -268,7 +278,7 @@ def check_room(
             counts = torch.bincount(buckets_of_tensor(every, num_buckets), minlength=num_buckets)
             fullest = int(counts.max()) if counts.numel() else 0
             over = int((counts - width).clamp(min=0).sum())
-        if not over or fixed or capacity >= spec.max_capacity:
+        if not over or fixed or (capacity >= spec.max_capacity and not unbounded):
             break
         capacity *= 2
     if over:
