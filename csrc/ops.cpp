@@ -101,24 +101,13 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("device_clock(Tensor like) -> Tensor");
 
   // ---------------------------------------------------------------------------------------------
-  // Lookup and training ops (owned by the lookup engineer; kernels in csrc/{cpu,cuda}/lookup.*).
+  // Per-table lookup ops (kernels in csrc/{cpu,cuda}/lookup.*): the serving path's pooled gather
+  // and the sharded input dist's dedup. The training step runs the grouped ops below.
   // ---------------------------------------------------------------------------------------------
   // Deduplicate keys: (n,) int64 -> (unique keys (u,), inverse (n,), counts (u,)); order unspecified.
   m.def("unique(Tensor keys) -> (Tensor, Tensor, Tensor)");
   // Pool bags of unique rows: (u, D) rows, (n,) inverse, (b+1,) offsets -> (b, D); mode 0 SUM, 1 MEAN.
   m.def("pooled_gather(Tensor embeddings, Tensor inverse, Tensor offsets, Tensor? weights, int mode, bool check=True) -> Tensor");
-  // Adjoint of pooled_gather: (b, D) bag gradients -> (num_unique, D) gradient per unique key.
-  m.def("reduce_grads(Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int mode, int num_unique, bool check=True) -> Tensor");
-  // EXACT_SGD on value rows at slots (-1 skipped), in place.
-  m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, bool check=True) -> ()");
-  // reduce_grads then sgd_update in one op, without the (u, D) gradient tensor: slots (u,) are the
-  // unique keys' slots (-1 skipped); bit-identical to the two ops (the training backward's SGD path).
-  // EXACT_ADAGRAD on rows [w | m(D)] at slots, in place.
-  m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, bool check=True) -> ()");
-  // EXACT_ROWWISE_ADAGRAD on rows [w | m(1)] at slots, in place; weight_decay_mode 0 NONE, 1 L2, 2 DECOUPLE.
-  m.def("rowwise_adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float weight_decay, int weight_decay_mode, bool check=True) -> ()");
-  // FBGEMM ADAM on rows [w | m(D) | v(D)] at slots, in place; step >= 1 is the global step.
-  m.def("adam_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float beta1, float beta2, float weight_decay, int step, bool check=True) -> ()");
 
   // ---------------------------------------------------------------------------------------------
   // Grouped value ops: one call for all tables of a group (csrc/include/dynamicemb/grouped.h).
