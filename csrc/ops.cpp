@@ -50,26 +50,6 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
       "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True, Tensor? pins=None, "
       "bool deterministic=True, bool unique_keys=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // find_or_insert and the keys' value rows in one call (HKV's find_or_insert with values):
-  // `values` as find_rows' (rows by local slot of the tables the keys name; with check, it must
-  // hold every slot of those tables), `rows` (n, width) in and out: a found key gets its slot's
-  // row, a key new in this call has its FIRST occurrence's row written to its slot, and every
-  // occurrence of a placed key ends with its slot's row; slot -1 leaves rows[i] as given.
-  m.def(
-      "find_or_insert_rows(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, "
-      "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
-      "Tensor policies, Tensor score_fns, Tensor(d!) sizes, Tensor cur_scores, Tensor(e!) values, "
-      "Tensor(f!) rows, bool check=True, Tensor? pins=None, bool deterministic=True, "
-      "bool unique_keys=False) -> (Tensor, Tensor)");
-  // insert_and_evict and the value rows in one call: every placed key's slot gets the row of the
-  // key's LAST occurrence in `rows` (n, width) (scatter_rows' rule); each evicted key is reported
-  // with the row it had. -> (insert_and_evict's six outputs, ev_rows (m, width))
-  m.def(
-      "insert_and_evict_rows(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, "
-      "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
-      "Tensor policies, Tensor score_fns, Tensor(d!) sizes, Tensor cur_scores, "
-      "Tensor? input_scores, Tensor(e!) values, Tensor rows, bool check=True, Tensor? pins=None, "
-      "bool deterministic=True, bool unique_keys=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Remove keys, freeing their slots. -> erased (n,) bool
   m.def(
       "erase(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor(a!) digests, Tensor scores, "
@@ -85,13 +65,6 @@ TORCH_LIBRARY(dynamicemb, m) {
       "insert_at(Tensor keys, Tensor table_ids, Tensor slots, Tensor(a!) table_keys, "
       "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
       "Tensor policies, Tensor(d!) sizes, Tensor input_scores, bool dry_run) -> Tensor");
-  // find (without touching) and the found keys' rows of `values` in one pass: `values` is the
-  // (capacity, width) tensor of the tables the keys name (rows by local slot, as gather_rows); a
-  // missing key, or a slot outside values' rows, reads a zero row. -> (slots, found, rows (n, width))
-  m.def(
-      "find_rows(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, Tensor scores, "
-      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor values, "
-      "bool check=True) -> (Tensor, Tensor, Tensor)");
   // Rows of a (capacity, width) value tensor at local slots; slot -1 gives zeros. -> (n, width)
   m.def("gather_rows(Tensor values, Tensor slots, bool check=True) -> Tensor");
   // Write rows into a (capacity, width) value tensor at local slots; slot -1 skipped, last write wins.
