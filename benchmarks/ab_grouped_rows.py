@@ -1,10 +1,10 @@
 """A/B of a hybrid group's row work on CPU: ``GroupedRows`` at an older commit against this tree's.
 
-The figures of docs/benchmarks.md's "Hybrid and host-only rows" section: the old class (by default
-68f4f6b, which expanded a sequence output to every id and gathered both parts over all of them) and
-this tree's, on its mapped path (both parts addressed in place) and its copy path (the host part's
-own pairs compacted), on one batch: 10 tables of 65,536 rows, dim 128, 10 % device rows, 131,070
-ids over ``--unique`` pairs (power law per table), SGD, sequence output, one thread.
+The old class (by default 68f4f6b, which expanded a sequence output to every id and gathered both
+parts over all of them) and this tree's, on its mapped path (both parts addressed in place) and its
+copy path (the host part's own pairs compacted), on one batch: 10 tables of 65,536 rows, dim 128,
+10 % device rows, 131,070 ids over ``--unique`` pairs (power law per table), SGD, sequence output,
+one thread.
 
     python benchmarks/ab_grouped_rows.py [--old-commit 68f4f6b] [--unique 40000] [--repeats 6]
 """

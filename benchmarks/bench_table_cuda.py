@@ -13,21 +13,15 @@ Set-up, as HierarchicalKV's ``merlin_hashtable_benchmark`` does it: one table of
 (buckets of 128, TIMESTAMP policy with the device clock, HKV's LRU), filled with consecutive keys to
 load factor λ; each measured call gets 1,048,576 keys of which 60% were inserted last and 40% are
 new (HKV's ``hitrate=0.6``, ``Hit_Mode::last_insert``, which its benchmark gives every op, find and
-``find*`` included: HKV's find copies the rows of the 60% it finds). The lookups get that key set too;
-``find_rows/present`` is find_rows on keys that are all present (every row copied), the set the
-lookups were timed on before December 2, 2026, kept for comparison with the earlier figures.
+``find*`` included: HKV's find copies the rows of the 60% it finds). The lookups get that key set too.
 Mutating ops restart from a snapshot of the filled table before every repeat; each figure is the
 median of ``--repeats`` CUDA-event timings after a warm-up. Each (λ, dim) runs in a process of its
 own, with its own table (in one process the cells timed after the first ran 5-20 % slower). Throughput is in billions of key-value
 pairs per second, counted like HKV (keys / seconds / 2^30), so figures compare with its table.
 
-The columns: ``ours`` (table op, plus value rows where HKV's API moves them: find + gather_rows,
-and the fused ``find_rows`` (one kernel: each warp probes its keys and copies their rows), both
-against HKV's find;
-insert + scatter_rows; find_or_insert + gather_rows; insert_and_evict + gather_rows of the evicted
-rows + scatter_rows of the new ones; ``find_or_insert_rows`` (found rows out, new rows in) and
-``insert_and_evict_rows`` (victims' rows out, every key's row in), HKV's API shape in one op: the
-table op and its row copies with no Python between them), ``index_select`` (the same number of fp32 rows of the same
+The columns: ``ours`` (table op, plus value rows where HKV's API moves them: find + gather_rows
+against HKV's find; insert + scatter_rows; find_or_insert + gather_rows; insert_and_evict +
+gather_rows of the evicted rows + scatter_rows of the new ones), ``index_select`` (the same number of fp32 rows of the same
 width from a static tensor of the same shape, timed in the same run), the bytes each call moves by a
 simple model (key in, digest line, key compare, score words, outputs, value rows) per second and as
 a share of the ~4.3 TB/s the device copies at, and the ratio to HKV's figure for the same API.
@@ -89,42 +83,28 @@ for _dim, _row in {
         strict=False,
     ):
         HKV[(0.5, _dim, _api)] = _v
-    HKV[(0.5, _dim, "find_rows")] = _row[0]  # the fused op moves what HKV's find moves
-    # the *_rows ops are HKV's find_or_insert / insert_and_evict API, values included
-    HKV[(0.5, _dim, "find_or_insert_rows")] = _row[2]
-    HKV[(0.5, _dim, "insert_and_evict_rows")] = _row[4]
 HKV.update(
     {
         (1.0, 32, "find+gather"): 3.61,
-        (1.0, 32, "find_rows"): 3.61,
         (1.0, 32, "find_or_insert"): 1.27,
         (1.0, 32, "insert_and_evict"): 0.82,
-        (1.0, 32, "find_or_insert_rows"): 1.27,
-        (1.0, 32, "insert_and_evict_rows"): 0.82,
     }
 )
 # Every op the bench times, in its order (--ops picks some).
 OPS = (
     "find",
     "find+gather",
-    "find_rows",
-    "find_rows/present",
     "insert",
     "find_or_insert",
-    "find_or_insert_rows",
     "insert_and_evict",
-    "insert_and_evict_rows",
     "export_if",
 )
 # Targets of issue 3, as multiples of HKV's figure.
 TARGET = {
     "find": 1.0,
     "find+gather": 1.2,
-    "find_rows": 1.2,
     "find_or_insert": 1.1,
     "insert_and_evict": 1.1,
-    "find_or_insert_rows": 1.1,
-    "insert_and_evict_rows": 1.1,
     "export_if": 1.0,
 }
 # --small: every op at two load factors (1.0: inserts evict) and two dims, 4096 keys, 64k slots.
@@ -198,13 +178,9 @@ def probe_bytes(dim: int) -> Dict[str, float]:
     return {
         "find": look + hit * (8 + 16) + 8 + 1 + 16,
         "find+gather": look + hit * (8 + 16) + 8 + 1 + 16 + hit * row + row,
-        "find_rows": look + hit * 8 + 8 + 1 + hit * row + row,  # no score words
-        "find_rows/present": look + 8 + 8 + 1 + 2 * row,
         "insert": base + 16 + 8 + 8 + 16 + 2 * row,  # + sort pass, write key/score, rows in/out
         "find_or_insert": base + 16 + 8 + 8 + 1 + 16 + 2 * row,
-        "find_or_insert_rows": base + 16 + 8 + 8 + 1 + 16 + 2 * row,
         "insert_and_evict": base + 16 + 8 + 8 + 1 + 16 + 4 * row,
-        "insert_and_evict_rows": base + 16 + 8 + 8 + 1 + 16 + 4 * row,
         "index_select": 8 + 2 * row,
     }
 
@@ -217,7 +193,6 @@ class Filled:
     snapshot: TableState
     load_factor: float  # measured after filling
     mixed: torch.Tensor  # 60% last-inserted + 40% new keys, shuffled
-    present: torch.Tensor  # all present, shuffled
     tids: torch.Tensor
     fns: torch.Tensor
     clock: torch.Tensor
@@ -238,14 +213,11 @@ def make_filled(slots: int, lf: float, gen: torch.Generator, keys: int) -> Fille
     hit = torch.arange(start - n_hit, start, device=dev)
     new = torch.arange(start, start + keys - n_hit, device=dev)
     mixed = torch.cat([hit, new])[torch.randperm(keys, device=dev, generator=gen)]
-    present = torch.arange(start - keys, start, device=dev)
-    present = present[torch.randperm(keys, device=dev, generator=gen)]
     return Filled(
         state,
         TableState(*(t.clone() for t in state)),
         int(state.sizes[0]) / slots,
         mixed,
-        present,
         torch.zeros(keys, dtype=torch.int64, device=dev),
         fns,
         clock,
@@ -281,20 +253,10 @@ def cases_for(
             ops.gather_rows(values, out[3], **c)
             ops.scatter_rows(values, out[0], new_rows, **c)
 
-        io_rows = new_rows.clone()  # find_or_insert_rows reads and writes it
-
-        def foi_rows() -> None:
-            ops.find_or_insert_rows(k, t, st, fns, clock, values, io_rows, **e)
-
-        def iae_rows() -> None:
-            ops.insert_and_evict_rows(k, t, st, fns, clock, values, new_rows, **e)
-
         return [
             ("insert", engine, ins, f.restore),
             ("find_or_insert", engine, foi, f.restore),
-            ("find_or_insert_rows", engine, foi_rows, f.restore),
             ("insert_and_evict", engine, iae, f.restore),
-            ("insert_and_evict_rows", engine, iae_rows, f.restore),
         ]
 
     def exp() -> None:
@@ -308,8 +270,6 @@ def cases_for(
             lambda: ops.gather_rows(values, ops.find(k, t, st, clock, False, **c)[0], **c),
             None,
         ),
-        ("find_rows", "-", lambda: ops.find_rows(k, t, st, values, **c), None),
-        ("find_rows/present", "-", lambda: ops.find_rows(f.present, t, st, values, **c), None),
     ]
     for engine in engines:
         cases += inserting(engine)
@@ -418,8 +378,8 @@ def cell_argv(args: argparse.Namespace, lf: float, dim: int) -> List[str]:
 
 def run(args: argparse.Namespace) -> str:
     """Every (λ, dim) in a process of its own: timed one after another in one process, the cells
-    after the first ran 5-20 % slower on every op, lookups included (the H200, session 12,
-    docs/benchmarks.md; cause not isolated)."""
+    after the first ran 5-20 % slower on every op, lookups included (on the H200; cause not
+    isolated)."""
     rows: List[List[str]] = []
     for lf in args.load_factors:
         for dim in args.dims:
@@ -453,13 +413,12 @@ def render(args: argparse.Namespace, rows: List[List[str]]) -> str:
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"Command: `python benchmarks/bench_table_cuda.py {' '.join(sys.argv[1:])}`".rstrip(),
         f"Table: {args.slots:,} slots, buckets of {BUCKET}, TIMESTAMP (device clock); "
-        f"{args.keys:,} keys per op ({int(HIT_RATE * 100)}% present; all present for "
-        "find_rows/present); "
+        f"{args.keys:,} keys per op ({int(HIT_RATE * 100)}% present); "
         f"median of {args.repeats}; ops called with check={args.checked} "
         f"({'the ops check ids and slots: one device sync each' if args.checked else 'as ScoredHashTable calls them, having validated its input'}).",
         "",
         "| λ | dim | op | engine | ours (B-KV/s) | ours (ms) | index_select (B-rows/s) | "
-        "speedup vs index_select | modelled TB/s (% of 4.3) | HKV (B-KV/s) | ours / HKV |",
+        "speedup vs index_select | modelled TB/s (% of 4.3) | HKV (B-KV/s) | speedup vs HKV |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     return "\n".join(head + ["| " + " | ".join(r) + " |" for r in rows]) + "\n"

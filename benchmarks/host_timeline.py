@@ -1,4 +1,4 @@
-"""Where a CUDA training step's wall time goes between the host and the GPU (issue 13).
+"""Where a CUDA training step's wall time goes between the host and the GPU.
 
 Wraps the step's ops (every call into ``torch.ops.dynamicemb`` and the torch ops the step makes
 itself are not wrapped; the phases are the dynamicemb ops) with host timestamps and CUDA events, runs

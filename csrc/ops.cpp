@@ -56,26 +56,6 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor score_fns, "
       "Tensor(d!) sizes, Tensor cur_scores, Tensor? input_scores, bool check=True, Tensor? pins=None, "
       "bool deterministic=True, bool unique_keys=False, Tensor? counts=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // find_or_insert and the keys' value rows in one call (HKV's find_or_insert with values):
-  // `values` as find_rows' (rows by local slot of the tables the keys name; with check, it must
-  // hold every slot of those tables), `rows` (n, width) in and out: a found key gets its slot's
-  // row, a key new in this call has its FIRST occurrence's row written to its slot, and every
-  // occurrence of a placed key ends with its slot's row; slot -1 leaves rows[i] as given.
-  m.def(
-      "find_or_insert_rows(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, "
-      "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
-      "Tensor policies, Tensor score_fns, Tensor(d!) sizes, Tensor cur_scores, Tensor(e!) values, "
-      "Tensor(f!) rows, bool check=True, Tensor? pins=None, bool deterministic=True, "
-      "bool unique_keys=False) -> (Tensor, Tensor)");
-  // insert_and_evict and the value rows in one call: every placed key's slot gets the row of the
-  // key's LAST occurrence in `rows` (n, width) (scatter_rows' rule); each evicted key is reported
-  // with the row it had. -> (insert_and_evict's six outputs, ev_rows (m, width))
-  m.def(
-      "insert_and_evict_rows(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, "
-      "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
-      "Tensor policies, Tensor score_fns, Tensor(d!) sizes, Tensor cur_scores, "
-      "Tensor? input_scores, Tensor(e!) values, Tensor rows, bool check=True, Tensor? pins=None, "
-      "bool deterministic=True, bool unique_keys=False) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   // Remove keys, freeing their slots. -> erased (n,) bool
   m.def(
       "erase(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor(a!) digests, Tensor scores, "
@@ -91,13 +71,6 @@ TORCH_LIBRARY(dynamicemb, m) {
       "insert_at(Tensor keys, Tensor table_ids, Tensor slots, Tensor(a!) table_keys, "
       "Tensor(b!) digests, Tensor(c!) scores, Tensor slot_offsets, Tensor bucket_caps, "
       "Tensor policies, Tensor(d!) sizes, Tensor input_scores, bool dry_run) -> Tensor");
-  // find (without touching) and the found keys' rows of `values` in one pass: `values` is the
-  // (capacity, width) tensor of the tables the keys name (rows by local slot, as gather_rows); a
-  // missing key, or a slot outside values' rows, reads a zero row. -> (slots, found, rows (n, width))
-  m.def(
-      "find_rows(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, Tensor scores, "
-      "Tensor slot_offsets, Tensor bucket_caps, Tensor policies, Tensor sizes, Tensor values, "
-      "bool check=True) -> (Tensor, Tensor, Tensor)");
   // Rows of a (capacity, width) value tensor at local slots; slot -1 gives zeros. -> (n, width)
   m.def("gather_rows(Tensor values, Tensor slots, bool check=True) -> Tensor");
   // Write rows into a (capacity, width) value tensor at local slots; slot -1 skipped, last write wins.
@@ -107,24 +80,13 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("device_clock(Tensor like) -> Tensor");
 
   // ---------------------------------------------------------------------------------------------
-  // Lookup and training ops (owned by the lookup engineer; kernels in csrc/{cpu,cuda}/lookup.*).
+  // Per-table lookup ops (kernels in csrc/{cpu,cuda}/lookup.*): the serving path's pooled gather
+  // and the sharded input dist's dedup. The training step runs the grouped ops below.
   // ---------------------------------------------------------------------------------------------
   // Deduplicate keys: (n,) int64 -> (unique keys (u,), inverse (n,), counts (u,)); order unspecified.
   m.def("unique(Tensor keys) -> (Tensor, Tensor, Tensor)");
   // Pool bags of unique rows: (u, D) rows, (n,) inverse, (b+1,) offsets -> (b, D); mode 0 SUM, 1 MEAN.
   m.def("pooled_gather(Tensor embeddings, Tensor inverse, Tensor offsets, Tensor? weights, int mode, bool check=True) -> Tensor");
-  // Adjoint of pooled_gather: (b, D) bag gradients -> (num_unique, D) gradient per unique key.
-  m.def("reduce_grads(Tensor grad_bags, Tensor inverse, Tensor offsets, Tensor? weights, int mode, int num_unique, bool check=True) -> Tensor");
-  // EXACT_SGD on value rows at slots (-1 skipped), in place.
-  m.def("sgd_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, bool check=True) -> ()");
-  // reduce_grads then sgd_update in one op, without the (u, D) gradient tensor: slots (u,) are the
-  // unique keys' slots (-1 skipped); bit-identical to the two ops (the training backward's SGD path).
-  // EXACT_ADAGRAD on rows [w | m(D)] at slots, in place.
-  m.def("adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, bool check=True) -> ()");
-  // EXACT_ROWWISE_ADAGRAD on rows [w | m(1)] at slots, in place; weight_decay_mode 0 NONE, 1 L2, 2 DECOUPLE.
-  m.def("rowwise_adagrad_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float weight_decay, int weight_decay_mode, bool check=True) -> ()");
-  // FBGEMM ADAM on rows [w | m(D) | v(D)] at slots, in place; step >= 1 is the global step.
-  m.def("adam_update(Tensor(a!) values, Tensor slots, Tensor grads, float lr, float eps, float beta1, float beta2, float weight_decay, int step, bool check=True) -> ()");
 
   // ---------------------------------------------------------------------------------------------
   // Grouped value ops: one call for all tables of a group (csrc/include/dynamicemb/grouped.h).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The release check on the GPU machine in one call (the coordinator's final run since session 11):
+# The release check on the GPU machine in one call (docs/benchmarks.md takes its GPU figures from it):
 # install + build, bench_training (hbm 10/1/26 tables vs FBGEMM TBE, --split), bench_table_cuda,
 # then both insert engines over every CUDA test dir and compute-sanitizer over the key-parallel
 # engine. Needs FBGEMM's CUDA build in /tmp/fbg (see scripts/gpu_check.sh install). ~370 s.

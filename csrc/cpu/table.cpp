@@ -450,7 +450,7 @@ const int64_t* check_counts(const char* op, const c10::optional<Tensor>& counts,
 // Ops
 // ------------------------------------------------------------------------------------------------
 
-/** find's body, named `op` in its errors; find_rows runs it without cur_scores (no touch). */
+/** find's body, named `op` in its errors. */
 std::tuple<Tensor, Tensor, Tensor> find_impl(const char* op, const Tensor& keys,
                                              const Tensor& table_ids, const Tensor& table_keys,
                                              const Tensor& digests, const Tensor& scores,
@@ -774,21 +774,6 @@ void copy_rows(const Tensor& values, const int64_t* sl, int64_t n, Tensor& out) 
   });
 }
 
-std::tuple<Tensor, Tensor, Tensor> find_rows_cpu(const Tensor& keys, const Tensor& table_ids,
-                                                 const Tensor& table_keys, const Tensor& digests,
-                                                 const Tensor& scores, const Tensor& slot_offsets,
-                                                 const Tensor& bucket_caps, const Tensor& policies,
-                                                 const Tensor& sizes, const Tensor& values,
-                                                 bool /*check: the CPU kernels always check*/) {
-  check_values_arg("find_rows", values, at::Device(at::kCPU));
-  auto [slots, found, words] = find_impl("find_rows", keys, table_ids, table_keys, digests, scores,
-                                         slot_offsets, bucket_caps, policies, sizes, c10::nullopt,
-                                         false);
-  Tensor rows = at::empty({slots.numel(), values.size(1)}, values.options());
-  copy_rows(values, slots.data_ptr<int64_t>(), slots.numel(), rows);
-  return std::make_tuple(slots, found, rows);
-}
-
 Tensor gather_rows_cpu(const Tensor& values, const Tensor& slots, bool /*check: the CPU kernels always check*/) {
   check_rows_slots("gather_rows", values, slots);
   const Tensor sc = slots.contiguous();
@@ -825,85 +810,6 @@ void scatter_rows_cpu(const Tensor& values, const Tensor& slots, const Tensor& r
   scatter_rows_into(values, sc.data_ptr<int64_t>(), sc.numel(), rc);
 }
 
-/**
- * values must hold every local slot of each table the keys name (the *_rows ops; ids checked
- * already): ValueError naming the first key whose table is larger.
- */
-void check_values_cover(const char* op, const Tensor& values, const State& s,
-                        const Tensor& table_ids) {
-  const int64_t* tid = table_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < table_ids.numel(); ++i) {
-    const int64_t cap = s.offsets[tid[i] + 1] - s.offsets[tid[i]];
-    if (cap > values.size(0)) raise_short_values(op, i, tid[i], cap, values.size(0));
-  }
-}
-
-std::tuple<Tensor, Tensor> find_or_insert_rows_cpu(
-    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
-    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
-    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const Tensor& values, const Tensor& rows, bool /*check: the CPU kernels always check*/,
-    const c10::optional<Tensor>& pins, bool /*deterministic: always, on CPU*/,
-    bool /*unique_keys: no leader map on CPU*/) {
-  const char* op = "find_or_insert_rows";
-  InsertArgs a = check_insert(op, keys, table_ids, table_keys, digests, scores, slot_offsets,
-                              bucket_caps, policies, score_fns, sizes, cur_scores, c10::nullopt);
-  const int64_t n = a.keys.numel();
-  check_insert_rows_args(op, values, rows, n, at::Device(at::kCPU));
-  const int32_t* pin_counts = check_pins_arg(op, pins, a.state.total_slots, at::Device(at::kCPU));
-  check_values_cover(op, values, a.state, a.table_ids);
-  Tensor slots = at::empty({n}, a.keys.options());
-  Tensor is_new = at::empty({n}, a.keys.options().dtype(at::kBool));
-  InsertOutputs out{slots.data_ptr<int64_t>(), is_new.data_ptr<bool>()};
-  out.pins = pin_counts;
-  insert_all(a.state, a.keys, a.table_ids, a.now.data(), a.score_fns, nullptr, out);
-  // The composition: a values row that new keys name gets the row of the first of them in input
-  // order (every occurrence of a new key is is_new; the first one's row wins), then every placed
-  // occurrence reads its slot's row.
-  const int64_t cap = values.size(0);
-  const int64_t rb = values.size(1) * values.element_size();
-  const int64_t* sl = out.slots;
-  const bool* nw = out.is_new;
-  char* v = static_cast<char*>(values.data_ptr());
-  char* r = static_cast<char*>(rows.data_ptr());
-  std::vector<uint8_t> written(rb > 0 ? cap : 0, 0);
-  for (int64_t i = 0; i < n && rb > 0; ++i) {
-    if (!nw[i] || sl[i] < 0 || sl[i] >= cap || written[sl[i]]) continue;
-    written[sl[i]] = 1;
-    std::memcpy(v + sl[i] * rb, r + i * rb, rb);
-  }
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (sl[i] >= 0 && sl[i] < cap) std::memcpy(r + i * rb, v + sl[i] * rb, rb);
-    }
-  });
-  return std::make_tuple(slots, is_new);
-}
-
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_rows_cpu(
-    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
-    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
-    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const c10::optional<Tensor>& input_scores, const Tensor& values, const Tensor& rows,
-    bool check, const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys) {
-  const char* op = "insert_and_evict_rows";
-  {  // every check before insert_and_evict writes anything
-    InsertArgs a = check_insert(op, keys, table_ids, table_keys, digests, scores, slot_offsets,
-                                bucket_caps, policies, score_fns, sizes, cur_scores, input_scores);
-    check_insert_rows_args(op, values, rows, a.keys.numel(), at::Device(at::kCPU));
-    check_pins_arg(op, pins, a.state.total_slots, at::Device(at::kCPU));
-    check_values_cover(op, values, a.state, a.table_ids);
-  }
-  auto [sl, is_new, ek, es, ew, et] =
-      insert_and_evict_cpu(keys, table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
-                           policies, score_fns, sizes, cur_scores, input_scores, check, pins,
-                           deterministic, unique_keys, c10::nullopt);
-  Tensor ev_rows = at::empty({es.numel(), values.size(1)}, values.options());
-  copy_rows(values, es.data_ptr<int64_t>(), es.numel(), ev_rows);  // before any new row lands
-  scatter_rows_into(values, sl.data_ptr<int64_t>(), sl.numel(), rows);
-  return std::make_tuple(sl, is_new, ek, es, ew, et, ev_rows);
-}
-
 /** The clock the CPU kernels read for "cur_scores[t] < 0" (clock_ns), as a 0-d int64 tensor. */
 Tensor device_clock_cpu(const Tensor& like) {
   DEMB_CHECK_VALUE(like.device().is_cpu(), "dynamicemb.device_clock: like must be on cpu, got ",
@@ -919,12 +825,9 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("insert", &dynamicemb::insert_cpu);
   m.impl("find_or_insert", &dynamicemb::find_or_insert_cpu);
   m.impl("insert_and_evict", &dynamicemb::insert_and_evict_cpu);
-  m.impl("find_or_insert_rows", &dynamicemb::find_or_insert_rows_cpu);
-  m.impl("insert_and_evict_rows", &dynamicemb::insert_and_evict_rows_cpu);
   m.impl("erase", &dynamicemb::erase_cpu);
   m.impl("export_if", &dynamicemb::export_if_cpu);
   m.impl("insert_at", &dynamicemb::insert_at_cpu);
-  m.impl("find_rows", &dynamicemb::find_rows_cpu);
   m.impl("gather_rows", &dynamicemb::gather_rows_cpu);
   m.impl("scatter_rows", &dynamicemb::scatter_rows_cpu);
   m.impl("device_clock", &dynamicemb::device_clock_cpu);

@@ -1,13 +1,9 @@
 // CUDA kernels of the scored hash table (docs/table_design.md): find, insert, find_or_insert,
-// insert_and_evict, erase, export_if, insert_at, find_rows, gather_rows, scatter_rows,
-// device_clock. Same
+// insert_and_evict, erase, export_if, insert_at, gather_rows, scatter_rows, device_clock. Same
 // schemas, same semantics and, for every op, the same results as csrc/cpu/table.cpp.
 //
 // Per op the kernels live in one header each, in HKV's order (params, kernels, launcher, selector):
 //   table_find.cuh    find: a tile of 2 threads per key, 16-byte digest loads, no locks
-//   table_find_rows.cuh  find_rows: rows of 16-byte vectors: one thread per key, digests staged in
-//                     shared memory by asynchronous copies, then the warp copies its 32 rows; other
-//                     rows: a 4-thread tile probes as find, then copies its key's row
 //   table_upsert.cuh  insert / find_or_insert / insert_and_evict / erase / insert_at: present keys
 //                     found and touched key-parallel, the rest sorted by home bucket, one 4-thread
 //                     tile per bucket, input order kept (deterministic)
@@ -36,7 +32,6 @@
 #include "table_rows.cuh"
 #include "table_upsert.cuh"
 #include "table_upsert_parallel.cuh"
-#include "table_find_rows.cuh"
 
 namespace dynamicemb {
 namespace {
@@ -127,11 +122,11 @@ inline int64_t whole_vecs(int64_t bytes) { return (bytes + 15) / 16; }
  * leaders placed in empty slots (8 bytes each) and of followers (4 bytes each); the protect bits
  * with the engine's four counts after them (pending, evicted, placed, followers); its leader map.
  * One upsert_init_kernel zeroes the bits and counts, fills the map with -1 and resolves the score:
- * one allocation and one launch before the first pass, where there were four and three (the H200
- * profile of docs/benchmarks.md: the host's launches, not their GPU time, kept the GPU waiting).
+ * one allocation and one launch before the first pass, where there were four and three (on the
+ * H200 the host's launches, not their GPU time, kept the GPU waiting).
  * `p.now` points at the call's score (the first T words); no tensor view of it is made here, as a
- * view is one more dispatch per call (the H200 A/B of docs/benchmarks.md, session 12): the score
- * functions' ranks, the one reader that needs a tensor, narrow `scratch` themselves.
+ * view is one more host dispatch per call: the score functions' ranks, the one reader that needs
+ * a tensor, narrow `scratch` themselves.
  */
 void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
                     const Tensor& cur_scores, bool parallel,
@@ -172,37 +167,9 @@ void insert_scratch(UpsertParams& p, const StateView& s, const Tensor& policies,
                      cur_scores.data_ptr<int64_t>(), s.num_tables, now, stream);
 }
 
-/** values and rows of the *_rows ops (both contiguous, checked by check_insert_rows_args). */
-struct RowsArgs {
-  Tensor values, rows;
-};
-
-/**
- * With ``check``: values must hold every local slot of each table the keys name (ids checked
- * already), else ValueError naming the first such key. One read of the index found.
- */
-void check_values_cover(const char* op, const Tensor& values, const Tensor& slot_offsets,
-                        const Tensor& table_ids) {
-  if (table_ids.numel() == 0) return;
-  const int64_t T = slot_offsets.numel() - 1;
-  const Tensor caps = slot_offsets.narrow(0, 1, T) - slot_offsets.narrow(0, 0, T);
-  const Tensor need = caps.index_select(0, table_ids).contiguous();
-  const int64_t i =
-      first_outside(need, 0, values.size(0) + 1, c10::cuda::getCurrentCUDAStream());
-  if (i >= 0) {
-    raise_short_values(op, i, table_ids[i].item<int64_t>(), need[i].item<int64_t>(),
-                       values.size(0));
-  }
-}
-
 /** Outputs of one inserting call (ev_* only for insert_and_evict). */
 struct UpsertResult {
   Tensor slots, flag, ev_flag, ev_keys, ev_slots, ev_scores, ev_table_ids;
-  Tensor ev_rows;  // key-parallel insert_and_evict_rows: the victims' rows, pending-list order
-  // the *_rows ops: no two keys name one row of values (unique_keys on the key-parallel engine,
-  // one table: values rows are local slots, which two tables' keys may share), so the rows move
-  // without a first / last-write map
-  bool distinct_rows = false;
   // key-parallel insert_and_evict: pending leaders and victims, as read back
   int64_t pending = 0, evicted = 0;
 };
@@ -249,41 +216,17 @@ void wait_counts(cudaEvent_t event, const Tensor& counts, UpsertResult& r) {
  * The key-parallel insert_and_evict, its counts read while the GPU works: present pass, a copy of
  * the counts, evict pass queued, then the host waits for the copy only. No pending leader means no
  * victim: the finish pass is queued and the call returns. Otherwise a second copy after the evict
- * pass, the finish pass queued behind it, and the host waits for that copy. With `rows`
- * (insert_and_evict_rows) nothing after the passes needs the counts on the host, so the passes and
- * the row moves are all queued before one wait. Every copy into the pinned counts has completed
- * when this returns (the buffer goes back to the allocator).
+ * pass, the finish pass queued behind it, and the host waits for that copy. Every copy into the
+ * pinned counts has completed when this returns (the buffer goes back to the allocator).
  */
 void run_insert_and_evict_parallel(UpsertResult& r, UpsertParams& p,
-                                   const at::TensorOptions& opts, cudaStream_t stream,
-                                   const RowsArgs* rows) {
+                                   const at::TensorOptions& opts, cudaStream_t stream) {
   if (p.n == 0) {
     alloc_parallel_evicted(r, p, 0, opts);
-    if (rows != nullptr) r.ev_rows = at::empty({0, rows->values.size(1)}, rows->values.options());
     return;
   }
   check_upsert_parallel(p);
   const Tensor counts = at::empty({2}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-  if (rows != nullptr) {
-    // insert_and_evict_rows: every pass and every row move queued, then one wait. The victims'
-    // rows are read (pending-list order, the count read on the device) before any new row lands.
-    launch_present(p, stream);
-    alloc_parallel_evicted(r, p, p.n, opts);
-    r.ev_rows = at::empty({p.n, rows->values.size(1)}, rows->values.options());
-    launch_evict(p, stream);
-    launch_finish(p, stream);
-    select_gather_pending_rows(rows->values, r.ev_slots, r.ev_flag, p.pending_count, r.ev_rows,
-                               stream);
-    Tensor values = rows->values;  // the op's schema declares the mutation
-    if (r.distinct_rows) {
-      Tensor key_rows = rows->rows;  // read only: every row goes in
-      select_move_rows(values, r.slots, Tensor(), key_rows, stream);
-    } else {
-      select_scatter_rows(values, r.slots, rows->rows, stream);
-    }
-    wait_counts(copy_counts(p, counts, stream), counts, r);
-    return;
-  }
   launch_present(p, stream);
   const cudaEvent_t first = copy_counts(p, counts, stream);
   alloc_parallel_evicted(r, p, p.n, opts);  // while the present pass runs
@@ -323,12 +266,9 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
                         const Tensor& sizes, const Tensor& cur_scores_in,
                         const c10::optional<Tensor>& input_scores_in, bool check,
                         const c10::optional<Tensor>& pins, bool deterministic,
-                        bool unique_keys, const RowsArgs* rows = nullptr,
-                        const c10::optional<Tensor>& counts = c10::nullopt) {
+                        bool unique_keys, const c10::optional<Tensor>& counts = c10::nullopt) {
   const StateView s = check_state(op, table_keys, digests, scores, slot_offsets, bucket_caps,
                                   policies, sizes);
-  if (rows != nullptr) check_insert_rows_args(op, rows->values, rows->rows, keys_in.numel(),
-                                              table_keys.device());
   const at::Device dev = table_keys.device();
   const c10::cuda::CUDAGuard guard(dev);
   auto [keys, table_ids] = check_keys(op, keys_in, table_ids_in, dev, s.num_tables, check);
@@ -345,7 +285,6 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   }
   const int32_t* pin_counts = check_pins_arg(op, pins, s.total_slots, dev);
   const int64_t* touch_counts = check_counts_cuda(op, counts, keys.size(0), dev, check);
-  if (rows != nullptr && check) check_values_cover(op, rows->values, slot_offsets, table_ids);
   const int64_t n = keys.numel();
   const auto opts = keys.options();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -371,13 +310,12 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
   }
 
   UpsertResult r;
-  r.distinct_rows = p.unique_keys && s.num_tables == 1;
   r.slots = at::empty({n}, opts);
   r.flag = at::empty({n}, opts.dtype(at::kBool));
   p.out_slots = r.slots.data_ptr<int64_t>();
   p.out_flag = r.flag.data_ptr<bool>();
   if (mode == UpsertMode::kInsertAndEvict && !deterministic) {
-    run_insert_and_evict_parallel(r, p, opts, stream, rows);
+    run_insert_and_evict_parallel(r, p, opts, stream);
   } else if (mode == UpsertMode::kInsertAndEvict) {
     r.ev_flag = at::zeros({n}, opts.dtype(at::kBool));
     r.ev_keys = at::empty({n}, opts);
@@ -398,8 +336,8 @@ UpsertResult run_insert(const char* op, UpsertMode mode, const Tensor& keys_in,
 
 /**
  * Shrinks a tensor this call allocated, and that nothing else references yet, to its first `rows`
- * rows in place: the same result as narrow() without a dispatch and a new tensor per output (the
- * H200 A/B of docs/benchmarks.md, session 12). The storage keeps its size, as a view's would.
+ * rows in place: the same result as narrow() without a host dispatch and a new tensor per output.
+ * The storage keeps its size, as a view's would.
  */
 void shrink_fresh_output(const Tensor& t, int64_t rows) {
   std::vector<int64_t> sizes = t.sizes().vec();
@@ -423,20 +361,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> pending_evicted(const UpsertResult& r
   }
   return compact_evicted(r.ev_flag.narrow(0, 0, r.pending), r.ev_keys, r.ev_slots, r.ev_scores,
                          r.ev_table_ids, stream);
-}
-
-/**
- * The victims' rows of the key-parallel insert_and_evict_rows, in pending_evicted's order: the
- * pending-list buffer shrunk in place when every pending leader evicted, else its evicting
- * entries picked (the rare path: a NO_EVICTION table's or a full-of-pins bucket's leaders).
- */
-Tensor pending_rows(const UpsertResult& r) {
-  if (r.pending == r.evicted) {
-    shrink_fresh_output(r.ev_rows, r.evicted);
-    return r.ev_rows;
-  }
-  const Tensor took = at::nonzero(r.ev_flag.narrow(0, 0, r.pending)).squeeze(1);
-  return r.ev_rows.index_select(0, took);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -479,30 +403,6 @@ std::tuple<Tensor, Tensor, Tensor> find_cuda(const Tensor& keys_in, const Tensor
   return {slots, found, out_scores};
 }
 
-std::tuple<Tensor, Tensor, Tensor> find_rows_cuda(
-    const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
-    const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
-    const Tensor& bucket_caps, const Tensor& policies, const Tensor& sizes, const Tensor& values,
-    bool check) {
-  check_values_arg("find_rows", values, table_keys.device());  // first: values may be what is off-device
-  const StateView s = check_state("find_rows", table_keys, digests, scores, slot_offsets,
-                                  bucket_caps, policies, sizes);
-  const at::Device dev = table_keys.device();
-  const c10::cuda::CUDAGuard guard(dev);
-  auto [keys, table_ids] = check_keys("find_rows", keys_in, table_ids_in, dev, s.num_tables, check);
-  const int64_t n = keys.numel();
-  Tensor slots = at::empty({n}, keys.options());
-  Tensor found = at::empty({n}, keys.options().dtype(at::kBool));
-  Tensor rows = at::empty({n, values.size(1)}, values.options());
-  FindRowsParams p{keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, s.table_keys,
-                   s.digests, s.slot_offsets, s.bucket_caps, s.num_tables,
-                   static_cast<const char*>(values.data_ptr()), values.size(0), 0,
-                   slots.data_ptr<int64_t>(), found.data_ptr<bool>(),
-                   static_cast<char*>(rows.data_ptr())};
-  select_find_rows(p, values.size(1) * values.element_size(), c10::cuda::getCurrentCUDAStream());
-  return {slots, found, rows};
-}
-
 Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys,
                    const Tensor& digests, const Tensor& scores, const Tensor& slot_offsets,
                    const Tensor& bucket_caps, const Tensor& policies, const Tensor& score_fns,
@@ -512,7 +412,7 @@ Tensor insert_cuda(const Tensor& keys, const Tensor& table_ids, const Tensor& ta
                    const c10::optional<Tensor>& counts) {
   return run_insert("insert", UpsertMode::kInsert, keys, table_ids, table_keys, digests, scores,
                     slot_offsets, bucket_caps, policies, score_fns, sizes, cur_scores,
-                    input_scores, check, pins, deterministic, unique_keys, nullptr, counts)
+                    input_scores, check, pins, deterministic, unique_keys, counts)
       .slots;
 }
 
@@ -528,7 +428,7 @@ std::tuple<Tensor, Tensor> find_or_insert_cuda(const Tensor& keys, const Tensor&
   UpsertResult r = run_insert("find_or_insert", UpsertMode::kFindOrInsert, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, c10::nullopt, check, pins,
-                              deterministic, unique_keys, nullptr, counts);
+                              deterministic, unique_keys, counts);
   return {r.slots, r.flag};
 }
 
@@ -541,7 +441,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
   UpsertResult r = run_insert("insert_and_evict", UpsertMode::kInsertAndEvict, keys, table_ids,
                               table_keys, digests, scores, slot_offsets, bucket_caps, policies,
                               score_fns, sizes, cur_scores, input_scores, check, pins,
-                              deterministic, unique_keys, nullptr, counts);
+                              deterministic, unique_keys, counts);
   // Evictions (m depends on data: the host reads a count): deterministic, in input order of the
   // keys that caused them (compact_evicted reads it); key-parallel, in pending-list order (the
   // counts were read inside run_insert, with the finish pass still queued).
@@ -553,69 +453,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_cuda
   auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
                                           table_ids.contiguous(), stream);
   return {r.slots, r.flag, ek, es, ew, et};
-}
-
-/**
- * find_or_insert_rows, on both engines the plain op and then the row copies: the new keys' rows
- * scattered first-wins (every occurrence of a new key is is_new; the first one's row goes to the
- * slot), then every placed key's row gathered into `rows`, whose rows of unplaced keys stay as
- * given; a slot past values' rows moves nothing. (A key-parallel build that moved the rows inside
- * the engine's passes was slower on the H200: docs/benchmarks.md, issue 14, helper rows.)
- */
-std::tuple<Tensor, Tensor> find_or_insert_rows_cuda(
-    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
-    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
-    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const Tensor& values, const Tensor& rows, bool check, const c10::optional<Tensor>& pins,
-    bool deterministic, bool unique_keys) {
-  const RowsArgs ra{values, rows};
-  UpsertResult r = run_insert("find_or_insert_rows", UpsertMode::kFindOrInsert, keys, table_ids,
-                              table_keys, digests, scores, slot_offsets, bucket_caps, policies,
-                              score_fns, sizes, cur_scores, c10::nullopt, check, pins,
-                              deterministic, unique_keys, &ra);
-  if (keys.numel() > 0 && values.size(1) > 0) {
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    Tensor v = values;  // the schema declares the mutations (e!), (f!)
-    Tensor out = rows;
-    if (r.distinct_rows) {  // new rows in, found rows out, one kernel
-      select_move_rows(v, r.slots, r.flag, out, stream);
-    } else {
-      select_scatter_rows(v, at::where(r.flag, r.slots, -1), rows, stream, /*first_wins=*/true);
-      select_gather_rows(values, r.slots, out, stream, /*keep_missing=*/true);
-    }
-  }
-  return {r.slots, r.flag};
-}
-
-/**
- * insert_and_evict_rows: insert_and_evict, then the evicted keys' rows gathered (before any new
- * row is written) and every placed key's row scattered, the last occurrence's winning.
- */
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> insert_and_evict_rows_cuda(
-    const Tensor& keys, const Tensor& table_ids, const Tensor& table_keys, const Tensor& digests,
-    const Tensor& scores, const Tensor& slot_offsets, const Tensor& bucket_caps,
-    const Tensor& policies, const Tensor& score_fns, const Tensor& sizes, const Tensor& cur_scores,
-    const c10::optional<Tensor>& input_scores, const Tensor& values, const Tensor& rows,
-    bool check, const c10::optional<Tensor>& pins, bool deterministic, bool unique_keys) {
-  const RowsArgs ra{values, rows};
-  UpsertResult r = run_insert("insert_and_evict_rows", UpsertMode::kInsertAndEvict, keys,
-                              table_ids, table_keys, digests, scores, slot_offsets, bucket_caps,
-                              policies, score_fns, sizes, cur_scores, input_scores, check, pins,
-                              deterministic, unique_keys, &ra);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (!deterministic) {  // the rows moved inside run_insert, before its one wait
-    auto [ek, es, ew, et] = pending_evicted(r, stream);
-    return {r.slots, r.flag, ek, es, ew, et, pending_rows(r)};
-  }
-  auto [ek, es, ew, et] = compact_evicted(r.ev_flag, r.ev_keys, r.ev_slots, r.ev_scores,
-                                          table_ids.contiguous(), stream);
-  Tensor ev_rows = at::empty({ek.numel(), values.size(1)}, values.options());
-  if (values.size(1) > 0) {
-    select_gather_rows(values, es, ev_rows, stream);  // before any new row is written
-    Tensor v = values;
-    select_scatter_rows(v, r.slots, rows, stream);
-  }
-  return {r.slots, r.flag, ek, es, ew, et, ev_rows};
 }
 
 Tensor erase_cuda(const Tensor& keys_in, const Tensor& table_ids_in, const Tensor& table_keys,
@@ -746,12 +583,9 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("insert", &dynamicemb::insert_cuda);
   m.impl("find_or_insert", &dynamicemb::find_or_insert_cuda);
   m.impl("insert_and_evict", &dynamicemb::insert_and_evict_cuda);
-  m.impl("find_or_insert_rows", &dynamicemb::find_or_insert_rows_cuda);
-  m.impl("insert_and_evict_rows", &dynamicemb::insert_and_evict_rows_cuda);
   m.impl("erase", &dynamicemb::erase_cuda);
   m.impl("export_if", &dynamicemb::export_if_cuda);
   m.impl("insert_at", &dynamicemb::insert_at_cuda);
-  m.impl("find_rows", &dynamicemb::find_rows_cuda);
   m.impl("gather_rows", &dynamicemb::gather_rows_cuda);
   m.impl("scatter_rows", &dynamicemb::scatter_rows_cuda);
   m.impl("device_clock", &dynamicemb::device_clock_cuda);

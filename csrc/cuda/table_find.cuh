@@ -46,8 +46,7 @@ struct LookupShape {
 
 // find's shapes. The plain lookup: 2 threads per key in blocks of 64, 32 per SM, so 1,024 keys
 // per SM are in flight at 32 registers (8 bytes spilled); 6% faster on the H200 than 4 threads per
-// key in blocks of 256 (512 keys per SM), the previous shape (docs/benchmarks.md, issue 14, helper
-// find, third round). Small blocks retire as soon as their 32 keys are done, so an SM is not held
+// key in blocks of 256 (512 keys per SM). Small blocks retire as soon as their 32 keys are done, so an SM is not held
 // by a block waiting for its slowest key. The touching lookup keeps 4 threads per key at its
 // natural 48 registers (5 blocks of 256: fewer spill).
 template <bool kUpdate>

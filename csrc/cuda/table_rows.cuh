@@ -12,7 +12,7 @@
  * training step), and the copy kernel writes only the rows of those positions. Two O(n) kernels
  * and one fill, where sorting (slot, position) pairs by all 64 bits of the slot took eight radix
  * passes. (The one-word map replaced a slot word and a position word per entry with two atomics:
- * 43 -> 37 us for 1M slots on the H200 and a third less to fill, docs/benchmarks.md.)
+ * 43 -> 37 us for 1M slots on the H200 and a third less to fill.)
  */
 #pragma once
 
@@ -30,7 +30,6 @@ struct RowsParams {
   int64_t n;
   int64_t capacity;             // rows of the values tensor
   int64_t vecs_per_row;         // row bytes / vector bytes
-  bool keep_missing;            // gather: a slot outside [0, capacity) leaves its output row as is
 };
 
 template <typename V>
@@ -42,8 +41,6 @@ __global__ void __launch_bounds__(kBlockThreads) gather_rows_kernel(RowsParams p
   V v;
   if (s >= 0 && s < p.capacity) {
     v = reinterpret_cast<const V*>(p.src)[s * p.vecs_per_row + c];
-  } else if (p.keep_missing) {
-    return;  // find_or_insert_rows: an unplaced key's row stays as given
   } else {
     memset(&v, 0, sizeof(V));
   }
@@ -56,17 +53,16 @@ constexpr unsigned long long kPositionMask = (1ull << kPositionBits) - 1;
 
 /**
  * @brief For each position q with a slot s in [0, capacity): the map word of s in `where[q]` (-1
- * otherwise); the word holds s << 30 | the largest q naming s (with `first`, the smallest: the
- * first write wins, find_or_insert_rows' rule). The first position of a slot to arrive claims a
- * free word with atomicCAS; a later one that finds its slot there moves the position with
- * atomicMax / atomicMin (the slot bits are equal, so the position decides). The map has a power
+ * otherwise); the word holds s << 30 | the largest q naming s. The first position of a slot to
+ * arrive claims a free word with atomicCAS; a later one that finds its slot there raises the
+ * position with atomicMax (the slot bits are equal, so the position decides). The map has a power
  * of two >= 2n words, all kNoEntry at the start; slots < 2^34 - 1 (the selector's check), so no
  * slot looks like a free word.
  */
 __global__ void __launch_bounds__(kBlockThreads)
     scatter_last_kernel(const int64_t* __restrict__ slots, int64_t n, int64_t capacity,
                         unsigned long long* __restrict__ map, int64_t mask,
-                        int32_t* __restrict__ where, bool first) {
+                        int32_t* __restrict__ where) {
   const int64_t q = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
   if (q >= n) return;
   const int64_t s = slots[q];
@@ -80,8 +76,7 @@ __global__ void __launch_bounds__(kBlockThreads)
        h = (h + 1) & mask) {
     const unsigned long long old = atomicCAS(map + h, kNoEntry, mine);
     if (old == kNoEntry || (old >> kPositionBits) == slot) {  // at most n of >= 2n words: it ends
-      if (old != kNoEntry && !first && old < mine) atomicMax(map + h, mine);
-      if (old != kNoEntry && first && old > mine) atomicMin(map + h, mine);
+      if (old != kNoEntry && old < mine) atomicMax(map + h, mine);
       where[q] = static_cast<int32_t>(h);
       return;
     }
@@ -107,66 +102,6 @@ inline int row_vector_bytes(int64_t row_bytes, const void* a, const void* b) {
     if (row_bytes % v == 0 && bits % v == 0) return v;
   }
   return 1;
-}
-
-/**
- * @brief The rows of an inserting call whose keys are distinct (``unique_keys``), so no two keys
- * name one slot and no order between them is needed: key q with a slot s in [0, capacity) writes
- * its row into values[s] when `into` is null or into[q] is set, and reads values[s] into its row
- * otherwise (find_or_insert_rows: new keys in, found keys out, in one kernel).
- */
-struct MoveRowsParams {
-  char* values;
-  char* rows;
-  const int64_t* slots;  // (n,) local slots
-  const bool* into;      // (n,) or null: every row goes in
-  int64_t n;
-  int64_t capacity;
-  int64_t vecs_per_row;
-};
-
-template <typename V>
-__global__ void __launch_bounds__(kBlockThreads) move_rows_kernel(MoveRowsParams p) {
-  const int64_t e = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x;
-  if (e >= p.n * p.vecs_per_row) return;
-  const int64_t q = e / p.vecs_per_row, c = e - q * p.vecs_per_row;
-  const int64_t s = p.slots[q];
-  if (s < 0 || s >= p.capacity) return;  // not placed, or a slot past values' rows
-  V* slot_row = reinterpret_cast<V*>(p.values) + s * p.vecs_per_row + c;
-  V* key_row = reinterpret_cast<V*>(p.rows) + e;
-  if (p.into == nullptr || p.into[q]) {
-    *slot_row = *key_row;
-  } else {
-    *key_row = *slot_row;
-  }
-}
-
-/**
- * @brief The rows of the key-parallel insert_and_evict's victims, in its pending list's order:
- * entry w (w below the pending count, read on the device, so nothing waits for the host) that
- * evicted copies values[ev_slots[w]] to out[w]. Queued before any new row is written.
- */
-struct PendingRowsParams {
-  const char* values;
-  char* out;                // (n, width): row w for pending entry w
-  const int64_t* slots;     // (n,) the victims' local slots
-  const bool* evicted;      // (n,) whether entry w took a victim
-  const int32_t* count;     // pending entries
-  int64_t n;
-  int64_t capacity;
-  int64_t vecs_per_row;
-};
-
-template <typename V>
-__global__ void __launch_bounds__(kBlockThreads) gather_pending_rows_kernel(PendingRowsParams p) {
-  const int64_t total = static_cast<int64_t>(*p.count) * p.vecs_per_row;
-  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * kBlockThreads) {
-    const int64_t w = e / p.vecs_per_row, c = e - w * p.vecs_per_row;
-    const int64_t s = p.slots[w];
-    if (!p.evicted[w] || s < 0 || s >= p.capacity) continue;
-    reinterpret_cast<V*>(p.out)[e] = reinterpret_cast<const V*>(p.values)[s * p.vecs_per_row + c];
-  }
 }
 
 template <template <typename> class Kernel, typename Params>
@@ -197,43 +132,19 @@ struct ScatterLauncher {
   }
 };
 
-template <typename V>
-struct MoveLauncher {
-  static void launch(const MoveRowsParams& p, int64_t blocks, cudaStream_t s) {
-    move_rows_kernel<V><<<blocks, kBlockThreads, 0, s>>>(p);
-  }
-};
-
-template <typename V>
-struct PendingLauncher {
-  /** Grid-stride over a count known on the device only: as many blocks as the GPU holds. */
-  static void launch(const PendingRowsParams& p, int64_t blocks, cudaStream_t s) {
-    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t grid = std::min<int64_t>(blocks, int64_t{sms} * 8);
-    gather_pending_rows_kernel<V><<<grid, kBlockThreads, 0, s>>>(p);
-  }
-};
-
-/**
- * @brief Selector for gather_rows: (n, width) rows of `values` at `slots`; with `keep_missing`, a
- * slot outside the rows leaves its output row as it was instead of zeroing it.
- */
+/** @brief Selector for gather_rows: (n, width) rows of `values` at `slots`. */
 inline void select_gather_rows(const at::Tensor& values, const at::Tensor& slots, at::Tensor& out,
-                               cudaStream_t stream, bool keep_missing = false) {
+                               cudaStream_t stream) {
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (slots.numel() == 0 || row_bytes == 0) return;
   RowsParams p{static_cast<const char*>(values.data_ptr()), static_cast<char*>(out.data_ptr()),
-               slots.data_ptr<int64_t>(), nullptr, nullptr, slots.numel(), values.size(0), 0,
-               keep_missing};
+               slots.data_ptr<int64_t>(), nullptr, nullptr, slots.numel(), values.size(0), 0};
   launch_rows<GatherLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
 }
 
-/**
- * @brief Selector for scatter_rows: the last position of each slot (with `first_wins`, the first:
- * find_or_insert_rows' new rows), then the copy.
- */
+/** @brief Selector for scatter_rows: the last position of each slot, then the copy. */
 inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, const at::Tensor& rows,
-                                cudaStream_t stream, bool first_wins = false) {
+                                cudaStream_t stream) {
   const int64_t n = slots.numel();
   const int64_t row_bytes = values.size(1) * values.element_size();
   if (n == 0 || row_bytes == 0) return;
@@ -254,42 +165,11 @@ inline void select_scatter_rows(at::Tensor& values, const at::Tensor& slots, con
   auto* where = reinterpret_cast<int32_t*>(base + entries * 8);
   C10_CUDA_CHECK(cudaMemsetAsync(base, 0xff, entries * 8, stream));
   scatter_last_kernel<<<blocks_for(n, kBlockThreads), kBlockThreads, 0, stream>>>(
-      slots.data_ptr<int64_t>(), n, values.size(0), map, entries - 1, where, first_wins);
+      slots.data_ptr<int64_t>(), n, values.size(0), map, entries - 1, where);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   RowsParams p{static_cast<const char*>(rows.data_ptr()), static_cast<char*>(values.data_ptr()),
-               slots.data_ptr<int64_t>(), where, map, n, values.size(0), 0, false};
+               slots.data_ptr<int64_t>(), where, map, n, values.size(0), 0};
   launch_rows<ScatterLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.src, p.dst), stream);
-}
-
-/**
- * @brief Selector for the distinct-key row moves (MoveRowsParams): `into` (n,) bool, or undefined
- * for every row in. The caller guarantees distinct slots (unique_keys on the key-parallel engine).
- */
-inline void select_move_rows(at::Tensor& values, const at::Tensor& slots, const at::Tensor& into,
-                             at::Tensor& rows, cudaStream_t stream) {
-  const int64_t row_bytes = values.size(1) * values.element_size();
-  if (slots.numel() == 0 || row_bytes == 0) return;
-  MoveRowsParams p{static_cast<char*>(values.data_ptr()), static_cast<char*>(rows.data_ptr()),
-                   slots.data_ptr<int64_t>(), into.defined() ? into.data_ptr<bool>() : nullptr,
-                   slots.numel(), values.size(0), 0};
-  launch_rows<MoveLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.values, p.rows), stream);
-}
-
-/**
- * @brief Selector for the victims' rows in pending-list order (PendingRowsParams): `out` has a row
- * per key of the call; the rows past the device-side `count`, or of entries that did not evict,
- * are left as they are.
- */
-inline void select_gather_pending_rows(const at::Tensor& values, const at::Tensor& ev_slots,
-                                       const at::Tensor& ev_flag, const int32_t* count,
-                                       at::Tensor& out, cudaStream_t stream) {
-  const int64_t row_bytes = values.size(1) * values.element_size();
-  if (ev_slots.numel() == 0 || row_bytes == 0) return;
-  PendingRowsParams p{static_cast<const char*>(values.data_ptr()),
-                      static_cast<char*>(out.data_ptr()), ev_slots.data_ptr<int64_t>(),
-                      ev_flag.data_ptr<bool>(), count, ev_slots.numel(), values.size(0), 0};
-  launch_rows<PendingLauncher>(p, row_bytes, row_vector_bytes(row_bytes, p.values, p.out),
-                               stream);
 }
 
 }  // namespace cuda_table

@@ -482,7 +482,7 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> compact_evicte
  * ones (the key-parallel engine's leader map, -1 per int32 word) and the call's score per table
  * resolved (resolve_now_kernel's job, by thread 0). One launch where there were three (a fill, a
  * memset and the clock kernel): on the H200's host those launches, not their GPU time, kept the
- * GPU waiting before the first pass (docs/benchmarks.md, issue 14, session 10).
+ * GPU waiting before the first pass.
  */
 __global__ void __launch_bounds__(kBlockThreads)
     upsert_init_kernel(uint4* __restrict__ zero, int64_t zero_vecs, uint4* __restrict__ map,

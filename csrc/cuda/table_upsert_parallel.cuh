@@ -359,7 +359,7 @@ __device__ __forceinline__ void rank_at(const int64_t* words, const double* fn, 
  * @brief The thread's best candidate of one step of the evict pass: its kEvictSlots adjacent
  * slots s0 + k. All loads are issued before any is used, with immediate offsets from base
  * pointers (measured on the H200 against a layout where the tile's k-th loads are 16 adjacent
- * slots: no clear difference, docs/benchmarks.md). A slot is a candidate when it lies before `end` and is occupied, unprotected (its bit
+ * slots: no clear difference). A slot is a candidate when it lies before `end` and is occupied, unprotected (its bit
  * read through L2) and unpinned.
  */
 template <RankBy kRank>

@@ -6,7 +6,7 @@ allocates outputs; sizes that depend on data (evicted and exported rows) come fr
 ``torch.library.get_ctx().new_dynamic_size()``. No kernel reads tensor data.
 
 Other op groups keep their fake kernels in their own module: every ``fake_*.py`` next to this file
-is imported at the end (for example ``fake_lookup.py`` for the lookup and optimizer ops).
+is imported at the end (for example ``fake_lookup.py`` for the lookup and grouped ops).
 """
 
 from __future__ import annotations
@@ -138,74 +138,6 @@ def _insert_and_evict_fake(
     )
 
 
-def _check_rows(values: Tensor, rows: Tensor, n: int) -> None:
-    torch._check(values.dim() == 2, lambda: "values must be 2-D")
-    torch._check(
-        rows.dim() == 2 and rows.shape[0] == n and rows.shape[1] == values.shape[1],
-        lambda: "rows must be (n, values' width)",
-    )
-
-
-@torch.library.register_fake(_NS + "find_or_insert_rows")
-def _find_or_insert_rows_fake(
-    keys: Tensor,
-    table_ids: Tensor,
-    table_keys: Tensor,
-    digests: Tensor,
-    scores: Tensor,
-    slot_offsets: Tensor,
-    bucket_caps: Tensor,
-    policies: Tensor,
-    score_fns: Tensor,
-    sizes: Tensor,
-    cur_scores: Tensor,
-    values: Tensor,
-    rows: Tensor,
-    check: bool = True,
-    pins: Optional[Tensor] = None,
-    deterministic: bool = True,
-    unique_keys: bool = False,
-) -> Tuple[Tensor, Tensor]:
-    n = _check_keys(keys, table_ids)
-    _check_rows(values, rows, n)
-    return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool)
-
-
-@torch.library.register_fake(_NS + "insert_and_evict_rows")
-def _insert_and_evict_rows_fake(
-    keys: Tensor,
-    table_ids: Tensor,
-    table_keys: Tensor,
-    digests: Tensor,
-    scores: Tensor,
-    slot_offsets: Tensor,
-    bucket_caps: Tensor,
-    policies: Tensor,
-    score_fns: Tensor,
-    sizes: Tensor,
-    cur_scores: Tensor,
-    input_scores: Optional[Tensor],
-    values: Tensor,
-    rows: Tensor,
-    check: bool = True,
-    pins: Optional[Tensor] = None,
-    deterministic: bool = True,
-    unique_keys: bool = False,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    n = _check_keys(keys, table_ids)
-    _check_rows(values, rows, n)
-    m = torch.library.get_ctx().new_dynamic_size()
-    return (
-        keys.new_empty(n),
-        keys.new_empty(n, dtype=torch.bool),
-        keys.new_empty(m),
-        keys.new_empty(m),
-        keys.new_empty(m, 2),
-        keys.new_empty(m),
-        values.new_empty(m, values.shape[1]),
-    )
-
-
 @torch.library.register_fake(_NS + "erase")
 def _erase_fake(
     keys: Tensor,
@@ -258,26 +190,6 @@ def _insert_at_fake(
     n = _check_keys(keys, table_ids)
     torch._check(slots.shape[0] == n, lambda: "slots and keys differ in length")
     return keys.new_empty(n, dtype=torch.bool)
-
-
-@torch.library.register_fake(_NS + "find_rows")
-def _find_rows_fake(
-    keys: Tensor,
-    table_ids: Tensor,
-    table_keys: Tensor,
-    digests: Tensor,
-    scores: Tensor,
-    slot_offsets: Tensor,
-    bucket_caps: Tensor,
-    policies: Tensor,
-    sizes: Tensor,
-    values: Tensor,
-    check: bool = True,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    n = _check_keys(keys, table_ids)
-    torch._check(values.dim() == 2, lambda: "values must be 2-D")
-    rows = values.new_empty(n, values.shape[1])
-    return keys.new_empty(n), keys.new_empty(n, dtype=torch.bool), rows
 
 
 @torch.library.register_fake(_NS + "gather_rows")

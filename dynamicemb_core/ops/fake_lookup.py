@@ -1,8 +1,8 @@
-"""Fake (meta) kernels of the lookup and optimizer ops.
+"""Fake (meta) kernels of the lookup and grouped ops.
 
 :mod:`dynamicemb_core.ops.fake` imports this module and registers ``FAKE_KERNELS`` itself (torch
 requires the registering module to be the one named by ``m.set_python_module`` in csrc/ops.cpp).
-Shapes only: no kernel reads tensor data. The in-place optimizer updates return nothing.
+Shapes only: no kernel reads tensor data. The in-place ops return nothing.
 """
 
 from __future__ import annotations
@@ -32,65 +32,6 @@ def _pooled_gather_fake(
     torch._check(embeddings.dim() == 2, lambda: "pooled_gather: embeddings must be (u, D)")
     torch._check(offsets.dim() == 1 and offsets.shape[0] >= 1, lambda: "offsets must be (b+1,)")
     return embeddings.new_empty(offsets.shape[0] - 1, embeddings.shape[1])
-
-
-def _reduce_grads_fake(
-    grad_bags: Tensor,
-    inverse: Tensor,
-    offsets: Tensor,
-    weights: Optional[Tensor],
-    mode: int,
-    num_unique: int,
-    check: bool = True,
-) -> Tensor:
-    torch._check(grad_bags.dim() == 2, lambda: "reduce_grads: grad_bags must be (b, D)")
-    return grad_bags.new_empty(num_unique, grad_bags.shape[1], dtype=torch.float32)
-
-
-def _check_update(values: Tensor, slots: Tensor, grads: Tensor) -> None:
-    torch._check(values.dim() == 2, lambda: "values must be (capacity, row_width)")
-    torch._check(grads.dim() == 2 and slots.dim() == 1, lambda: "grads (n, D), slots (n,)")
-    torch._check(grads.shape[0] == slots.shape[0], lambda: "grads and slots differ in length")
-
-
-def _sgd_update_fake(
-    values: Tensor, slots: Tensor, grads: Tensor, lr: float, check: bool = True
-) -> None:
-    _check_update(values, slots, grads)
-
-
-def _adagrad_update_fake(
-    values: Tensor, slots: Tensor, grads: Tensor, lr: float, eps: float, check: bool = True
-) -> None:
-    _check_update(values, slots, grads)
-
-
-def _rowwise_adagrad_update_fake(
-    values: Tensor,
-    slots: Tensor,
-    grads: Tensor,
-    lr: float,
-    eps: float,
-    weight_decay: float,
-    weight_decay_mode: int,
-    check: bool = True,
-) -> None:
-    _check_update(values, slots, grads)
-
-
-def _adam_update_fake(
-    values: Tensor,
-    slots: Tensor,
-    grads: Tensor,
-    lr: float,
-    eps: float,
-    beta1: float,
-    beta2: float,
-    weight_decay: float,
-    step: int,
-    check: bool = True,
-) -> None:
-    _check_update(values, slots, grads)
 
 
 def _unique_outputs(
@@ -280,11 +221,6 @@ def _grouped_reduce_update_fake(
 FAKE_KERNELS = {
     "unique": _unique_fake,
     "pooled_gather": _pooled_gather_fake,
-    "reduce_grads": _reduce_grads_fake,
-    "sgd_update": _sgd_update_fake,
-    "adagrad_update": _adagrad_update_fake,
-    "rowwise_adagrad_update": _rowwise_adagrad_update_fake,
-    "adam_update": _adam_update_fake,
     "segmented_unique": _segmented_unique_fake,
     "bag_unique": _bag_unique_fake,
     "placement_counts": _placement_counts_fake,

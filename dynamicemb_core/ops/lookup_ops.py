@@ -3,13 +3,10 @@
 Each wrapper documents shapes, dtypes and devices and calls the registered op. The ops are:
 
 - ``unique``: per-table key deduplication (unique keys, inverse, counts).
-- ``pooled_gather``: bags of unique embeddings -> pooled rows (forward of SUM/MEAN; NONE uses a plain
-  index gather).
-- ``reduce_grads``: gradients of bags -> one gradient row per unique key (the backward's reduction).
-- ``sgd_update``, ``adagrad_update``, ``rowwise_adagrad_update``, ``adam_update``: fused in-place
-  optimizer steps on value rows addressed by slot.
-- the grouped ops (``segmented_unique``, ``grouped_*``): the same jobs for all tables of a group in
-  one call, rows addressed by ``(table id, slot)`` in one flat buffer described by a (T, 4) ``meta``.
+- ``pooled_gather``: bags of unique embeddings -> pooled rows (SUM/MEAN; the serving path's).
+- the grouped ops (``segmented_unique``, ``bag_unique``, ``grouped_*``): the training step's dedup,
+  gather, pooling, gradient reduction and fused optimizer updates for all tables of a group in one
+  call, rows addressed by ``(table id, slot)`` in one flat buffer described by a (T, 4) ``meta``.
 
 ``check`` (keyword-only, all but ``unique``): True, the default, checks the data before writing
 (offsets start at 0, end at n and never decrease; inverse in [0, u); slots below capacity) and
@@ -30,8 +27,6 @@ __all__ = [
     "POOL_MEAN",
     "POOL_NONE",
     "POOL_SUM",
-    "adagrad_update",
-    "adam_update",
     "bag_unique",
     "grouped_gather",
     "grouped_init_rows",
@@ -43,11 +38,8 @@ __all__ = [
     "grouped_update",
     "placement_counts",
     "pooled_gather",
-    "reduce_grads",
-    "rowwise_adagrad_update",
     "segmented_unique",
     "segmented_unique_ordered",
-    "sgd_update",
     "unique",
 ]
 
@@ -99,88 +91,6 @@ def pooled_gather(
         (b, D) float32 on the inputs' device.
     """
     return _ops().pooled_gather.default(embeddings, inverse, offsets, weights, mode, check)
-
-
-def reduce_grads(
-    grad_bags: torch.Tensor,
-    inverse: torch.Tensor,
-    offsets: torch.Tensor,
-    weights: Optional[torch.Tensor],
-    mode: int,
-    num_unique: int,
-    *,
-    check: bool = True,
-) -> torch.Tensor:
-    """Sum the gradient reaching each unique key (the adjoint of :func:`pooled_gather`).
-
-    Args:
-        grad_bags: (b, D) float, gradient of each bag's pooled row.
-        inverse, offsets, weights, mode: as in :func:`pooled_gather`.
-        num_unique: u, the number of unique keys.
-
-    Returns:
-        (u, D) float32: for key k, ``sum over indices i with inverse[i] == k`` of
-        ``grad_bags[bag(i)] * weight_i`` (``/ len(bag)`` for MEAN). Deterministic.
-    """
-    return _ops().reduce_grads.default(
-        grad_bags, inverse, offsets, weights, mode, num_unique, check
-    )
-
-
-def sgd_update(
-    values: torch.Tensor, slots: torch.Tensor, grads: torch.Tensor, lr: float, *, check: bool = True
-) -> None:
-    """In place: ``values[s, :D] -= lr * g`` for each slot ``s >= 0`` (D = grads.size(1))."""
-    _ops().sgd_update.default(values, slots, grads, lr, check)
-
-
-def adagrad_update(
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    grads: torch.Tensor,
-    lr: float,
-    eps: float,
-    *,
-    check: bool = True,
-) -> None:
-    """In place EXACT_ADAGRAD on rows ``[w (D) | m (D)]`` at ``slots`` (-1 skipped)."""
-    _ops().adagrad_update.default(values, slots, grads, lr, eps, check)
-
-
-def rowwise_adagrad_update(
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    grads: torch.Tensor,
-    lr: float,
-    eps: float,
-    weight_decay: float,
-    weight_decay_mode: int,
-    *,
-    check: bool = True,
-) -> None:
-    """In place EXACT_ROWWISE_ADAGRAD on rows ``[w (D) | m (1)]`` at ``slots`` (-1 skipped)."""
-    _ops().rowwise_adagrad_update.default(
-        values, slots, grads, lr, eps, weight_decay, weight_decay_mode, check
-    )
-
-
-def adam_update(
-    values: torch.Tensor,
-    slots: torch.Tensor,
-    grads: torch.Tensor,
-    lr: float,
-    eps: float,
-    beta1: float,
-    beta2: float,
-    weight_decay: float,
-    step: int,
-    *,
-    check: bool = True,
-) -> None:
-    """In place FBGEMM ADAM on rows ``[w (D) | m (D) | v (D)]`` at ``slots``; ``step`` >= 1."""
-    _ops().adam_update.default(
-        values, slots, grads, lr, eps, beta1, beta2, weight_decay, step, check
-    )
 
 
 # ---- grouped value ops (one call for all tables of a group; csrc/include/dynamicemb/grouped.h) ----
@@ -441,7 +351,17 @@ def grouped_update(
     keys: Optional[torch.Tensor] = None,
 ) -> None:
     """In place: the optimizer (OPTIMIZER_CODES) on the rows at ``(table_ids, slots)`` with
-    ``grads`` (n, >= dim); slots < 0 skipped. The formulas of :func:`sgd_update` and siblings.
+    ``grads`` (n, >= dim); slots < 0 skipped. The formulas are FBGEMM's exact optimizers
+    (csrc/include/dynamicemb/grouped.h defines them once for both backends):
+
+    - EXACT_SGD: ``w -= lr * g``
+    - EXACT_ADAGRAD: ``m += g^2; w -= lr * g / (sqrt(m) + eps)``
+    - EXACT_ROWWISE_ADAGRAD: ``g' = g + wd*w`` (L2 only); ``m += mean(g'^2)``;
+      ``mult = lr / (sqrt(m) + eps)``; ``w = c * w - mult * g`` with ``c = 1 - mult*wd`` (L2),
+      ``1 - lr*wd`` (DECOUPLE) or 1.
+    - ADAM: ``m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2``;
+      ``w -= lr * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * w)``, ``t`` the global step.
+
     ``rounding_seed`` >= 0: half-precision rows round their new embeddings stochastically, from a
     hash of (seed, step, table, key, element), with ``keys`` (n,) the rows' keys (required then);
     < 0: to nearest even (float32 rows: never rounded). The key, not the slot, picks the random

@@ -38,12 +38,9 @@ __all__ = [
     "export_if",
     "find",
     "find_or_insert",
-    "find_or_insert_rows",
-    "find_rows",
     "gather_rows",
     "insert",
     "insert_and_evict",
-    "insert_and_evict_rows",
     "insert_at",
     "scatter_rows",
 ]
@@ -201,86 +198,6 @@ def insert_and_evict(
     )
 
 
-def find_or_insert_rows(
-    keys: Tensor,
-    table_ids: Tensor,
-    state: TableState,
-    score_fns: Tensor,
-    cur_scores: Tensor,
-    values: Tensor,
-    rows: Tensor,
-    *,
-    check: bool = True,
-    pins: Optional[Tensor] = None,
-    deterministic: Optional[bool] = None,
-    unique_keys: bool = False,
-) -> Tuple[Tensor, Tensor]:
-    """find_or_insert and the keys' value rows in one call (HKV's find_or_insert with values).
-
-    ``values`` is the (capacity, width) tensor of the tables the keys name (rows by local slot, as
-    :func:`find_rows`); with ``check`` it must hold every slot of those tables (ValueError
-    otherwise, nothing written). ``rows`` (n, width), of values' dtype, is read and written in
-    place: a key found gets its slot's row; a key new in this call has the row of its *first*
-    occurrence written to its slot, and every occurrence ends with that row; a key not placed
-    (slot -1) leaves its ``rows[i]`` as given. The result is that of :func:`find_or_insert`,
-    then :func:`scatter_rows` of the new keys' first occurrences, then :func:`gather_rows` of
-    every placed key, in one op (no Python between them). Returns ``(slots (n,), is_new (n,)
-    bool)``.
-    """
-    return _ops().find_or_insert_rows.default(
-        keys,
-        table_ids,
-        *_with_score_fns(state, score_fns),
-        cur_scores,
-        values,
-        rows,
-        check,
-        pins,
-        _deterministic(deterministic),
-        unique_keys,
-    )
-
-
-def insert_and_evict_rows(
-    keys: Tensor,
-    table_ids: Tensor,
-    state: TableState,
-    score_fns: Tensor,
-    cur_scores: Tensor,
-    values: Tensor,
-    rows: Tensor,
-    input_scores: Optional[Tensor] = None,
-    *,
-    check: bool = True,
-    pins: Optional[Tensor] = None,
-    deterministic: Optional[bool] = None,
-    unique_keys: bool = False,
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """insert_and_evict and the value rows in one call (HKV's insert_and_evict with values).
-
-    ``values`` as :func:`find_or_insert_rows`; every placed key's slot gets the row of the key's
-    *last* occurrence in ``rows`` (n, width) (:func:`scatter_rows`' rule), and each evicted key is
-    reported with the row it had before the call.
-
-    Returns:
-        insert_and_evict's ``(slots, is_new, ev_keys, ev_slots, ev_scores, ev_table_ids)`` and
-        ``ev_rows (m, width)``.
-    """
-    return _ops().insert_and_evict_rows.default(
-        keys,
-        table_ids,
-        *_with_score_fns(state, score_fns),
-        cur_scores,
-        input_scores,
-        values,
-        rows,
-        check,
-        pins,
-        _deterministic(deterministic),
-        unique_keys,
-    )
-
-
 def erase(keys: Tensor, table_ids: Tensor, state: TableState, *, check: bool = True) -> Tensor:
     """Remove keys. Returns ``erased (n,) bool`` (true for every occurrence of a present key)."""
     return _ops().erase.default(keys, table_ids, *state, check)
@@ -307,18 +224,6 @@ def insert_at(
 ) -> Tensor:
     """Slot-exact placement (replay). Returns ``placed (n,) bool``; ``dry_run`` writes nothing."""
     return _ops().insert_at.default(keys, table_ids, slots, *state, input_scores, dry_run)
-
-
-def find_rows(
-    keys: Tensor, table_ids: Tensor, state: TableState, values: Tensor, *, check: bool = True
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """find (without touching) and the found keys' rows in one pass: equal to
-    ``find(...)`` then ``gather_rows(values, slots)``, but on CUDA the tile that finds a key copies
-    its row while other keys still probe, so the two do not run one after the other. ``values`` is
-    the (capacity, width) tensor of the tables the keys name (rows by local slot); a missing key,
-    or a slot outside values' rows, reads a zero row. Returns ``(slots (n,), found (n,) bool,
-    rows (n, width))``."""
-    return _ops().find_rows.default(keys, table_ids, *state, values, check)
 
 
 def gather_rows(values: Tensor, slots: Tensor, *, check: bool = True) -> Tensor:

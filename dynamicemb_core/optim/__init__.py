@@ -1,4 +1,7 @@
-"""Fused optimizers of the dynamic tables: hyper-parameters, row layout, in-place row updates."""
+"""Fused optimizers of the dynamic tables: hyper-parameters and row layout.
+
+The updates themselves run in the grouped ops (``lookup_ops.grouped_update`` and
+``grouped_reduce_update``)."""
 
 from dynamicemb_core.optim.args import (
     OptimizerArgs,
@@ -8,14 +11,12 @@ from dynamicemb_core.optim.args import (
     optimizer_args_state,
     optimizer_kind,
 )
-from dynamicemb_core.optim.fused import apply_update
 from dynamicemb_core.optim.layout import initial_state_value, row_width, state_width
 
 __all__ = [
     "OptimizerArgs",
     "OptimizerKind",
     "WeightDecayKind",
-    "apply_update",
     "initial_state_value",
     "optimizer_args_from_kwargs",
     "optimizer_args_state",

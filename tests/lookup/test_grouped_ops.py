@@ -1,7 +1,8 @@
-"""The grouped value ops against the per-table ops and plain torch, on every device, plus opcheck.
+"""The grouped value ops against plain torch, on every device, plus opcheck.
 
 A group here is three tables of mixed dims (4, 8, 4) whose rows sit in one flat buffer; every
-grouped op must give what the per-table ops give table by table.
+grouped op must give what the composed-torch reference (tests/optim/row_reference.py) gives table
+by table.
 """
 
 from __future__ import annotations
@@ -13,20 +14,11 @@ import torch
 from torch.library import opcheck
 
 from dynamicemb_core.ops import lookup_ops
+from tests.optim import row_reference as ref
 
 DIMS = [4, 8, 4]
 CAPS = [16, 8, 12]
 STATE = {0: lambda d: 0, 1: lambda d: d, 2: lambda d: 1, 3: lambda d: 2 * d}
-UPDATES = {
-    0: lambda v, s, g, a: lookup_ops.sgd_update(v, s, g, a["lr"]),
-    1: lambda v, s, g, a: lookup_ops.adagrad_update(v, s, g, a["lr"], a["eps"]),
-    2: lambda v, s, g, a: lookup_ops.rowwise_adagrad_update(
-        v, s, g, a["lr"], a["eps"], a["weight_decay"], a["weight_decay_mode"]
-    ),
-    3: lambda v, s, g, a: lookup_ops.adam_update(
-        v, s, g, a["lr"], a["eps"], a["beta1"], a["beta2"], a["weight_decay"], a["step"]
-    ),
-}
 ARGS = {
     "lr": 0.3,
     "eps": 1e-3,
@@ -504,7 +496,7 @@ def test_grouped_pooled_gather_matches_per_table(device, mode, weighted):
         rows = _table(values, meta, t)[:, : DIMS[t]]
         mine = ((slots >= 0) & (utids == t)).unsqueeze(1)
         emb = torch.where(mine, rows[slots.clamp(0, CAPS[t] - 1)], 0.0)
-        expected = lookup_ops.pooled_gather(emb, inv_f, off_f, w_f if weighted else None, mode)
+        expected = ref.pool(emb, inv_f, off_f, w_f if weighted else None, mode)
         c = int(d_offsets[f])
         torch.testing.assert_close(out[:, c : c + DIMS[t]], expected)
 
@@ -523,7 +515,7 @@ def test_grouped_reduce_grads_matches_per_table(device, mode):
         inv_f, off_f, w_f = _feature_parts(inverse, offsets, weights, f, B)
         c = int(d_offsets[f])
         g = grad_out[:, c : c + DIMS[t]].contiguous()
-        expected[:, : DIMS[t]] += lookup_ops.reduce_grads(g, inv_f, off_f, w_f, mode, u)
+        expected[:, : DIMS[t]] += ref.reduce_grads(g, inv_f, off_f, w_f, mode, u)
     torch.testing.assert_close(out, expected)
 
 
@@ -551,8 +543,8 @@ def test_grouped_update_matches_per_table(device, optimizer):
     lookup_ops.grouped_update(values, meta, tids, slots, grads, optimizer, **ARGS)
     for t in range(len(DIMS)):
         mine = tids == t
-        UPDATES[optimizer](
-            _table(expected, meta, t), slots[mine], grads[mine, : DIMS[t]].contiguous(), ARGS
+        ref.update_rows(
+            _table(expected, meta, t), slots[mine], grads[mine, : DIMS[t]], optimizer, ARGS
         )
     torch.testing.assert_close(values, expected)
 

@@ -1,4 +1,6 @@
-"""pooled_gather and reduce_grads against composed torch, on every device, plus opcheck."""
+"""pooled_gather (the serving path's per-table pooling) against composed torch, on every device,
+plus opcheck; and the reference gradient reduction (tests/optim/row_reference.py, the oracle of the
+grouped reductions) against autograd."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import torch
 from torch.library import opcheck
 
 from dynamicemb_core.ops import lookup_ops
+from tests.optim import row_reference as ref
 
 
 def _bags(device, weighted, seed=0):
@@ -22,41 +25,23 @@ def _bags(device, weighted, seed=0):
     return to(emb), to(inverse), to(offsets), to(weights), lengths.to(device)
 
 
-def _reference_pool(emb, inverse, offsets, weights, lengths, mode):
-    """Composed torch: index_add of each index's row into its bag."""
-    bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=emb.device), lengths)
-    rows = emb[inverse] * (weights.unsqueeze(1) if weights is not None else 1.0)
-    out = torch.zeros(lengths.numel(), emb.size(1), device=emb.device).index_add_(0, bag, rows)
-    if mode == lookup_ops.POOL_MEAN:
-        out = out / lengths.clamp(min=1).unsqueeze(1)
-    return out
-
-
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_pooled_gather_matches_composed_torch(device, mode, weighted):
     emb, inverse, offsets, weights, lengths = _bags(device, weighted)
     out = lookup_ops.pooled_gather(emb, inverse, offsets, weights, mode)
-    torch.testing.assert_close(out, _reference_pool(emb, inverse, offsets, weights, lengths, mode))
+    torch.testing.assert_close(out, ref.pool(emb, inverse, offsets, weights, mode))
 
 
 @pytest.mark.parametrize("mode", [lookup_ops.POOL_SUM, lookup_ops.POOL_MEAN])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_reduce_grads_is_the_adjoint_of_pooled_gather(device, mode, weighted):
-    emb, inverse, offsets, weights, lengths = _bags(device, weighted)
+def test_reference_reduce_grads_is_the_adjoint_of_pooling(mode, weighted):
+    emb, inverse, offsets, weights, lengths = _bags("cpu", weighted)
     leaf = emb.clone().requires_grad_(True)
-    grad_bags = torch.randn(lengths.numel(), emb.size(1), device=device)
-    _reference_pool(leaf, inverse, offsets, weights, lengths, mode).backward(grad_bags)
-    got = lookup_ops.reduce_grads(grad_bags, inverse, offsets, weights, mode, emb.size(0))
+    grad_bags = torch.randn(lengths.numel(), emb.size(1))
+    ref.pool(leaf, inverse, offsets, weights, mode).backward(grad_bags)
+    got = ref.reduce_grads(grad_bags, inverse, offsets, weights, mode, emb.size(0))
     torch.testing.assert_close(got, leaf.grad)
-
-
-def test_reduce_grads_is_deterministic(device):
-    emb, inverse, offsets, weights, lengths = _bags(device, True)
-    grad_bags = torch.randn(lengths.numel(), emb.size(1), device=device)
-    a = lookup_ops.reduce_grads(grad_bags, inverse, offsets, weights, 0, emb.size(0))
-    b = lookup_ops.reduce_grads(grad_bags, inverse, offsets, weights, 0, emb.size(0))
-    assert torch.equal(a, b)
 
 
 def test_pooled_gather_rejects_offsets_not_ending_at_n(device):
@@ -74,15 +59,10 @@ def test_pooled_gather_rejects_int32_inverse(device):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_pooling_ops_pass_opcheck(device, weighted):
+def test_pooled_gather_passes_opcheck(device, weighted):
     emb, inverse, offsets, weights, lengths = _bags(device, weighted)
     lookup_ops._ops()
     opcheck(torch.ops.dynamicemb.pooled_gather.default, (emb, inverse, offsets, weights, 1))
-    grad_bags = torch.randn(lengths.numel(), emb.size(1), device=device)
-    opcheck(
-        torch.ops.dynamicemb.reduce_grads.default,
-        (grad_bags, inverse, offsets, weights, 0, emb.size(0)),
-    )
 
 
 def test_pooled_gather_reads_a_column_slice_of_wider_rows(device):

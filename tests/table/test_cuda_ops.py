@@ -277,49 +277,6 @@ def test_rows_gather_scatter_match_cpu(dtype: torch.dtype, width: int) -> None:
     assert torch.equal(ops.gather_rows(vc, slots), ops.gather_rows(vg, slots.cuda()).cpu())
 
 
-@pytest.mark.parametrize("layout", ["mixed", "one_bucket128"])
-@pytest.mark.parametrize(
-    "dtype,width",
-    [
-        (torch.float32, 64),
-        (torch.float32, 128),
-        (torch.float32, 8),
-        (torch.float16, 3),
-        (torch.int8, 33),
-        (torch.float32, 0),
-    ],
-)
-def test_find_rows_matches_cpu_and_find_then_gather(
-    layout: str, dtype: torch.dtype, width: int
-) -> None:
-    """The fused kernel against the CPU op and against find + gather_rows on CUDA: 3000 keys
-    (present, missing, repeated, invalid table ids left out), rows of every vector width; values
-    with fewer rows than the largest table, so some found slots read zeros."""
-    specs = LAYOUTS[layout]
-    cpu, gpu = make_state(specs, "cpu"), make_state(specs, "cuda")
-    T = len(specs)
-    rng = random.Random(width)
-    fill = torch.tensor([rng.randrange(-5, 400) for _ in range(600)])
-    fill_t = torch.tensor([rng.randrange(T) for _ in range(600)])
-    cur = torch.full((T,), 3, dtype=torch.int64)
-    fns = torch.zeros(T, dtype=torch.int64)
-    ops.insert(fill, fill_t, cpu, fns, cur)
-    ops.insert(fill.cuda(), fill_t.cuda(), gpu, fns, cur.cuda())
-    cap = max(c for c, _, _ in specs)
-    g = torch.Generator().manual_seed(width)
-    values = (torch.randn(cap - 3, width, generator=g) * 20).to(dtype)
-    keys = torch.tensor([rng.randrange(-5, 500) for _ in range(3000)])
-    tids = torch.tensor([rng.randrange(T) for _ in range(3000)])
-    want = ops.find_rows(keys, tids, cpu, values)
-    got = ops.find_rows(keys.cuda(), tids.cuda(), gpu, values.cuda())
-    for w, x in zip(want, got):
-        assert torch.equal(w, x.cpu())
-    slots, found, _ = ops.find(keys.cuda(), tids.cuda(), gpu, cur.cuda(), False)
-    assert torch.equal(got[0], slots) and torch.equal(got[1], found)
-    inside = torch.where(slots < values.shape[0], slots, torch.full_like(slots, -1))
-    assert torch.equal(got[2], ops.gather_rows(values.cuda(), inside))
-
-
 def test_scatter_rows_last_write_wins_under_many_repeats() -> None:
     """200,000 positions into 5,000 slots (and -1): each slot's row must be its last position's,
     which the CUDA kernel finds through a per-call map of slot -> last position, full of
@@ -356,7 +313,6 @@ def test_ops_pass_opcheck_on_cuda() -> None:
             lib.insert_at.default,
             (keys, tids, torch.zeros_like(keys), *state[:6], state.sizes, sc, True),
         ),
-        (lib.find_rows.default, (keys, tids, *state, torch.randn(96, 64, device="cuda"))),
         (
             lib.gather_rows.default,
             (torch.randn(10, 4, device="cuda"), torch.tensor([0, -1, 9], device="cuda")),

@@ -1,6 +1,6 @@
 /**
  * @file bag_checks.h
- * @brief Argument checks of the bag ops (pooled_gather, reduce_grads), shared by
+ * @brief Argument checks of the per-table bag op (pooled_gather), shared by
  *        the CPU and CUDA kernels so both raise the same errors for the same bad input.
  *
  * These look at dtypes, shapes and the mode only; the data checks (offsets start at 0, end at n and

@@ -110,43 +110,6 @@ inline const int32_t* check_pins_arg(const char* op, const c10::optional<at::Ten
   return pins->data_ptr<int32_t>();
 }
 
-/// values of find_rows and the inserting *_rows ops: a contiguous (capacity, width) tensor on the
-/// table's device.
-inline void check_values_arg(const char* op, const at::Tensor& values, const at::Device& device) {
-  DEMB_CHECK_VALUE(values.device() == device, "dynamicemb.", op, ": values must be on ", device,
-                   " like the table, got ", values.device());
-  DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,
-                   ": values must be a contiguous (capacity, width) tensor, got shape ",
-                   values.sizes());
-}
-
-/// values and rows of find_or_insert_rows / insert_and_evict_rows: values as find_rows', rows a
-/// contiguous (n, width) tensor of values' dtype and width on the table's device.
-inline void check_insert_rows_args(const char* op, const at::Tensor& values,
-                                   const at::Tensor& rows, int64_t n, const at::Device& device) {
-  check_values_arg(op, values, device);
-  DEMB_CHECK_TYPE(rows.scalar_type() == values.scalar_type(), "dynamicemb.", op,
-                  ": rows must have the dtype of values (", values.scalar_type(), "), got ",
-                  rows.scalar_type());
-  DEMB_CHECK_VALUE(rows.device() == device && rows.dim() == 2 && rows.size(0) == n &&
-                       rows.size(1) == values.size(1) && rows.is_contiguous(),
-                   "dynamicemb.", op, ": rows must be a contiguous (", n, ", ", values.size(1),
-                   ") tensor on ", device, " (one row per key, values' width), got ",
-                   rows.sizes(), " on ", rows.device());
-}
-
-/// Raises for keys[i] naming table t of `capacity` slots when values has fewer rows (the *_rows
-/// ops address values by local slot, so it must hold every slot of each table the keys name).
-[[noreturn]] inline void raise_short_values(const char* op, int64_t i, int64_t t,
-                                            int64_t capacity, int64_t values_rows) {
-  throw c10::ValueError(check_detail::message("dynamicemb.", op, ": values has ", values_rows,
-                                              " rows, but keys[", i, "] names table ", t,
-                                              " of capacity ", capacity,
-                                              " (rows by local slot: values needs ", capacity,
-                                              " rows)"),
-                        nullptr);
-}
-
 /// values (capacity, width), contiguous, and slots (n,) int64 on the same device.
 inline void check_rows_args(const char* op, const at::Tensor& values, const at::Tensor& slots) {
   DEMB_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "dynamicemb.", op,
