@@ -29,11 +29,8 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ModuleSharder, ParameterSharding, ShardingEnv, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-<<<<<<< HEAD
 from dynamicemb_core import nvtx
-=======
 from dynamicemb_core.lookup.features import check_kjt_shape
->>>>>>> wt/table
 from dynamicemb_core.planner.parameter_sharding import is_dynamic_sharding
 from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
 from dynamicemb_core.shard.rw_sharding import (
@@ -141,10 +138,6 @@ class _DynamicShardedCollection:
         _register_dynamic_kernels(self)  # type: ignore[arg-type]
         _mark_stages(self)  # type: ignore[arg-type]
 
-    def input_dist(self, ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        with nvtx.nvtx_range("dynamicemb::input_dist"):
-            return super().input_dist(ctx, *args, **kwargs)  # type: ignore[misc]
-
     def reset_parameters(self) -> None:
         with _without_dynamic_configs(self, self._demb_configs_attr):  # type: ignore[arg-type]
             super().reset_parameters()  # type: ignore[misc]
@@ -152,9 +145,10 @@ class _DynamicShardedCollection:
     def input_dist(self, ctx: Any, features: Any) -> Any:
         """TorchRec's input dist, after a shape check of the batch (no readback): lengths that are
         not one per feature and sample raise a ValueError naming the features, where TorchRec's
-        split would fail with a bare reshape error."""
+        split would fail with a bare reshape error. Marked as an NVTX range for profiles."""
         check_kjt_shape(features, type(self).__name__)
-        return super().input_dist(ctx, features)  # type: ignore[misc]
+        with nvtx.nvtx_range("dynamicemb::input_dist"):
+            return super().input_dist(ctx, features)  # type: ignore[misc]
 
 
 class _RowWiseShardingTypes:
