@@ -272,6 +272,44 @@ def count_ops(step: Callable[[int], None], i: int) -> Tuple[int, collections.Cou
     return sum(names.values()), names
 
 
+def print_profile(label: str, step: Callable[[int], None], device: torch.device, top: int) -> None:
+    """Where one model's step spends its time: torch.profiler over 3 steps (CPU and, on CUDA, the
+    kernels), the ``top`` ops by self device time (CUDA) or self CPU time, and the GPU's busy time
+    per step against the wall time (a step whose GPU is mostly idle is host-bound)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    steps = 3
+    with profile(activities=activities) as prof:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step(i)
+        if cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3 / steps
+    averages = prof.key_averages()
+    busy = 0.0
+    if cuda:
+        busy = sum(getattr(e, "self_device_time_total", 0.0) for e in averages) / 1e3 / steps
+    print(
+        f"## profile {label}: wall {wall:.2f} ms a step"
+        + (f", GPU busy {busy:.2f} ms" if cuda else "")
+    )
+    sort = "self_cpu_time_total"
+    if cuda:
+        sort = (
+            "self_device_time_total"
+            if hasattr(averages[0], "self_device_time_total")
+            else "self_cuda_time_total"
+        )
+    print(averages.table(sort_by=sort, row_limit=top))
+    if cuda:
+        print(averages.table(sort_by="cpu_time_total", row_limit=top))
+
+
 def time_pair(steps: List[Callable[[int], None]], warmup: int, repeats: int, device) -> List[float]:
     """Median ms of each step, alternating them per repeat (same load for both)."""
     for step in steps:
@@ -329,6 +367,11 @@ def run_case(
     if not args.ops_only and steps:
         for name, ms in zip(names, time_pair(steps, args.warmup, args.repeats, device)):
             row[name] = ms
+    if args.profile:
+        for name, step in zip(names, steps):
+            print_profile(
+                f"{row['model']} {optimizer} {tables} tables, {name}", step, device, args.profile
+            )
     return row
 
 
@@ -381,6 +424,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--ops-only", action="store_true", help="count ops, do not time")
     p.add_argument(
         "--top-ops", type=int, default=0, help="print the N ops whose counts differ most"
+    )
+    p.add_argument(
+        "--profile", type=int, default=0, help="print each model's N costliest ops (torch.profiler)"
     )
     add_small_flag(p)
     args = apply_small(p, p.parse_args(argv), SMALL)
