@@ -303,7 +303,9 @@ class _InferenceCollection(nn.Module):
         content = ReplayContent.EMBEDDING_ONLY if content is None else content
         before = self.embeddings.state_identity()
         handles = self.embeddings.handles(self.collection)
-        jobs = plan_replay(handles, {self.collection: deltas[self.collection]}, content)
+        jobs = plan_replay(
+            handles, {self.collection: deltas[self.collection]}, content, every_shard=True
+        )
         for job in jobs:
             apply_replay(job)
         self.embeddings._sync_state()
