@@ -282,18 +282,19 @@ def run_scenario(rank: int, world: int, case: Case, folder: str) -> None:
     }
     erased |= {key for key in evicted if key not in now}
 
-    twin_before = RL.ledger_of_model(twin)
-    RL.move_replay_increment(deltas, twin)
-    twin_after = RL.ledger_of_model(twin)
-    RL.check_moved(moved, twin_after, twin_before, fields=full, removed=erased, what="replay_increment")
-    RL.check_moved(now, twin_after, fields=("embedding", "optimizer"), what="replay_increment (whole)")
-
     for how, s in served.items():
         before = RL.ledger_of_served(s)
         RL.move_replay_served(s, deltas)
         after = RL.ledger_of_served(s)
         RL.check_moved(moved, after, before, removed=erased, what=f"{how} -> replay")
         RL.check_moved(now, after, what=f"{how} -> replay (whole)")
+
+    twin_before = RL.ledger_of_model(twin)
+    RL.move_replay_increment(deltas, twin)
+    twin_after = RL.ledger_of_model(twin)
+    RL.check_moved(moved, twin_after, twin_before, fields=full, removed=erased, what="replay_increment")
+    RL.check_moved(now, twin_after, fields=("embedding", "optimizer"), what="replay_increment (whole)")
+
 
     # a delta of another layout is refused and leaves the served collection as it was
     s = served["from_dump"]
