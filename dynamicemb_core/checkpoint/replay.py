@@ -268,10 +268,14 @@ def _check_coverage(
     first = shards[0]
     ranks = [h.rank for h in shards]
     worlds = {h.world_size for h in shards}
-    if len(set(ranks)) != len(ranks) or len(worlds) != 1 or not all(
-        0 <= r < first.world_size for r in ranks
+    if (
+        len(set(ranks)) != len(ranks)
+        or len(worlds) != 1
+        or not all(0 <= r < first.world_size for r in ranks)
     ):
-        raise _fail(first, f"shards {ranks} of world sizes {sorted(worlds)} are not distinct shards")
+        raise _fail(
+            first, f"shards {ranks} of world sizes {sorted(worlds)} are not distinct shards"
+        )
     planned = sum(int(job.keys.numel()) for job in jobs)
     n = int(keys.numel())
     if every_shard:
@@ -351,8 +355,10 @@ def _evict_displaced(job: ReplayJob) -> Tuple[torch.Tensor, _Displaced]:
     live = other & ~torch.isin(occupant, gone)
     keys = occupant[live]
     rows = job.handle.storage.read_rows(t, job.slots[live])
-    scores = table.find(keys, t).scores if keys.numel() else torch.empty(
-        0, job.handle.options.num_scores, dtype=torch.int64, device=keys.device
+    scores = (
+        table.find(keys, t).scores
+        if keys.numel()
+        else torch.empty(0, job.handle.options.num_scores, dtype=torch.int64, device=keys.device)
     )
     doomed = torch.cat([occupant[other], job.keys[moved]])
     if doomed.numel():

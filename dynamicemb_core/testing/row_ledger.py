@@ -292,7 +292,7 @@ def check_refused(
         move()
     except errors as err:
         raised: BaseException = err
-    except Exception as err:  # noqa: BLE001 - reported as the mismatch it is
+    except Exception as err:  # reported as the mismatch it is
         raise LedgerMismatch(
             f"{what}: expected a refusal {[e.__name__ for e in errors]}, got "
             f"{type(err).__name__}: {err}"
@@ -334,7 +334,9 @@ def check_served(
         got_list = list(got) if isinstance(got, (list, tuple)) else [got]
         want_list = list(want) if isinstance(want, (list, tuple)) else [want]
         if len(got_list) != len(want_list):
-            raise LedgerMismatch(f"{what}: batch {i}: {len(got_list)} outputs, want {len(want_list)}")
+            raise LedgerMismatch(
+                f"{what}: batch {i}: {len(got_list)} outputs, want {len(want_list)}"
+            )
         for g, w in zip(got_list, want_list):
             g, w = g.detach().cpu(), w.detach().cpu()
             same = g.shape == w.shape and (
@@ -379,7 +381,9 @@ def move_replay_increment(
     from dynamicemb_core.checkpoint.types import ReplayContent
 
     replay_increment(
-        destination, dict(deltas), ReplayContent.ALL if content is None else content,
+        destination,
+        dict(deltas),
+        ReplayContent.ALL if content is None else content,
         show_progress=False,
     )
 

@@ -120,7 +120,9 @@ def _replay_across_ranks(rank: int, world: int) -> None:
         local = incremental_dump(src, threshold, pg=singletons[rank])  # this rank's keys only
         threshold = get_score(src)["model.coll"]["t0"]
         assert (
-            gathered["model.coll"].meta[0]["world_size"] == world == local["model.coll"].meta[0]["world_size"]
+            gathered["model.coll"].meta[0]["world_size"]
+            == world
+            == local["model.coll"].meta[0]["world_size"]
         )
         replay_increment(via_world, gathered, ReplayContent.ALL)
         replay_increment(via_self, local, ReplayContent.ALL)
@@ -197,7 +199,9 @@ def _tracker_embedding_mode_on_sequence_tables(rank: int, world: int) -> None:
     full = [global_batch(s, ["f0"], {"f0": 50}, 8 * world) for s in range(2)]
     batches = [rank_slice(kjt, rank, world) for kjt in full]
     out = model(batches[0])
-    before = {k: r[:4].clone() for k, r in snapshot(model)["model.coll/t0"].rows.items()}  # as looked up
+    before = {
+        k: r[:4].clone() for k, r in snapshot(model)["model.coll/t0"].rows.items()
+    }  # as looked up
     torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()  # rows move
     out = model(batches[1])  # keys of both batches are looked up again with their moved rows
     torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()

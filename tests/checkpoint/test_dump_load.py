@@ -206,7 +206,8 @@ def test_table_names_select_a_subset(tmp_path):
     DynamicEmbLoad(str(tmp_path), dst, table_names={"model.ebc": ["t1"]})
     snap = snapshot(dst)
     assert (
-        len(snap["model.ebc/t0"].keys()) == 0 and snap["model.ebc/t1"].keys() == snapshot(src)["model.ebc/t1"].keys()
+        len(snap["model.ebc/t0"].keys()) == 0
+        and snap["model.ebc/t1"].keys() == snapshot(src)["model.ebc/t1"].keys()
     )
     with pytest.raises(ValueError, match="no dynamic table \\['nope'\\]"):
         DynamicEmbDump(str(tmp_path), src, table_names={"model.ebc": ["nope"]})
@@ -219,7 +220,10 @@ def test_load_accepts_a_plain_list_of_table_names(tmp_path):
     dst = make_model()
     DynamicEmbLoad(str(tmp_path), dst, table_names=["t0"])
     snap = snapshot(dst)
-    assert snap["model.ebc/t0"].keys() == snapshot(src)["model.ebc/t0"].keys() and not snap["model.ebc/t1"].keys()
+    assert (
+        snap["model.ebc/t0"].keys() == snapshot(src)["model.ebc/t0"].keys()
+        and not snap["model.ebc/t1"].keys()
+    )
     with pytest.raises(ValueError, match="no dynamic table \\['zz'\\]"):
         DynamicEmbLoad(str(tmp_path), dst, table_names=["zz"])
 

@@ -98,4 +98,8 @@ def test_numbers_survive_a_checkpoint(tmp_path, device):
         assert a[name].scores == b[name].scores, name
     for model in (src, dst):  # the next key gets the same number in both
         _step(model, [[500], [501]])
-    assert snapshot(src)["model.ebc/t0"].scores[500] == snapshot(dst)["model.ebc/t0"].scores[500] == (30,)
+    assert (
+        snapshot(src)["model.ebc/t0"].scores[500]
+        == snapshot(dst)["model.ebc/t0"].scores[500]
+        == (30,)
+    )

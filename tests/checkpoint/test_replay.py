@@ -190,7 +190,11 @@ def test_embedding_only_replay_gives_fresh_state_and_all_gives_source_state():
     only, full = make_model(optimizer="EXACT_ADAGRAD"), make_model(optimizer="EXACT_ADAGRAD")
     replay_increment(only, deltas, ReplayContent.EMBEDDING_ONLY)
     replay_increment(full, deltas, ReplayContent.OPTIMIZER_STATE)
-    s, o, f = snapshot(src)["model.ebc/t0"], snapshot(only)["model.ebc/t0"], snapshot(full)["model.ebc/t0"]
+    s, o, f = (
+        snapshot(src)["model.ebc/t0"],
+        snapshot(only)["model.ebc/t0"],
+        snapshot(full)["model.ebc/t0"],
+    )
     for k in s.keys():
         assert torch.equal(s.rows[k], f.rows[k])
         assert torch.equal(s.rows[k][:8], o.rows[k][:8])

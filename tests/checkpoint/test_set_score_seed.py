@@ -17,7 +17,9 @@ def test_step_table_takes_a_set_step_including_zero():
     set_score(model, {"model.ebc": {"t1": 40}})
     assert get_score(model) == {"model.ebc": {"t0": 0, "t1": 40}}
     train(model, 1, key_range=20)
-    assert get_score(model) == {"model.ebc": {"t0": 1, "t1": 41}}  # the step advances from the set one
+    assert get_score(model) == {
+        "model.ebc": {"t0": 1, "t1": 41}
+    }  # the step advances from the set one
 
 
 def test_customized_score_of_zero_is_set():

@@ -50,6 +50,7 @@ class Case:
     holes_in_dump: bool = True  # erase keys before the dump (a load packs the buckets)
     batch: int = 12  # global samples per step (a multiple of every world size used)
     extra: Dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"  # "cuda": one GPU a rank, NCCL (run_workers(..., backend="nccl"))
 
     @property
     def replayable(self) -> bool:
@@ -95,7 +96,14 @@ def options_of(case: Case) -> Any:
     )
 
 
-def build(case: Case, world: int, device: torch.device = torch.device("cpu")) -> Any:
+def device_of(case: Case) -> torch.device:
+    """Where this rank's tables live (its own GPU under NCCL)."""
+    if case.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(case.device)
+
+
+def build(case: Case, world: int) -> Any:
     """The sharded model (ADAM, so rows carry optimizer state)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -111,7 +119,7 @@ def build(case: Case, world: int, device: torch.device = torch.device("cpu")) ->
         constraints,
         {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.05},
         world,
-        device,
+        device_of(case),
         sharder_kwargs={"use_index_dedup": True} if case.dedup else None,
     )
 
@@ -134,7 +142,7 @@ def train(model: Any, case: Case, rank: int, world: int, steps: range) -> None:
     for step in steps:
         if case.score == "CUSTOMIZED":
             set_score(model, 10 * (step + 1))
-        out = model(rank_slice(_batch(case, step), rank, world))
+        out = model(rank_slice(_batch(case, step), rank, world).to(device_of(case)))
         loss = sum(t.square().sum() for t in _flat_grad(out, case.pooled))
         loss.backward()
 
@@ -147,7 +155,7 @@ def trainer_eval(model: Any, case: Case, rank: int, world: int, kjt: Any) -> Lis
     """The trainer's eval forward of a global batch: each rank its slice, gathered in rank order."""
     model.eval()
     with torch.no_grad():
-        local = _flat(model(rank_slice(kjt, rank, world)), case.pooled)
+        local = _flat(model(rank_slice(kjt, rank, world).to(device_of(case))), case.pooled)
     if world == 1:
         return local
     parts: List[Any] = [None] * world
@@ -157,7 +165,7 @@ def trainer_eval(model: Any, case: Case, rank: int, world: int, kjt: Any) -> Lis
 
 def served_forward(served: Any, case: Case, kjt: Any) -> List[torch.Tensor]:
     with torch.no_grad():
-        out = served(kjt)
+        out = served(kjt.to(device_of(case)))
     return [out.values().cpu()] if case.pooled else [out[f].values().cpu() for f in ALL_FEATURES]
 
 
@@ -233,21 +241,28 @@ def run_scenario(rank: int, world: int, case: Case, folder: str) -> None:
     # 1. dump -> load into a fresh twin of the same world size
     RL.move_dump_load(dump, model, None)
     if rank == 0:
-        torch.save({"ledger": at_dump, "options": served_options(model, case)}, os.path.join(folder, "ledger.pt"))
+        torch.save(
+            {"ledger": at_dump, "options": served_options(model, case)},
+            os.path.join(folder, "ledger.pt"),
+        )
     twin = build(case, world)
     RL.move_dump_load(dump, None, twin)
     full = ("embedding", "optimizer", "scores")
-    RL.check_moved(at_dump, RL.ledger_of_model(twin), fields=full, what="DynamicEmbDump -> DynamicEmbLoad")
+    RL.check_moved(
+        at_dump, RL.ledger_of_model(twin), fields=full, what="DynamicEmbDump -> DynamicEmbLoad"
+    )
 
     # 2. dump (and model) -> served collections
     cls = served_classes(case)
     options = served_options(model, case)
-    served = {"from_dump": RL.move_from_dump(cls, dump, configs_of(case), options)}
+    served = {"from_dump": RL.move_from_dump(cls, dump, configs_of(case), options, device_of(case))}
     if world == 1:
         served["from_model"] = RL.move_from_model(cls, model)
     for how, s in served.items():
         assert s.collection == collection, (how, s.collection, collection)
         RL.check_moved(at_dump, RL.ledger_of_served(s), what=f"{how} -> served")
+    if case.aoti and case.pooled:  # compiled now, attached: it must follow the replays below
+        served["aoti package"] = _package(served["from_dump"], case, folder, rank)
 
     if not case.replayable:
         # incremental_dump cannot place keys of a continuous table: a clear refusal, nothing read
@@ -283,6 +298,8 @@ def run_scenario(rank: int, world: int, case: Case, folder: str) -> None:
     erased |= {key for key in evicted if key not in now}
 
     for how, s in served.items():
+        if not hasattr(s, "embeddings"):
+            continue  # a package reads the buffers of the collection it is attached to
         before = RL.ledger_of_served(s)
         RL.move_replay_served(s, deltas)
         after = RL.ledger_of_served(s)
@@ -292,9 +309,12 @@ def run_scenario(rank: int, world: int, case: Case, folder: str) -> None:
     twin_before = RL.ledger_of_model(twin)
     RL.move_replay_increment(deltas, twin)
     twin_after = RL.ledger_of_model(twin)
-    RL.check_moved(moved, twin_after, twin_before, fields=full, removed=erased, what="replay_increment")
-    RL.check_moved(now, twin_after, fields=("embedding", "optimizer"), what="replay_increment (whole)")
-
+    RL.check_moved(
+        moved, twin_after, twin_before, fields=full, removed=erased, what="replay_increment"
+    )
+    RL.check_moved(
+        now, twin_after, fields=("embedding", "optimizer"), what="replay_increment (whole)"
+    )
 
     # a delta of another layout is refused and leaves the served collection as it was
     s = served["from_dump"]
@@ -308,6 +328,34 @@ def run_scenario(rank: int, world: int, case: Case, folder: str) -> None:
         what="replay of another layout",
     )
     _check_serving(model, case, rank, world, served)
+
+
+class _Package:
+    """An AOTInductor package of a served collection's lookup, attached to its live buffers."""
+
+    def __init__(self, compiled: Any, module: Any) -> None:
+        self.compiled, self.module = compiled, module
+
+    def __call__(self, kjt: Any) -> Any:
+        kjt = kjt.to(self.module.collection.embeddings.device)
+        return self.compiled(kjt.values(), kjt.offsets())
+
+
+def _package(served: Any, case: Case, folder: str, rank: int) -> _Package:
+    from dynamicemb_core.inference import LookupModule, attach, compile_package, export_model
+    from dynamicemb_core.inference.runtime import load_package
+
+    module = LookupModule(served)
+    first = held_out(case)[2].to(device_of(case))
+    path = compile_package(
+        export_model(module, (first.values(), first.offsets())),
+        os.path.join(folder, f"served{rank}.pt2"),
+        fast_compile=True,
+        embed_constants=False,
+    )
+    compiled = load_package(path)
+    attach(compiled, module)
+    return _Package(compiled, module)
 
 
 def _other_layout(deltas: Dict[str, Any], collection: str) -> Dict[str, Any]:
@@ -327,7 +375,9 @@ def _check_serving(model: Any, case: Case, rank: int, world: int, served: Dict[s
         check_held_out(
             case,
             world,
-            lambda kjt, s=s: served_forward(s, case, kjt),
+            (lambda kjt, s=s: [s(kjt).cpu()])
+            if isinstance(s, _Package)
+            else (lambda kjt, s=s: served_forward(s, case, kjt)),
             lambda kjt: want[batches.index(kjt)],
             batches,
             how,
@@ -342,12 +392,13 @@ def _check_exported(
     from dynamicemb_core.inference import LookupModule, export_model
 
     module = LookupModule(served)
-    first = batches[2]
+    device = device_of(case)
+    first = batches[2].to(device)
     program = export_model(module, (first.values(), first.offsets())).module()
     check_held_out(
         case,
         world,
-        lambda kjt: program(kjt.values(), kjt.offsets()),
+        lambda kjt: program(kjt.to(device).values(), kjt.to(device).offsets()),
         lambda kjt: want[batches.index(kjt)][0],
         batches,
         "exported program",
@@ -361,8 +412,12 @@ def run_reload(rank: int, world: int, case: Case, folder: str) -> None:
     model = build(case, world)
     RL.move_dump_load(dump, None, model)
     full = ("embedding", "optimizer", "scores")
-    RL.check_moved(saved["ledger"], RL.ledger_of_model(model), fields=full, what=f"reshard -> {world}")
-    served = RL.move_from_dump(served_classes(case), dump, configs_of(case), saved["options"])
+    RL.check_moved(
+        saved["ledger"], RL.ledger_of_model(model), fields=full, what=f"reshard -> {world}"
+    )
+    served = RL.move_from_dump(
+        served_classes(case), dump, configs_of(case), saved["options"], device_of(case)
+    )
     RL.check_moved(saved["ledger"], RL.ledger_of_served(served), what="reshard -> from_dump")
     batches = held_out(case)
     want = [trainer_eval(model, case, rank, world, kjt) for kjt in batches]
