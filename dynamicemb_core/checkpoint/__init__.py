@@ -31,6 +31,7 @@ _EXPORTS: Dict[str, str] = {
     "CheckpointError": "dynamicemb_core.checkpoint.errors",
     "CheckpointCorruptError": "dynamicemb_core.checkpoint.errors",
     "CheckpointMismatchError": "dynamicemb_core.checkpoint.errors",
+    "CheckpointWriteError": "dynamicemb_core.checkpoint.errors",
     "IncompatibleDeltaError": "dynamicemb_core.checkpoint.errors",
 }
 

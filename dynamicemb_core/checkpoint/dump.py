@@ -3,12 +3,15 @@
 Every rank writes its own shard of each table in parallel (one file per table per rank); rank 0 then
 publishes a manifest. Loading reads the shards of every writer rank and keeps the keys this rank owns
 under the *target's* sharding, so a checkpoint written by N processes loads into M. Every file is read and
-checked (checksums, dim, dtype, score columns, optimizer width) before the first row is written to any
-table, so a bad checkpoint leaves the model exactly as it was.
+checked before the first row is written to any table, so a bad checkpoint leaves the model exactly as it
+was: its identity against the manifest (collection, table, kind, rank, world size, row count, dump id,
+header checksum), its checksums, its fit to the target (dim, dtype, score columns, optimizer width), and
+that every key it brings finds a slot in its target table (:func:`check_room`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -23,25 +26,31 @@ from dynamicemb_core.checkpoint.collectives import (
     group_size,
 )
 from dynamicemb_core.checkpoint.discovery import find_tables
-from dynamicemb_core.checkpoint.errors import CheckpointMismatchError
+from dynamicemb_core.checkpoint.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+)
 from dynamicemb_core.checkpoint.format import (
+    ROWS,
     ShardHeader,
     ShardPayload,
     check_header,
     read_shard,
-    read_shard_header,
+    read_shard_identity,
     verify_shard,
-    write_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
     COUNTER,
     MANIFEST_NAME,
     ManifestEntry,
+    check_entry,
     entries_by_table,
     merge_rank_manifests,
+    new_dump_id,
     read_manifest,
     remove_manifest,
-    shard_relpath,
+    write_entry,
     write_rank_manifest,
 )
 from dynamicemb_core.checkpoint.ownership import owned_mask
@@ -61,7 +70,7 @@ from dynamicemb_core.checkpoint.state import (
     score_clock,
     training_state,
 )
-from dynamicemb_core.checkpoint.table_io import export_rows, insert_rows
+from dynamicemb_core.checkpoint.table_io import check_room, export_rows, insert_rows
 from dynamicemb_core.checkpoint.types import TableHandle
 
 __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "dump_tables", "load_tables"]
@@ -69,7 +78,9 @@ __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "dump_tables", "load_tables"]
 TableNames = Optional[Dict[str, List[str]]]
 
 
-def _header(handle: TableHandle, n: int, optim: bool, rank: int, world: int) -> ShardHeader:
+def _header(
+    handle: TableHandle, n: int, optim: bool, rank: int, world: int, dump_id: str
+) -> ShardHeader:
     extra: Dict[str, Any] = {"optimizer": handle.optimizer, "dist_type": handle.dist_type}
     clock = score_clock(handle)
     if clock is not None:
@@ -88,6 +99,7 @@ def _header(handle: TableHandle, n: int, optim: bool, rank: int, world: int) -> 
         rank=rank,
         world_size=world,
         extra=extra,
+        dump_id=dump_id,
     )
 
 
@@ -128,23 +140,6 @@ def check_dump_folder(path: str, allow_overwrite: bool, pg: Optional[dist.Proces
         )
 
 
-def _write(
-    path: str, rel: str, header: ShardHeader, payload: ShardPayload, kind: str
-) -> ManifestEntry:
-    os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
-    size = write_shard(os.path.join(path, rel), header, payload)
-    return ManifestEntry(
-        header.collection,
-        header.table_name,
-        header.rank,
-        header.world_size,
-        rel,
-        size,
-        header.num_rows,
-        kind,
-    )
-
-
 def dump_tables(
     path: str,
     handles: Sequence[TableHandle],
@@ -162,9 +157,10 @@ def dump_tables(
     """
     rank, world = group_rank(pg), group_size(pg)
     check_dump_folder(path, allow_overwrite, pg)
+    dump_id = broadcast_object(new_dump_id() if rank == 0 else None, pg)
     if rank == 0:
         os.makedirs(path, exist_ok=True)
-        remove_manifest(path)
+        remove_manifest(path)  # and temp files a killed dump left
     barrier(pg)
     entries = []
     for handle in handles:
@@ -175,24 +171,23 @@ def dump_tables(
             total, f"dump {handle.qualified_name}", rank=rank, show_progress=show_progress
         ) as bar:
             rows = export_rows(handle, None, bar)
-        header = _header(handle, rows.keys.numel(), optim, rank, world)
+        header = _header(handle, rows.keys.numel(), optim, rank, world, dump_id)
         payload = ShardPayload(
             keys=rows.keys,
             embeddings=rows.embeddings,
             optimizer_states=rows.optimizer_states if optim else rows.optimizer_states[:, :0],
             scores=rows.scores,
         )
-        rel = shard_relpath(handle.collection, handle.name, rank, world)
-        entries.append(_write(path, rel, header, payload, "rows"))
+        entries.append(write_entry(path, header, payload, ROWS))
         if counter and handle.counter is not None:
             counts = counter_payload(handle.counter)
-            rel = shard_relpath(handle.collection, handle.name, rank, world, COUNTER)
             head = counter_header(handle, counts.keys.numel(), rank, world)
-            entries.append(_write(path, rel, head, counts, COUNTER))
+            head = dataclasses.replace(head, dump_id=dump_id)
+            entries.append(write_entry(path, head, counts, COUNTER))
     write_rank_manifest(path, rank, entries)
     barrier(pg)
     if rank == 0:
-        merge_rank_manifests(path, world)
+        merge_rank_manifests(path, world, dump_id)
     barrier(pg)
     return entries
 
@@ -261,15 +256,32 @@ def _check_counters(
 def _checked_headers(
     path: str, files: List[ManifestEntry], **expected: Any
 ) -> Tuple[List[Any], List[str]]:
-    """Each file's header, checked against ``expected`` (``check_header``'s keywords), and its path."""
+    """Each file's header, checked against its manifest entry (identity) and ``expected``
+    (``check_header``'s keywords), and its path."""
     headers, paths = [], []
     for entry in files:
         full = os.path.join(path, entry.path)
-        header = read_shard_header(full)
+        header, crc = read_shard_identity(full)
+        check_entry(path, entry, header, crc)
+        _check_extra(full, header)
         check_header(header, **expected)
         headers.append(header)
         paths.append(full)
     return headers, paths
+
+
+def _check_extra(full: str, header: ShardHeader) -> None:
+    """The header's ``extra`` fields a load applies after writing rows must be usable now: the
+    score clock an int, the training state an object (its contents: check_training_states)."""
+    clock = header.extra.get(SCORE_CLOCK)
+    state = header.extra.get(TRAINING_STATE)
+    if (clock is not None and (not isinstance(clock, int) or isinstance(clock, bool))) or (
+        state is not None and not isinstance(state, dict)
+    ):
+        raise CheckpointCorruptError(
+            f"checkpoint file {full}: damaged header: extra {SCORE_CLOCK}={clock!r} / "
+            f"{TRAINING_STATE}={type(state).__name__} (expected an int / an object)"
+        )
 
 
 def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
@@ -277,6 +289,50 @@ def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
     if bool(keep.all()):
         return payload
     return ShardPayload(*(t[keep] for _, t in payload.sections()))
+
+
+def _owned_keys(handle: TableHandle, paths: Sequence[str]) -> torch.Tensor:
+    """The distinct keys of ``paths`` that ``handle``'s shard owns; reading each file whole checks
+    every section's checksum (one file in memory at a time)."""
+    parts = [torch.empty(0, dtype=torch.int64)]
+    for full in paths:
+        keys = read_shard(full)[1].keys
+        parts.append(keys[owned_mask(keys, handle)])
+    return torch.unique(torch.cat(parts))
+
+
+def _check_rooms(plan: Plan) -> List[Tuple[TableHandle, torch.Tensor, int, int]]:
+    """Per table, its owned keys, the capacity it must grow to, and the keys it holds after the
+    load, refusing (:func:`check_room`) a table that cannot hold them all."""
+    rooms = []
+    for handle, _, paths in plan:
+        keys = _owned_keys(handle, paths)
+        capacity, total = check_room(handle, keys)
+        rooms.append((handle, keys, capacity, total))
+    return rooms
+
+
+def _grow(rooms: List[Tuple[TableHandle, torch.Tensor, int, int]]) -> None:
+    """Grow every table to the capacity its check planned (a rehash: keys and rows stay). Where
+    memory stops a table short of it, check its buckets again at the capacity it reached."""
+    for handle, keys, capacity, _ in rooms:
+        reached = handle.table.reserve(handle.table_id, capacity)
+        if reached < capacity:
+            check_room(handle, keys, reached)
+
+
+def _check_landed(handle: TableHandle, keys: torch.Tensor, unplaced: int) -> None:
+    """After writing: every loaded key is in the table (check_room makes this so; a failure here is
+    a bug, reported rather than returned as a silent partial load)."""
+    missing = keys.numel() - int(
+        handle.table.find(keys.to(handle.device), handle.table_id).found.sum()
+    )
+    if unplaced or missing:
+        raise CheckpointError(
+            f"load of table '{handle.qualified_name}': {max(unplaced, missing)} of {keys.numel()} "
+            "keys are not in the table after writing although its room was checked (a bug; the "
+            "table was written, the other tables may not be)"
+        )
 
 
 def load_tables(
@@ -290,15 +346,18 @@ def load_tables(
 ) -> Dict[str, Tuple[int, int]]:
     """Load every handle's rows from ``path``, keeping the keys each handle's shard owns.
 
-    Every header and every section checksum of every table (and of its admission counter with
-    ``counter``) is verified, and with ``optim`` the saved optimizer step and hyper-parameters are
-    checked against the target modules, before any table is written; the files are then read again
-    one at a time to be written. After the rows come the admission counts, the tables' score clocks
-    (STEP step, CUSTOMIZED score) and, with ``optim``, each module's optimizer step and
-    hyper-parameters.
+    Before any table is written: the manifest and every file's identity against it, every header
+    against its target, every section checksum of every table (and of its admission counter with
+    ``counter``), that each table can hold every key it will hold (:func:`check_room`), and with
+    ``optim`` the saved optimizer step and hyper-parameters against the target modules. Then the
+    tables grow to the capacity that check planned, and the files are read again one at a time to
+    be written. After the rows come the admission counts, the tables' score clocks (STEP step,
+    CUSTOMIZED score) and, with ``optim``, each module's optimizer step and hyper-parameters.
 
     Returns:
-        ``{"collection/table": (placed, unplaced)}``.
+        ``{"collection/table": (placed, unplaced)}`` (rows written, rows that found no slot),
+        summed over the handles of one table; unplaced is 0 (a load that cannot place every key is
+        refused).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -308,11 +367,13 @@ def load_tables(
     plan = _check_all(path, entries_by_table(entries), handles, optim)
     trainings = check_training_states([(h, hs) for h, hs, _ in plan], path) if optim else []
     counters = _check_counters(path, entries_by_table(entries, COUNTER), handles) if counter else []
-    for _, _, paths in plan + counters:
+    for _, _, paths in counters:
         for full in paths:
             verify_shard(full)  # every checksum, before any table is written
-    result = {}
-    for handle, headers, paths in plan:
+    rooms = _check_rooms(plan)  # reads every rows file: checksums, then room for its keys
+    _grow(rooms)
+    result: Dict[str, Tuple[int, int]] = {}
+    for (handle, headers, paths), (_, owned, _, _) in zip(plan, rooms, strict=True):
         total = sum(h.num_rows for h in headers)
         placed = unplaced = 0
         desc = f"load {handle.qualified_name}"
@@ -326,8 +387,10 @@ def load_tables(
                 placed, unplaced = placed + a, unplaced + b
                 if handle.drop_from_cache is not None:
                     handle.drop_from_cache(p.keys)
+        _check_landed(handle, owned, unplaced)
         restore_score_clock(handle, saved_score_clock(headers))
-        result[handle.qualified_name] = (placed, unplaced)
+        before = result.get(handle.qualified_name, (0, 0))  # a served table's shards add up
+        result[handle.qualified_name] = (before[0] + placed, before[1] + unplaced)
     for handle, _, paths in counters:
         parts = [_owned(read_shard(full)[1], handle) for full in paths]
         keys = torch.cat([p.keys for p in parts])
@@ -376,9 +439,16 @@ def DynamicEmbDump(
             the new manifest does not list are deleted; other files are left alone).
         show_progress: force the rank-0 progress bars on or off (None: only on a terminal).
 
+    Every file names the dump (a random ``dump_id``), its collection, table, kind, rank and world
+    size; the manifest lists the same and each file's header checksum, which :func:`DynamicEmbLoad`
+    checks (docs/torchrec.md, "Identity of a checkpoint's files"). Temp files a killed dump left
+    in ``path`` are deleted first.
+
     Raises:
         FileExistsError: ``path`` is not empty and ``allow_overwrite`` is False (nothing written).
         NotADirectoryError: ``path`` is a file.
+        CheckpointWriteError: a file could not be written (a full disk, ...); the message names it
+            and the folder is left without a manifest.
     """
     _check_pg(pg, "DynamicEmbDump")
     dump_tables(
@@ -401,7 +471,7 @@ def DynamicEmbLoad(
     *,
     counter: bool = False,
     show_progress: Optional[bool] = None,
-) -> None:
+) -> Dict[str, Tuple[int, int]]:
     """Load a :func:`DynamicEmbDump` checkpoint into the model's dynamic tables.
 
     Keys are routed by owner under the model's current sharding, so the writer's and reader's process
@@ -420,12 +490,21 @@ def DynamicEmbLoad(
         counter: also restore the admission counters (the dump must have been written with it).
         show_progress: force the rank-0 progress bars on or off.
 
+    Returns:
+        ``{"collection/table": (placed, unplaced)}``: rows this process wrote per table, and rows
+        that found no slot (always 0: such a load is refused before writing).
+
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointCorruptError: missing manifest, truncated file, bad checksum (nothing was written).
-        CheckpointMismatchError: a table missing from the checkpoint, or of another dim / dtype / score
-            columns / optimizer width; with ``optim``, no saved optimizer state or another optimizer;
-            with ``counter``, no saved counter (nothing was written).
+        CheckpointCorruptError: missing manifest, damaged manifest (missing, unexpected or mistyped
+            fields, not UTF-8 JSON, a path outside the folder), truncated file, bad checksum, a
+            checkpoint of format version 1 (nothing was written).
+        CheckpointMismatchError: a file that is not the one its manifest entry lists (another
+            table's, collection's or dump's; see docs/torchrec.md); a table missing from the
+            checkpoint, or of another dim / dtype / score columns / optimizer width; more keys than
+            the target table can hold (``max_capacity``, or a bucket that would overflow); with
+            ``optim``, no saved optimizer state or another optimizer; with ``counter``, no saved
+            counter (nothing was written).
     """
     _check_pg(pg, "DynamicEmbLoad")
     if isinstance(table_names, (list, tuple)):  # the seed's signature: names in any collection
@@ -436,7 +515,7 @@ def DynamicEmbLoad(
             raise ValueError(f"table_names: the model has no dynamic table {sorted(missing)}")
     else:
         handles = find_tables(model, table_names)
-    load_tables(
+    return load_tables(
         path,
         handles,
         optim=optim,

@@ -10,6 +10,7 @@ __all__ = [
     "CheckpointCorruptError",
     "CheckpointError",
     "CheckpointMismatchError",
+    "CheckpointWriteError",
     "IncompatibleDeltaError",
 ]
 
@@ -24,6 +25,16 @@ class CheckpointCorruptError(CheckpointError):
 
 class CheckpointMismatchError(CheckpointError):
     """A well-formed file was written for a table of another shape (dim, dtype, score columns, ...)."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing a checkpoint file failed (a full disk, no permission, ...); the message names the file
+    and the OS error (``errno`` holds its number), which is chained as the cause. The folder is left
+    without a manifest, so it loads as an unfinished dump, never as a partial one."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class IncompatibleDeltaError(CheckpointError):

@@ -5,8 +5,9 @@ One file holds one table's rows from one writer rank::
     magic "DEMBSHRD" (8 bytes) | format version u32 | header length u32 | header crc32 u32
     | header (UTF-8 JSON) | keys | embeddings | optimizer_states | scores
 
-The header carries everything a reader needs to refuse a file before touching a table: table name, row
-count, embedding dim, optimizer-state width, element dtype (and ``state_dtype`` when the optimizer state is
+The header carries everything a reader needs to refuse a file before touching a table: its identity
+(collection, table name, kind ``rows`` / ``counter``, writer rank and world size, and the ``dump_id`` shared
+by every file of one dump, which the manifest records too), row count, embedding dim, optimizer-state width, element dtype (and ``state_dtype`` when the optimizer state is
 stored in another dtype than the embeddings: float32 beside half-precision embeddings), the score columns in
 the strategy tuple's order,
 and per section its dtype, shape, offset, byte length and crc32 (zlib). Sections are little-endian, row
@@ -33,6 +34,8 @@ from dynamicemb_core.checkpoint.errors import CheckpointCorruptError, Checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
+    "ROWS",
+    "COUNTER",
     "MAGIC",
     "ShardHeader",
     "ShardPayload",
@@ -41,12 +44,17 @@ __all__ = [
     "dtype_name",
     "read_shard",
     "read_shard_header",
+    "read_shard_identity",
     "verify_shard",
     "write_shard",
 ]
 
 MAGIC = b"DEMBSHRD"
-FORMAT_VERSION = 1
+# 2: files and manifest name their dump (``dump_id``) and kind; the manifest records each file's header
+# checksum. Version 1 files (no dump identity) are refused: re-dump them with this build.
+FORMAT_VERSION = 2
+ROWS = "rows"  # a table's keys and rows
+COUNTER = "counter"  # a table's admission counter: keys and counts
 _PREFIX = struct.Struct("<8sIII")  # magic, version, header length, header crc32
 _SECTIONS = ("keys", "embeddings", "optimizer_states", "scores")
 _ALIGN = (
@@ -98,6 +106,9 @@ class ShardHeader:
         extra: free-form metadata (optimizer name, dist_type, ...), JSON-serializable.
         state_dtype: element dtype of the optimizer states when it differs from ``dtype`` (a
             half-precision table keeps float32 state); None: ``dtype``.
+        dump_id: the identity of the dump that wrote the file (random, shared by all its files
+            and recorded in its manifest); a load refuses a file whose id differs from the manifest's.
+        kind: ``"rows"`` or ``"counter"``.
     """
 
     table_name: str
@@ -111,6 +122,8 @@ class ShardHeader:
     world_size: int = 1
     extra: Dict[str, Any] = field(default_factory=dict)
     state_dtype: Optional[torch.dtype] = None
+    dump_id: str = ""
+    kind: str = ROWS
 
     @property
     def states_dtype(self) -> torch.dtype:
@@ -124,8 +137,10 @@ class ShardHeader:
 
     def describe(self) -> str:
         """Short text naming the file's table for error messages."""
+        what = "" if self.kind == ROWS else f" {self.kind}"
         return (
-            f"table '{self.collection}/{self.table_name}' (rank {self.rank} of {self.world_size})"
+            f"table '{self.collection}/{self.table_name}'{what} (rank {self.rank} of "
+            f"{self.world_size})"
         )
 
 
@@ -229,6 +244,8 @@ def write_shard(path: str, header: ShardHeader, payload: ShardPayload) -> int:
         "score_timestamps_as_age": True,
         "rank": header.rank,
         "world_size": header.world_size,
+        "dump_id": header.dump_id,
+        "kind": header.kind,
         "extra": header.extra,
         "payload_nbytes": offset,
         "sections": sections,
@@ -251,8 +268,14 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
             f"checkpoint file {path}: not a dynamicemb shard (magic {magic!r}, expected {MAGIC!r})"
         )
     if version != FORMAT_VERSION:
+        old = (
+            " (written before files named their dump; re-dump it with this build)"
+            if version < FORMAT_VERSION
+            else ""
+        )
         raise CheckpointCorruptError(
-            f"checkpoint file {path}: format version {version}; this build reads version {FORMAT_VERSION}"
+            f"checkpoint file {path}: format version {version}; this build reads version "
+            f"{FORMAT_VERSION}{old}"
         )
     end = _PREFIX.size + header_len
     if len(raw) < end:
@@ -264,27 +287,97 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
         raise CheckpointCorruptError(
             f"checkpoint file {path}: header checksum mismatch (file is corrupt)"
         )
-    meta = json.loads(blob.decode("utf-8"))
+    meta = _header_meta(path, blob)
     header = ShardHeader(
         table_name=meta["table_name"],
         collection=meta["collection"],
-        num_rows=int(meta["num_rows"]),
-        dim=int(meta["dim"]),
-        optimizer_width=int(meta["optimizer_width"]),
+        num_rows=meta["num_rows"],
+        dim=meta["dim"],
+        optimizer_width=meta["optimizer_width"],
         dtype=dtype_from_name(meta["dtype"]),
         state_dtype=dtype_from_name(meta["state_dtype"]) if "state_dtype" in meta else None,
         score_columns=tuple(meta["score_columns"]),
-        rank=int(meta["rank"]),
-        world_size=int(meta["world_size"]),
+        rank=meta["rank"],
+        world_size=meta["world_size"],
         extra=dict(meta.get("extra", {})),
+        dump_id=meta["dump_id"],
+        kind=meta["kind"],
     )
-    expected_size = end + int(meta["payload_nbytes"])
+    expected_size = end + meta["payload_nbytes"]
     if file_size != expected_size:
         what = "truncated" if file_size < expected_size else "has trailing bytes"
         raise CheckpointCorruptError(
             f"checkpoint file {path}: {what}: {file_size} bytes, header says {expected_size}"
         )
     return header, meta, end
+
+
+# The header's fields and their JSON types (``int`` excludes ``bool``); ``state_dtype`` and
+# ``extra`` are optional. A header that passes its checksum but not this is refused all the same.
+_HEADER_FIELDS: Dict[str, Tuple[type, bool]] = {
+    "table_name": (str, True),
+    "collection": (str, True),
+    "num_rows": (int, True),
+    "dim": (int, True),
+    "optimizer_width": (int, True),
+    "dtype": (str, True),
+    "state_dtype": (str, False),
+    "score_columns": (list, True),
+    "score_timestamps_as_age": (bool, True),
+    "rank": (int, True),
+    "world_size": (int, True),
+    "dump_id": (str, True),
+    "kind": (str, True),
+    "extra": (dict, False),
+    "payload_nbytes": (int, True),
+    "sections": (list, True),
+}
+_SECTION_FIELDS: Dict[str, type] = {
+    "name": str,
+    "dtype": str,
+    "shape": list,
+    "offset": int,
+    "nbytes": int,
+    "crc32": int,
+}
+
+
+def _typed(value: Any, kind: type) -> bool:
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _header_meta(path: str, blob: bytes) -> Dict[str, Any]:
+    """Decode and type-check a header's JSON, raising CheckpointCorruptError naming ``path``."""
+    try:
+        meta = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise CheckpointCorruptError(f"checkpoint file {path}: unreadable header: {err}") from None
+    problems = []
+    if not isinstance(meta, dict):
+        raise CheckpointCorruptError(f"checkpoint file {path}: the header is not a JSON object")
+    for name, (kind, required) in _HEADER_FIELDS.items():
+        if name not in meta:
+            if required:
+                problems.append(f"'{name}' is missing")
+        elif not _typed(meta[name], kind):
+            problems.append(f"'{name}' is {type(meta[name]).__name__}, expected {kind.__name__}")
+    problems += [f"unexpected field '{k}'" for k in sorted(set(meta) - set(_HEADER_FIELDS))]
+    for i, sec in enumerate(meta.get("sections", []) if not problems else []):
+        if not isinstance(sec, dict) or set(sec) != set(_SECTION_FIELDS):
+            problems.append(f"section {i} is not {{{', '.join(_SECTION_FIELDS)}}}")
+        elif not all(_typed(sec[k], t) for k, t in _SECTION_FIELDS.items()):
+            problems.append(f"section {i} has a field of the wrong type")
+        elif sec["offset"] < 0 or sec["nbytes"] < 0:
+            problems.append(f"section {i} has a negative offset or length")
+    if not problems and (meta["num_rows"] < 0 or meta["dim"] < 0 or meta["optimizer_width"] < 0):
+        problems.append("a negative row count or width")
+    if not problems and meta["kind"] not in (ROWS, COUNTER):
+        problems.append(f"kind {meta['kind']!r} is neither {ROWS!r} nor {COUNTER!r}")
+    if problems:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: damaged header: " + "; ".join(problems)
+        )
+    return meta
 
 
 def _read_header(path: str, f: BinaryIO) -> Tuple[ShardHeader, Dict[str, Any], int]:
@@ -301,8 +394,19 @@ def _read_header(path: str, f: BinaryIO) -> Tuple[ShardHeader, Dict[str, Any], i
 
 def read_shard_header(path: str) -> ShardHeader:
     """Read and check a shard's header (magic, version, header checksum, file length) without its payload."""
+    return read_shard_identity(path)[0]
+
+
+def read_shard_identity(path: str) -> Tuple[ShardHeader, int]:
+    """A shard's checked header and its header checksum (crc32 of the header's JSON).
+
+    The header holds every section's crc32, so its checksum stands for the whole content: the
+    manifest records it, and a load refuses a file whose checksum is not the one listed.
+    """
     with open(path, "rb") as f:
-        return _read_header(path, f)[0]
+        header = _read_header(path, f)[0]
+        f.seek(0)
+        return header, _PREFIX.unpack(f.read(_PREFIX.size))[3]
 
 
 def check_header(
@@ -376,6 +480,11 @@ def read_shard(path: str) -> Tuple[ShardHeader, ShardPayload]:
             )
         lo = start + int(sec["offset"])
         hi = lo + int(sec["nbytes"])
+        if int(sec["nbytes"]) != _numel(shape) * dtype.itemsize or hi > len(raw):
+            raise CheckpointCorruptError(
+                f"checkpoint file {path}: section '{name}' has {sec['nbytes']} bytes at offset "
+                f"{sec['offset']}, which disagrees with its shape {list(shape)} or the file's length"
+            )
         view = memoryview(raw)[lo:hi]
         if zlib.crc32(view) != int(sec["crc32"]):
             raise CheckpointCorruptError(
@@ -412,6 +521,13 @@ def verify_shard(path: str, chunk_bytes: int = 1 << 24) -> ShardHeader:
                     f"checkpoint file {path}: section '{sec['name']}' checksum mismatch (file is corrupt)"
                 )
     return header
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _header_len(raw: bytearray) -> int:

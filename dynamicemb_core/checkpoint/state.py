@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from dynamicemb_core.checkpoint.errors import CheckpointMismatchError
-from dynamicemb_core.checkpoint.format import ShardHeader, ShardPayload
+from dynamicemb_core.checkpoint.format import COUNTER, ShardHeader, ShardPayload
 from dynamicemb_core.checkpoint.types import TableHandle
 from dynamicemb_core.config import DynamicEmbScoreStrategy
 
@@ -209,6 +209,7 @@ def counter_header(handle: TableHandle, n: int, rank: int, world: int) -> ShardH
         rank=rank,
         world_size=world,
         extra={"kind": COUNTER_KIND},
+        kind=COUNTER,
     )
 
 

@@ -15,11 +15,22 @@ from typing import Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
+from dynamicemb_core.checkpoint.errors import CheckpointMismatchError
 from dynamicemb_core.checkpoint.scores import clock_columns, from_ages, to_ages
 from dynamicemb_core.checkpoint.types import TableHandle
 from dynamicemb_core.config import DynamicEmbCheckMode
+from dynamicemb_core.table.expansion import needs_growth
+from dynamicemb_core.table.hashing import buckets_of_tensor
 
-__all__ = ["TableRows", "assemble_rows", "export_rows", "insert_rows", "table_now"]
+__all__ = [
+    "TableRows",
+    "assemble_rows",
+    "check_room",
+    "export_rows",
+    "insert_rows",
+    "planned_capacity",
+    "table_now",
+]
 
 _CHUNK = 1 << 17  # rows read or written per table call; bounds temporary memory and paces the bar
 
@@ -185,3 +196,82 @@ def insert_rows(
             f"(capacity {handle.table.capacity(handle.table_id)}); raise max_capacity or bucket_capacity"
         )
     return placed, unplaced
+
+
+def planned_capacity(handle: TableHandle, num_keys: int) -> int:
+    """The capacity an insert of ``num_keys`` keys grows the table to: doubled while they exceed
+    its load factor, up to ``max_capacity`` (the rule of ``ScoredHashTable``'s inserts)."""
+    spec = handle.table.specs[handle.table_id]
+    capacity = handle.table.capacity(handle.table_id)
+    while needs_growth(
+        0, num_keys, capacity, spec.max_capacity, spec.max_load_factor, spec.no_eviction
+    ):
+        capacity *= 2
+    return capacity
+
+
+def check_room(
+    handle: TableHandle, keys: torch.Tensor, capacity: Optional[int] = None
+) -> Tuple[int, int]:
+    """Refuse a load whose keys would not all find a slot in the table (checked before writing).
+
+    A key lands only in its home bucket (``hash % num_buckets``); a full bucket would evict one of
+    the table's keys or refuse the new one, and either loses a row the load promised. So every key
+    the table holds after the load (those it holds now and the new ones) must fit its bucket. The
+    capacity checked starts at :func:`planned_capacity` of that count and doubles while a bucket
+    overflows, up to ``max_capacity``; the caller grows the table to it
+    (``ScoredHashTable.reserve``) before writing.
+
+    Args:
+        handle: the target table.
+        keys: (n,) int64 distinct keys the load writes into it (this shard's).
+        capacity: check at exactly this capacity (the one the table reached) instead.
+
+    Returns:
+        ``(capacity, keys held after the load)``.
+
+    Raises:
+        CheckpointMismatchError: more keys than ``max_capacity`` slots, or a bucket that overflows
+            even at the largest capacity allowed; the message names the table, the key counts and
+            the capacity.
+    """
+    table, t = handle.table, handle.table_id
+    spec = table.specs[t]
+    keys = keys.to(handle.device)
+    new = keys[~table.find(keys, t).found]
+    held = table.size(t)
+    total = held + new.numel()
+    where = (
+        f"table '{handle.qualified_name}'"
+        + (f" (shard {handle.rank} of {handle.world_size})" if handle.world_size > 1 else "")
+        + f": the checkpoint brings {keys.numel()} keys ({new.numel()} not in the table, which "
+        f"holds {held})"
+    )
+    if total > spec.max_capacity:
+        raise CheckpointMismatchError(
+            f"{where}; {total} keys do not fit its max_capacity of {spec.max_capacity} slots. "
+            "Nothing was written: load into tables with a larger max_capacity"
+        )
+    fixed = capacity is not None
+    capacity = capacity if capacity is not None else planned_capacity(handle, total)
+    every = None if spec.single_bucket else torch.cat([table.export(t).keys, new])
+    while True:
+        if every is None:  # one bucket spanning the table
+            width, fullest = capacity, total
+            over = max(0, total - capacity)
+        else:
+            width = table.bucket_capacity(t)
+            num_buckets = capacity // width
+            counts = torch.bincount(buckets_of_tensor(every, num_buckets), minlength=num_buckets)
+            fullest = int(counts.max()) if counts.numel() else 0
+            over = int((counts - width).clamp(min=0).sum())
+        if not over or fixed or capacity >= spec.max_capacity:
+            break
+        capacity *= 2
+    if over:
+        raise CheckpointMismatchError(
+            f"{where}; at {capacity} slots ({capacity // width} buckets of {width}) {over} keys "
+            f"would find no free slot in their bucket (the fullest needs {fullest}). Nothing was "
+            "written: load into tables with a larger max_capacity or bucket_capacity"
+        )
+    return capacity, total

@@ -249,6 +249,20 @@ class ScoredHashTable:
         """
         self._growth_listeners.append(listener)
 
+    def reserve(self, table_id: int, capacity: int) -> int:
+        """Double table ``table_id`` until it has at least ``capacity`` slots; stops at
+        ``max_capacity`` or when memory refuses (the rule inserts grow by,
+        :class:`expansion.GrowthGuard`). Keys, rows and scores are kept (a rehash).
+
+        A bulk writer (a checkpoint load) calls it first, so that its keys land in a table already
+        as large as they need instead of one doubling per insert call. Returns the capacity reached.
+        """
+        t = self._table_id(table_id)
+        while self.capacity(t) < capacity:
+            if self._double(t) is None:
+                break
+        return self.capacity(t)
+
     def _grow_for(self, keys: Tensor, tids: Tensor, involved: List[int]) -> None:
         """Double each table this call's distinct keys would push past its load factor."""
         sizes = self._state.sizes.tolist()

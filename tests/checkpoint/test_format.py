@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -19,11 +20,10 @@ from dynamicemb_core.checkpoint.format import (
     write_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
-    ManifestEntry,
     merge_rank_manifests,
     read_manifest,
     remove_manifest,
-    shard_relpath,
+    write_entry,
     write_rank_manifest,
 )
 
@@ -163,12 +163,12 @@ def test_check_header_names_the_mismatched_field(kwargs, field):
     )
 
 
-def _entry(root, rank, world, table="t0"):
+def _entry(root, rank, world, table="t0", dump_id="d0"):
     header, payload = _shard(n=4 + rank)
-    rel = shard_relpath("model.ec", table, rank, world)
-    os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
-    size = write_shard(os.path.join(root, rel), header, payload)
-    return ManifestEntry("model.ec", table, rank, world, rel, size, header.num_rows)
+    header = dataclasses.replace(
+        header, table_name=table, rank=rank, world_size=world, dump_id=dump_id
+    )
+    return write_entry(root, header, payload)
 
 
 def test_manifest_lists_all_ranks_and_drops_stale_shards(tmp_path):

@@ -137,11 +137,11 @@ def write_sharded_dump(path: str, module: nn.Module, world_size: int, dist_type:
     rows of a one-process model, split by the same owner rule the sharded trainer uses.
     """
     from dynamicemb_core.checkpoint.discovery import find_tables
-    from dynamicemb_core.checkpoint.format import ShardHeader, ShardPayload, write_shard
+    from dynamicemb_core.checkpoint.format import ShardHeader, ShardPayload
     from dynamicemb_core.checkpoint.manifest import (
-        ManifestEntry,
         merge_rank_manifests,
-        shard_relpath,
+        new_dump_id,
+        write_entry,
         write_rank_manifest,
     )
     from dynamicemb_core.checkpoint.scores import score_column_names
@@ -150,6 +150,7 @@ def write_sharded_dump(path: str, module: nn.Module, world_size: int, dist_type:
 
     os.makedirs(path, exist_ok=True)
     handles = find_tables(module)
+    dump_id = new_dump_id()
     for rank in range(world_size):
         entries = []
         for h in handles:
@@ -166,6 +167,7 @@ def write_sharded_dump(path: str, module: nn.Module, world_size: int, dist_type:
                 rank=rank,
                 world_size=world_size,
                 extra={"dist_type": dist_type},
+                dump_id=dump_id,
             )
             payload = ShardPayload(
                 keys=rows.keys[keep].cpu(),
@@ -173,14 +175,9 @@ def write_sharded_dump(path: str, module: nn.Module, world_size: int, dist_type:
                 optimizer_states=rows.optimizer_states[keep][:, :0].cpu(),
                 scores=rows.scores[keep].cpu(),
             )
-            rel = shard_relpath(h.collection, h.name, rank, world_size)
-            os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
-            size = write_shard(os.path.join(path, rel), header, payload)
-            entries.append(
-                ManifestEntry(h.collection, h.name, rank, world_size, rel, size, header.num_rows)
-            )
+            entries.append(write_entry(path, header, payload))
         write_rank_manifest(path, rank, entries)
-    merge_rank_manifests(path, world_size)
+    merge_rank_manifests(path, world_size, dump_id)
 
 
 def reference(module: nn.Module, indices, offsets, weights=None) -> torch.Tensor:
