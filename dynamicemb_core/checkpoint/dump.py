@@ -38,6 +38,7 @@ from dynamicemb_core.checkpoint.format import (
     check_header,
     read_shard,
     read_shard_identity,
+    read_shard_keys,
     verify_shard,
 )
 from dynamicemb_core.checkpoint.manifest import (
@@ -292,13 +293,15 @@ def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
 
 
 def _owned_keys(handle: TableHandle, paths: Sequence[str]) -> torch.Tensor:
-    """The distinct keys of ``paths`` that ``handle``'s shard owns; reading each file whole checks
-    every section's checksum (one file in memory at a time)."""
+    """The keys of ``paths`` that ``handle``'s shard owns, after checking every section's checksum
+    of each file (holding a chunk and the keys section at a time). A dump's files hold each key once; a key
+    listed twice (a crafted folder) is counted twice, which can only make the room check stricter."""
     parts = [torch.empty(0, dtype=torch.int64)]
     for full in paths:
-        keys = read_shard(full)[1].keys
+        verify_shard(full)  # every section's checksum, a chunk at a time
+        keys = read_shard_keys(full)
         parts.append(keys[owned_mask(keys, handle)])
-    return torch.unique(torch.cat(parts))
+    return torch.cat(parts)
 
 
 def _check_rooms(plan: Plan) -> List[Tuple[TableHandle, torch.Tensor, int, int]]:
@@ -321,12 +324,14 @@ def _grow(rooms: List[Tuple[TableHandle, torch.Tensor, int, int]]) -> None:
             check_room(handle, keys, reached)
 
 
-def _check_landed(handle: TableHandle, keys: torch.Tensor, unplaced: int) -> None:
-    """After writing: every loaded key is in the table (check_room makes this so; a failure here is
-    a bug, reported rather than returned as a silent partial load)."""
-    missing = keys.numel() - int(
-        handle.table.find(keys.to(handle.device), handle.table_id).found.sum()
-    )
+def _check_landed(handle: TableHandle, keys: torch.Tensor, total: int, unplaced: int) -> None:
+    """After writing: the table holds the ``total`` keys :func:`check_room` counted (its own and
+    every loaded one), or each loaded key is found. A failure is a bug, reported rather than
+    returned as a silent partial load."""
+    table, t = handle.table, handle.table_id
+    if not unplaced and table.size(t) >= total:
+        return
+    missing = keys.numel() - int(table.find(keys.to(handle.device), t).found.sum())
     if unplaced or missing:
         raise CheckpointError(
             f"load of table '{handle.qualified_name}': {max(unplaced, missing)} of {keys.numel()} "
@@ -373,7 +378,7 @@ def load_tables(
     rooms = _check_rooms(plan)  # reads every rows file: checksums, then room for its keys
     _grow(rooms)
     result: Dict[str, Tuple[int, int]] = {}
-    for (handle, headers, paths), (_, owned, _, _) in zip(plan, rooms, strict=True):
+    for (handle, headers, paths), (_, owned, _, held) in zip(plan, rooms, strict=True):
         total = sum(h.num_rows for h in headers)
         placed = unplaced = 0
         desc = f"load {handle.qualified_name}"
@@ -387,7 +392,7 @@ def load_tables(
                 placed, unplaced = placed + a, unplaced + b
                 if handle.drop_from_cache is not None:
                     handle.drop_from_cache(p.keys)
-        _check_landed(handle, owned, unplaced)
+        _check_landed(handle, owned, held, unplaced)
         restore_score_clock(handle, saved_score_clock(headers))
         before = result.get(handle.qualified_name, (0, 0))  # a served table's shards add up
         result[handle.qualified_name] = (before[0] + placed, before[1] + unplaced)

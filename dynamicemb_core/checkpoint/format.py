@@ -45,6 +45,7 @@ __all__ = [
     "read_shard",
     "read_shard_header",
     "read_shard_identity",
+    "read_shard_keys",
     "verify_shard",
     "write_shard",
 ]
@@ -492,6 +493,34 @@ def read_shard(path: str) -> Tuple[ShardHeader, ShardPayload]:
             )
         tensors[name] = payload_bytes[lo:hi].view(dtype).reshape(shape)
     return header, ShardPayload(**tensors)
+
+
+def read_shard_keys(path: str) -> torch.Tensor:
+    """A shard's keys section alone, checked against its crc32 (the header checked as by
+    :func:`read_shard_header`): what a load needs to plan its tables' room without holding the
+    rows. Raises CheckpointCorruptError as :func:`read_shard`."""
+    with open(path, "rb") as f:
+        header, meta, start = _read_header(path, f)
+        (sec,) = [s for s in meta["sections"] if s["name"] == "keys"] or [None]
+        n = header.num_rows
+        if (
+            sec is None
+            or tuple(sec["shape"]) != (n,)
+            or sec["dtype"] != "int64"
+            or sec["nbytes"] != 8 * n
+        ):
+            raise CheckpointCorruptError(
+                f"checkpoint file {path}: section 'keys' is missing or disagrees with the header"
+            )
+        f.seek(start + sec["offset"])
+        raw = bytearray(f.read(sec["nbytes"]))
+    if len(raw) != sec["nbytes"]:
+        raise CheckpointCorruptError(f"checkpoint file {path}: truncated in section 'keys'")
+    if zlib.crc32(raw) != sec["crc32"]:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: section 'keys' checksum mismatch (file is corrupt)"
+        )
+    return torch.frombuffer(raw, dtype=torch.int64) if n else torch.empty(0, dtype=torch.int64)
 
 
 def verify_shard(path: str, chunk_bytes: int = 1 << 24) -> ShardHeader:

@@ -224,7 +224,8 @@ def check_room(
 
     Args:
         handle: the target table.
-        keys: (n,) int64 distinct keys the load writes into it (this shard's).
+        keys: (n,) int64 keys the load writes into it (this shard's; a key given twice counts
+            twice).
         capacity: check at exactly this capacity (the one the table reached) instead.
 
     Returns:
@@ -238,8 +239,8 @@ def check_room(
     table, t = handle.table, handle.table_id
     spec = table.specs[t]
     keys = keys.to(handle.device)
-    new = keys[~table.find(keys, t).found]
     held = table.size(t)
+    new = keys[~table.find(keys, t).found] if held else keys
     total = held + new.numel()
     where = (
         f"table '{handle.qualified_name}'"
@@ -254,7 +255,9 @@ def check_room(
         )
     fixed = capacity is not None
     capacity = capacity if capacity is not None else planned_capacity(handle, total)
-    every = None if spec.single_bucket else torch.cat([table.export(t).keys, new])
+    every = None
+    if not spec.single_bucket:
+        every = torch.cat([table.export(t).keys, new]) if held else new
     while True:
         if every is None:  # one bucket spanning the table
             width, fullest = capacity, total

@@ -60,3 +60,23 @@ def test_timestamp_order_survives_replay_on_cuda():
     replay_increment(dst, incremental_dump(src, -(2**63)), ReplayContent.SCORE)
     s, d = snapshot(src)["model.ebc/t0"].scores, snapshot(dst)["model.ebc/t0"].scores
     assert len({s[k][0] - d[k][0] for k in s}) == 1  # every timestamp shifted by one offset
+
+
+def test_room_is_checked_and_planned_on_cuda(tmp_path):
+    """check_room hashes keys on the table's device: 17 keys of one home bucket are refused by a
+    256-slot table that may not grow and land whole in one that may (issue 28 item 3)."""
+    from dynamicemb_core.checkpoint import CheckpointMismatchError
+    from dynamicemb_core.table.hashing import buckets_of_tensor
+
+    cand = torch.arange(1, 20000, dtype=torch.int64)
+    crowd = cand[buckets_of_tensor(cand, 16) == 0][:17]
+    src = make_model(device="cuda", max_capacity=4096, init_capacity=4096)
+    src(crowd, torch.tensor([0, 17, 17])).sum().backward()
+    DynamicEmbDump(str(tmp_path), src)
+    small = make_model(device="cuda")
+    with pytest.raises(CheckpointMismatchError, match="1 keys would find no free slot"):
+        DynamicEmbLoad(str(tmp_path), small)
+    assert all(not s.keys() for s in snapshot(small).values())
+    grows = make_model(device="cuda", max_capacity=512)
+    assert DynamicEmbLoad(str(tmp_path), grows)["ebc/t0"] == (17, 0)
+    assert snapshot(grows)["ebc/t0"].keys() == sorted(crowd.tolist())

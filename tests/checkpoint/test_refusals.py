@@ -114,6 +114,25 @@ def test_a_table_that_may_grow_grows_until_every_bucket_fits(crowded_dump):
     assert snapshot(dst)["model.ebc/t0"].keys() == keys
 
 
+def test_the_keys_a_table_already_holds_count_in_its_buckets(tmp_path):
+    # dst holds 10 keys of bucket 0; the checkpoint brings 7 more: 17 for 16 slots. Writing them
+    # would evict keys of the table (or of the load); refused before writing.
+    cand = torch.arange(1, 20000, dtype=torch.int64)
+    crowd = cand[buckets_of_tensor(cand, 16) == 0][:17]
+    src = make_model()
+    src(crowd[10:], torch.tensor([0, 7, 7])).sum().backward()
+    DynamicEmbDump(str(tmp_path), src)
+    dst = make_model()
+    dst(crowd[:10], torch.tensor([0, 10, 10])).sum().backward()
+    before = _contents(dst)
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"brings 7 keys \(7 not in the table, which holds 10\).* 1 keys would find no free",
+    ):
+        DynamicEmbLoad(str(tmp_path), dst)
+    assert _same(before, _contents(dst))
+
+
 # ---- item 9: damaged manifests ---------------------------------------------------------------
 @pytest.fixture
 def dumped(tmp_path):
