@@ -78,5 +78,5 @@ def test_room_is_checked_and_planned_on_cuda(tmp_path):
         DynamicEmbLoad(str(tmp_path), small)
     assert all(not s.keys() for s in snapshot(small).values())
     grows = make_model(device="cuda", max_capacity=512)
-    assert DynamicEmbLoad(str(tmp_path), grows)["ebc/t0"] == (17, 0)
-    assert snapshot(grows)["ebc/t0"].keys() == sorted(crowd.tolist())
+    assert DynamicEmbLoad(str(tmp_path), grows)["model.ebc/t0"] == (17, 0)
+    assert snapshot(grows)["model.ebc/t0"].keys() == sorted(crowd.tolist())
