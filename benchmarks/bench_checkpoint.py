@@ -125,7 +125,7 @@ def main(argv: List[str] | None = None) -> int:
         holder["delta"] = incremental_dump(src, oldest, show_progress=False)
 
     results["incremental_dump"] = _median(dump, args.repeats, sync)
-    assert holder["delta"]["ebc"].keys[0].numel() == args.rows
+    assert holder["delta"]["model.ebc"].keys[0].numel() == args.rows
 
     def replay() -> None:
         dst = _model(args.rows, args.dim, args.device)
@@ -159,7 +159,7 @@ def main(argv: List[str] | None = None) -> int:
 
     # the floor: gather the rows and scatter them into another buffer
     values = src.ebc.tables[0].table.values(0)
-    slots = holder["delta"]["ebc"].meta[0]["slot_index"].to(values.device)
+    slots = holder["delta"]["model.ebc"].meta[0]["slot_index"].to(values.device)
     other = torch.empty_like(values)
     floor = _median(
         lambda: other.index_copy_(0, slots, values.index_select(0, slots)), args.repeats, sync

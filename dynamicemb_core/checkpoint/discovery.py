@@ -1,9 +1,14 @@
 """Finding the dynamic tables inside a model: plain ``BatchedDynamicEmbeddingTables`` and sharded ones.
 
-A table's *collection* is the module path of the embedding collection that holds it, as TorchRec's
-state_dict names it (DMP's ``_dmp_wrapped_module.module.`` / ``module.`` prefixes removed):
+A table's *collection* is named as NVIDIA's DynamicEmb names it (``find_sharded_modules``): the model
+itself is ``"model"``, and a module inside it is ``"model."`` followed by its attribute path, with the
+wrappers of distributed training (DMP's ``_dmp_wrapped_module``, DDP's ``module``, FSDP's
+``_fsdp_wrapped_module``) left out at every level. One function, :func:`module_paths`, applies the
+rule; every API that names collections (``get_score``, ``set_score``, ``incremental_dump``,
+``pop_evicted_keys``, ``erase``, ``DynamicEmbDump`` / ``DynamicEmbLoad``, ``table_metrics``, the
+inference collections and their ``replay``) takes its names from :func:`find_tables`, which uses it.
 
-- a ``BatchedDynamicEmbeddingTables`` used directly is its own collection (its module path);
+- a ``BatchedDynamicEmbeddingTables`` used directly is its own collection (its path);
 - inside a TorchRec-sharded collection (row-wise, through :mod:`dynamicemb_core.shard`), every dynamic
   table of every group on this rank belongs to the sharded collection's path, and carries the shard's
   rank, world size and dist_type from the kernel that drives it.
@@ -20,20 +25,44 @@ from torch import nn
 
 from dynamicemb_core.checkpoint.types import TableHandle
 
-__all__ = ["clean_fqn", "find_tables", "group_by_collection"]
+__all__ = ["ROOT", "find_tables", "group_by_collection", "module_paths"]
 
-# DMP wraps the model as ``_dmp_wrapped_module`` and, with dense parameters, DDP adds ``module``.
-_PREFIXES = ("_dmp_wrapped_module.module.", "_dmp_wrapped_module.", "module.")
+ROOT = "model"
+"""The name of the model itself, the first part of every collection name (NVIDIA's)."""
 
 
-def clean_fqn(fqn: str) -> str:
-    """Strip the prefixes DMP and DDP add, so paths match the user's model (and TorchRec's state_dict)."""
-    for prefix in _PREFIXES:
-        if fqn.startswith(prefix):
-            return fqn[len(prefix) :]
-    if fqn in ("_dmp_wrapped_module", "module"):
-        return ""
-    return fqn
+def _unwrap(module: nn.Module) -> nn.Module:
+    """The module inside DMP / DDP / FSDP wrappers (TorchRec's ``get_unwrapped_module``)."""
+    from torchrec.distributed.model_parallel import get_unwrapped_module
+
+    return get_unwrapped_module(module)
+
+
+def module_paths(model: nn.Module, root: str = ROOT) -> Dict[int, str]:
+    """``{id(module): path}`` for every module of ``model``, wrappers of distributed training left out.
+
+    ``model`` is ``root``; a child is its parent's path, ``"."``, and its attribute name in the
+    unwrapped parent. A wrapper shares the path of the module it wraps. A module reachable by two
+    paths keeps the first in ``named_modules`` order. With ``root=""`` the paths are TorchRec's
+    (what its state_dict and delta tracker use, without DMP's and DDP's prefixes).
+    """
+    paths: Dict[int, str] = {}
+
+    def visit(module: nn.Module, path: str) -> None:
+        inner = module
+        while True:
+            if id(inner) in paths:
+                return
+            paths[id(inner)] = path
+            unwrapped = _unwrap(inner)
+            if unwrapped is inner:
+                break
+            inner = unwrapped
+        for name, child in inner.named_children():
+            visit(child, f"{path}.{name}" if path else name)
+
+    visit(model, root)
+    return paths
 
 
 def _is_collection(module: nn.Module) -> bool:
@@ -79,17 +108,18 @@ def find_tables(
     """
     batched = _batched_type()
     kernel_type = _shard_kernel_type()
+    paths = module_paths(model)
     collection_of: Dict[int, str] = {}
     kernel_of: Dict[int, Any] = {}
     handles: List[TableHandle] = []
     for fqn, module in model.named_modules():
         if _is_collection(module):
             for _, sub in module.named_modules():
-                collection_of.setdefault(id(sub), clean_fqn(fqn))
+                collection_of.setdefault(id(sub), paths.get(id(module), f"{ROOT}.{fqn}"))
         if kernel_type is not None and isinstance(module, kernel_type):
             kernel_of[id(module.emb_module)] = module
         if isinstance(module, batched):
-            collection = collection_of.get(id(module), clean_fqn(fqn))
+            collection = collection_of.get(id(module)) or paths.get(id(module), f"{ROOT}.{fqn}")
             handles.extend(_handles_of(module, collection, kernel_of.get(id(module))))
     if table_names is None:
         return handles

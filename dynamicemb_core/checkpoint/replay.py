@@ -196,9 +196,18 @@ def _plan_table(
 
 
 def plan_replay(
-    handles: Sequence[TableHandle], deltas: Dict[str, DeltaDumpResult], content: ReplayContent
+    handles: Sequence[TableHandle],
+    deltas: Dict[str, DeltaDumpResult],
+    content: ReplayContent,
+    *,
+    every_shard: bool = False,
 ) -> List[ReplayJob]:
     """Resolve and check every table of every collection in ``deltas``; write nothing.
+
+    ``handles`` may hold several shards of one table (a served collection holds all of them): each
+    shard gets its own job with the keys it owns. The jobs of one table account for every delta key
+    owned by the shards present; with ``every_shard`` (the caller holds the whole table) every key
+    of the delta must land in a job, so no row of the delta is left unapplied.
 
     Raises:
         TypeError: ``deltas`` or ``content`` of the wrong type.
@@ -214,7 +223,9 @@ def plan_replay(
         raise TypeError(
             f"replay_increment: deltas must be Dict[str, DeltaDumpResult], got {type(deltas).__name__}"
         )
-    by_name = {(h.collection, h.name): h for h in handles}
+    by_name: Dict[Tuple[str, str], List[TableHandle]] = {}
+    for h in handles:  # every shard of a table, not the last one seen
+        by_name.setdefault((h.collection, h.name), []).append(h)
     collections = sorted({h.collection for h in handles})
     jobs = []
     for collection, delta in deltas.items():
@@ -233,14 +244,72 @@ def plan_replay(
                     f"entries for {len(delta.table_names)} tables"
                 )
         for i, name in enumerate(delta.table_names):
-            handle = by_name.get((collection, name))
-            if handle is None:
+            shards = by_name.get((collection, name))
+            if shards is None:
                 have = sorted(n for c, n in by_name if c == collection)
                 raise ValueError(
                     f"replay_increment: collection '{collection}' has no table '{name}'; it has {have}"
                 )
-            jobs.append(_plan_table(handle, delta, i, content))
+            table_jobs = [_plan_table(handle, delta, i, content) for handle in shards]
+            _check_coverage(shards, table_jobs, delta.keys[i], every_shard)
+            jobs.extend(table_jobs)
     return jobs
+
+
+def _check_coverage(
+    shards: Sequence[TableHandle], jobs: Sequence[ReplayJob], keys: torch.Tensor, every_shard: bool
+) -> None:
+    """Refuse a plan that would leave a row of the delta unapplied without saying so.
+
+    Each of the table's shards present here must be a distinct shard of one world size, and the
+    jobs must hold exactly the delta's keys those shards own: all of them when ``every_shard``
+    (a served collection, which holds every shard), else those of the shards present (a trainer's
+    rank; the other ranks replay the rest)."""
+    first = shards[0]
+    ranks = [h.rank for h in shards]
+    worlds = {h.world_size for h in shards}
+    if (
+        len(set(ranks)) != len(ranks)
+        or len(worlds) != 1
+        or not all(0 <= r < first.world_size for r in ranks)
+    ):
+        raise _fail(
+            first, f"shards {ranks} of world sizes {sorted(worlds)} are not distinct shards"
+        )
+    planned = sum(int(job.keys.numel()) for job in jobs)
+    n = int(keys.numel())
+    if every_shard:
+        if len(ranks) != first.world_size:
+            raise _fail(
+                first,
+                f"only shards {sorted(ranks)} of {first.world_size} are here; the delta's keys of "
+                "the others would be left unapplied",
+            )
+        expected = n
+    else:
+        expected = sum(int(owned_mask(keys, h).sum()) for h in shards)
+    if planned != expected:
+        raise _fail(
+            first,
+            f"{planned} of the delta's {expected} keys (of {n}) owned by shards {sorted(ranks)} "
+            "would be applied",
+        )
+
+
+def _check_applied(job: ReplayJob) -> None:
+    """After the write: every key of the job stands at its slot; raise naming how many do not."""
+    if not job.keys.numel():
+        return
+    found = job.handle.table.find(job.keys, job.handle.table_id)
+    ok = found.found & (found.slots == job.slots)
+    missing = int((~ok).sum())
+    if missing:
+        i = int((~ok).nonzero()[0])
+        raise RuntimeError(
+            f"replay_increment: table '{job.handle.qualified_name}' (shard {job.handle.rank}): "
+            f"{missing} of the delta's {job.keys.numel()} keys are not at their slot after the "
+            f"write (first: key {int(job.keys[i])}, slot {int(job.slots[i])})"
+        )
 
 
 def _occupants(job: ReplayJob) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -256,12 +325,25 @@ def _occupants(job: ReplayJob) -> Tuple[torch.Tensor, torch.Tensor]:
     return state.table_keys[global_slots], state.digests[global_slots] != 0
 
 
-def _evict_displaced(job: ReplayJob) -> torch.Tensor:
-    """Erase keys that stand where the delta's keys go; return (n,) bool "slot held this very key".
+@dataclass
+class _Displaced:
+    """Keys that stood where the delta's keys go, and are neither in the delta nor removed by it:
+    their slot, row and scores, read before they were taken out."""
 
-    A target slot may hold a key the source evicted (its replacement is this delta's key), and a delta
-    key may sit at another slot of its bucket in the target (evicted and re-admitted in the source).
-    Both are removed first so every slot is empty or already holds its key when ``insert_at`` runs.
+    keys: torch.Tensor
+    rows: torch.Tensor
+    scores: torch.Tensor
+
+
+def _evict_displaced(job: ReplayJob) -> Tuple[torch.Tensor, _Displaced]:
+    """Take out keys that stand where the delta's keys go; return (n,) bool "slot held this very key"
+    and the keys taken out that the delta does not account for.
+
+    A target slot may hold a key the source evicted (its replacement is this delta's key), a key the
+    source holds at another slot (a target filled by a load, which packs each bucket: it keeps no
+    holes and follows file order), or a delta key that sits at another slot of its bucket in the
+    target. All are removed first so every slot is empty or already holds its key when ``insert_at``
+    runs; the second kind is put back by :func:`_relocate`.
     """
     table, t = job.handle.table, job.handle.table_id
     occupant, used = _occupants(job)
@@ -269,18 +351,62 @@ def _evict_displaced(job: ReplayJob) -> torch.Tensor:
     other = used & ~same
     found = table.find(job.keys, t)
     moved = found.found & (found.slots != job.slots)
+    gone = torch.cat([job.keys, job.erased, job.evicted])
+    live = other & ~torch.isin(occupant, gone)
+    keys = occupant[live]
+    rows = job.handle.storage.read_rows(t, job.slots[live])
+    scores = (
+        table.find(keys, t).scores
+        if keys.numel()
+        else torch.empty(0, job.handle.options.num_scores, dtype=torch.int64, device=keys.device)
+    )
     doomed = torch.cat([occupant[other], job.keys[moved]])
     if doomed.numel():
         table.erase(torch.unique(doomed), t)
-    return same
+    return same, _Displaced(keys, rows, scores)
+
+
+def _relocate(job: ReplayJob, displaced: _Displaced) -> int:
+    """Put displaced keys back, with their rows and scores, in a free slot of their home bucket.
+
+    Called once the delta's keys stand at their slots. A displaced key whose bucket has no free slot
+    left is dropped: the bucket holds as many keys as the source's, so the source evicted it.
+
+    Returns:
+        How many keys were dropped.
+    """
+    n = displaced.keys.numel()
+    if not n:
+        return 0
+    handle, table, t = job.handle, job.handle.table, job.handle.table_id
+    width = bucket_capacity(handle)
+    capacity = int(table.capacity(t))
+    home = _home_buckets(displaced.keys, capacity // width).cpu().tolist()
+    first = int(table.state.slot_offsets[t])
+    used = (table.state.digests[first : first + capacity] != 0).cpu()
+    keep, slots = [], []
+    for i, bucket in enumerate(home):
+        free = (~used[bucket * width : (bucket + 1) * width]).nonzero()
+        if free.numel():
+            slot = bucket * width + int(free[0])
+            used[slot] = True
+            keep.append(i)
+            slots.append(slot)
+    if keep:
+        device = displaced.keys.device
+        index = torch.tensor(keep, dtype=torch.int64, device=device)
+        where = torch.tensor(slots, dtype=torch.int64, device=device)
+        table.insert_at(t, displaced.keys[index], where, scores=displaced.scores[index])
+        handle.storage.write_rows(t, where, displaced.rows[index])
+    return n - len(keep)
 
 
 def apply_replay(job: ReplayJob, bar: Optional[tqdm] = None) -> None:
-    """Write one checked table: erase its erased keys, displace occupants, place every key at its slot."""
+    """Write one checked table: displace occupants, place every key at its slot, put back displaced
+    keys the source may still hold, then remove the keys the source erased or evicted (those the
+    delta does not bring back)."""
     handle, table, t = job.handle, job.handle.table, job.handle.table_id
-    if job.erased.numel():
-        table.erase(job.erased, t)
-    same = _evict_displaced(job)
+    same, displaced = _evict_displaced(job)
     now = table_now(handle)
     columns = clock_columns(handle.options)
     for lo in range(0, job.keys.numel(), _CHUNK):
@@ -300,6 +426,12 @@ def apply_replay(job: ReplayJob, bar: Optional[tqdm] = None) -> None:
         handle.storage.write_rows(t, slots, rows)
         if bar is not None:
             bar.update(keys.numel())
+    _relocate(job, displaced)
+    gone = torch.cat([job.erased, job.evicted])
+    gone = gone[~torch.isin(gone, job.keys)]  # a key erased or evicted, then back, is in the delta
+    if gone.numel():
+        table.erase(torch.unique(gone), t)
+    _check_applied(job)
     if handle.drop_from_cache is not None:
         handle.drop_from_cache(torch.cat([job.keys, job.erased, job.evicted]))
 
@@ -315,8 +447,18 @@ def replay_increment(
 
     Every key goes to the slot and value row it held in the source. Keys that this process does not own
     (by the global rank and the table's shard world size) are skipped. The target's cache is flushed,
-    then the delta's keys, its erased keys and its evicted keys are dropped from it; erased keys are
-    removed from the table, evicted keys are not (whoever took their slot is in the same delta).
+    then the delta's keys, its erased keys and its evicted keys are dropped from it; erased and
+    evicted keys are removed from the table. A target key that stands where a delta key goes and is
+    neither in the delta nor reported erased or evicted moves to a free slot of its bucket with its
+    row (a target filled by ``DynamicEmbLoad`` or ``from_dump`` packs each bucket, so its slots can
+    differ from the source's); where its bucket has none it is dropped, as the source must have
+    evicted it. Exact when the source reports evictions (``EvictedItemMode.RETAIN_KEY``); without
+    it, a key the source evicted and whose bucket then lost a key to ``erase`` within one delta
+    stays in the target.
+
+    Every key of the delta that this process's shards own is written, or an error is raised:
+    planned keys are counted against the delta before anything is written, and each written key
+    is checked at its slot afterwards.
 
     Args:
         model: the target model (a replica with ``training=False`` stores embeddings only; optimizer state
@@ -332,7 +474,7 @@ def replay_increment(
             placed at its slot; raised before any table is written.
     """
     handles = find_tables(model, None)
-    jobs = plan_replay(handles, deltas, content)
+    jobs = plan_replay(handles, deltas, content, every_shard=False)
     for job in jobs:  # only now, so a rejected delta leaves the model exactly as it was
         if job.handle.flush_cache is not None:
             job.handle.flush_cache()

@@ -65,7 +65,7 @@ class _InferenceCollection(nn.Module):
         *,
         num_shards: Optional[Mapping[str, int]] = None,
         shard_capacity: Optional[Mapping[str, int]] = None,
-        collection: str = "",
+        collection: str = "model",
         validate: bool = True,
     ) -> None:
         """
@@ -78,7 +78,8 @@ class _InferenceCollection(nn.Module):
             device: where the tables live.
             num_shards: ``{table: world size}`` of a row-wise sharded trainer (default 1).
             shard_capacity: ``{table: slots per shard}`` overriding ``max_capacity``.
-            collection: the trainer's collection path (the key of its deltas and dump entries).
+            collection: the trainer's collection name (the key of its deltas and dump entries):
+                ``"model"`` for a model that is the collection, else ``"model.<path>"``.
             validate: check offsets in the bag op (one device sync per batch on CUDA).
         """
         super().__init__()
@@ -303,7 +304,9 @@ class _InferenceCollection(nn.Module):
         content = ReplayContent.EMBEDDING_ONLY if content is None else content
         before = self.embeddings.state_identity()
         handles = self.embeddings.handles(self.collection)
-        jobs = plan_replay(handles, {self.collection: deltas[self.collection]}, content)
+        jobs = plan_replay(
+            handles, {self.collection: deltas[self.collection]}, content, every_shard=True
+        )
         for job in jobs:
             apply_replay(job)
         self.embeddings._sync_state()
@@ -353,13 +356,14 @@ def _features_of(
     model: nn.Module, collection: str, handles: Sequence[Any]
 ) -> Tuple[List[str], List[str], List[int], Dict[str, DynamicEmbPoolingMode]]:
     """Table order, feature names, feature -> table map and pooling of a trained collection."""
-    from dynamicemb_core.checkpoint.discovery import clean_fqn
+    from dynamicemb_core.checkpoint.discovery import _unwrap, module_paths
     from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
 
     module = None
-    for fqn, sub in model.named_modules():
-        if clean_fqn(fqn) == collection and fqn.count("_dmp_wrapped_module") <= 1:
-            module = sub
+    paths = module_paths(model)
+    for _, sub in model.named_modules():
+        if paths.get(id(sub)) == collection:
+            module = _unwrap(sub)  # the collection itself, not a DMP/DDP wrapper of it
             break
     if isinstance(module, BatchedDynamicEmbeddingTables):
         names = list(module.table_names)

@@ -12,6 +12,9 @@
   it and checks that no acknowledged row is lost.
 - :func:`~dynamicemb_core.testing.compare.assert_same_stored_rows`: two storages hold the same keys and
   rows (the oracle of the tier tests).
+- :mod:`~dynamicemb_core.testing.row_ledger`: the row ledger, which checks key by key every path that
+  moves rows (dump and load, reshard, incremental dump and replay, served collections, exported
+  programs) against the source's own rows, and that refused moves change nothing.
 
 The suites are imported lazily so that importing this package does not import pytest.
 """

@@ -138,8 +138,12 @@ class DynamicEmbDeltaTracker(_TrackerBase):
         return bool(self._fqns_to_skip.intersection(fqn.split(".")))
 
     def _install(self, use_torchrec_hooks: bool) -> None:
-        from dynamicemb_core.checkpoint.discovery import clean_fqn
+        from dynamicemb_core.checkpoint.discovery import module_paths
         from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
+
+        # TorchRec's fqns (as its ModelDeltaTracker and state_dict name tables): the collection
+        # naming rule of the checkpoint APIs without NVIDIA's "model" root
+        paths = module_paths(self._model, root="")
 
         try:
             from dynamicemb_core.shard.kernel import BatchedDynamicEmbeddingKernel
@@ -152,7 +156,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):
             kernels = [m for m in module.modules() if isinstance(m, BatchedDynamicEmbeddingKernel)]
             hook = getattr(module, "register_post_lookup_tracker_fn", None)
             if use_torchrec_hooks and kernels and callable(hook):
-                collection = clean_fqn(fqn)
+                collection = paths[id(module)]
                 for kernel in kernels:
                     covered.add(id(kernel.emb_module))
                     for t, config in enumerate(kernel.config.embedding_tables):
@@ -169,9 +173,7 @@ class DynamicEmbDeltaTracker(_TrackerBase):
             if isinstance(module, BatchedDynamicEmbeddingTables) and id(module) not in covered:
                 if self._skipped(fqn):
                     continue
-                collection = clean_fqn(
-                    fqn
-                )  # a local module is its own collection (as in checkpoints)
+                collection = paths[id(module)]  # a local module is its own collection
                 fqns = [
                     f"{collection}.{name}" if collection else name for name in module.table_names
                 ]

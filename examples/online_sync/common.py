@@ -74,9 +74,9 @@ def build_replica(capacity: int = 1024) -> nn.Module:
         EmbeddingBagConfig(name=t, embedding_dim=DIM, num_embeddings=capacity, feature_names=[t])
         for t in TABLES
     ]
-    # "sparse": the trainer's collection path, the key of its deltas
+    # "model.sparse": the trainer's collection name, the key of its deltas
     sparse = InferenceEmbeddingBagCollection(
-        configs, table_options(False, capacity), collection="sparse"
+        configs, table_options(False, capacity), collection="model.sparse"
     )
     return Recommender(LookupAdapter(sparse))
 

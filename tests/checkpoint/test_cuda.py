@@ -33,7 +33,7 @@ def test_replay_layout_identical_on_cuda():
     for round_ in range(3):
         train(src, 5, seed=round_, key_range=300)
         deltas = incremental_dump(src, threshold)
-        threshold = get_score(src)["ebc"]["t0"]
+        threshold = get_score(src)["model.ebc"]["t0"]
         replay_increment(dst, deltas, ReplayContent.ALL)
         assert_same_tables(snapshot(src), snapshot(dst))
 
@@ -58,7 +58,7 @@ def test_timestamp_order_survives_replay_on_cuda():
     train(src, 1, seed=2, key_range=10)
     dst = make_model(device="cuda")
     replay_increment(dst, incremental_dump(src, -(2**63)), ReplayContent.SCORE)
-    s, d = snapshot(src)["ebc/t0"].scores, snapshot(dst)["ebc/t0"].scores
+    s, d = snapshot(src)["model.ebc/t0"].scores, snapshot(dst)["model.ebc/t0"].scores
     assert len({s[k][0] - d[k][0] for k in s}) == 1  # every timestamp shifted by one offset
 
 
@@ -78,5 +78,5 @@ def test_room_is_checked_and_planned_on_cuda(tmp_path):
         DynamicEmbLoad(str(tmp_path), small)
     assert all(not s.keys() for s in snapshot(small).values())
     grows = make_model(device="cuda", max_capacity=512)
-    assert DynamicEmbLoad(str(tmp_path), grows)["ebc/t0"] == (17, 0)
-    assert snapshot(grows)["ebc/t0"].keys() == sorted(crowd.tolist())
+    assert DynamicEmbLoad(str(tmp_path), grows)["model.ebc/t0"] == (17, 0)
+    assert snapshot(grows)["model.ebc/t0"].keys() == sorted(crowd.tolist())

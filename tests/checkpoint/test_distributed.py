@@ -118,9 +118,11 @@ def _replay_across_ranks(rank: int, world: int) -> None:
         _train(src, rank, world, 3, seed=round_)
         gathered = incremental_dump(src, threshold)  # every rank gets the union
         local = incremental_dump(src, threshold, pg=singletons[rank])  # this rank's keys only
-        threshold = get_score(src)["coll"]["t0"]
+        threshold = get_score(src)["model.coll"]["t0"]
         assert (
-            gathered["coll"].meta[0]["world_size"] == world == local["coll"].meta[0]["world_size"]
+            gathered["model.coll"].meta[0]["world_size"]
+            == world
+            == local["model.coll"].meta[0]["world_size"]
         )
         replay_increment(via_world, gathered, ReplayContent.ALL)
         replay_increment(via_self, local, ReplayContent.ALL)
@@ -135,17 +137,17 @@ def _replay_across_ranks(rank: int, world: int) -> None:
 def _evicted_gathered(rank: int, world: int) -> None:
     model = _model(world, "roundrobin", rows=64, evicted_item_mode=EvictedItemMode.RETAIN_KEY)
     _train(model, rank, world, 10)
-    mine = pop_evicted_keys(model)["coll"]["t0"]  # pg None: this rank's own, no communication
+    mine = pop_evicted_keys(model)["model.coll"]["t0"]  # pg None: this rank's own, no communication
     assert mine.numel() > 0 and torch.equal(mine, torch.unique(mine))
     assert bool((owner_rank(mine, "roundrobin", world) == rank).all())
     _train(model, rank, world, 10, seed=5)
-    union = pop_evicted_keys(model, pg=dist.group.WORLD)["coll"]["t0"]
+    union = pop_evicted_keys(model, pg=dist.group.WORLD)["model.coll"]["t0"]
     everyone = [None] * world
     dist.all_gather_object(everyone, union)
     assert all(torch.equal(everyone[0], e) for e in everyone)  # the same union on every rank
     assert torch.equal(union, torch.unique(union))
     assert set(owner_rank(union, "roundrobin", world).tolist()) == set(range(world))
-    assert pop_evicted_keys(model)["coll"]["t0"].numel() == 0  # read and clear
+    assert pop_evicted_keys(model)["model.coll"]["t0"].numel() == 0  # read and clear
 
 
 def _tracker_through_torchrec_hooks(rank: int, world: int) -> None:
@@ -197,13 +199,15 @@ def _tracker_embedding_mode_on_sequence_tables(rank: int, world: int) -> None:
     full = [global_batch(s, ["f0"], {"f0": 50}, 8 * world) for s in range(2)]
     batches = [rank_slice(kjt, rank, world) for kjt in full]
     out = model(batches[0])
-    before = {k: r[:4].clone() for k, r in snapshot(model)["coll/t0"].rows.items()}  # as looked up
+    before = {
+        k: r[:4].clone() for k, r in snapshot(model)["model.coll/t0"].rows.items()
+    }  # as looked up
     torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()  # rows move
     out = model(batches[1])  # keys of both batches are looked up again with their moved rows
     torch.cat([jt.values() for jt in out.values()]).pow(2).sum().backward()
     second = full[1]["f0"].values()
     again = set(second[owner_rank(second, "roundrobin", world) == rank].tolist()) & set(before)
-    moved = snapshot(model)["coll/t0"].rows
+    moved = snapshot(model)["model.coll/t0"].rows
     assert any(
         not torch.equal(moved[k][:4], before[k]) for k in again
     )  # FIRST and LAST differ here

@@ -47,7 +47,7 @@ def test_load_without_optim_gives_new_keys_a_fresh_state(tmp_path):
     dst = make_model(optimizer="EXACT_ROWWISE_ADAGRAD")
     DynamicEmbLoad(str(tmp_path), dst)
     a, b = snapshot(src), snapshot(dst)
-    for name, dim in (("ebc/t0", 8), ("ebc/t1", 4)):
+    for name, dim in (("model.ebc/t0", 8), ("model.ebc/t1", 4)):
         for k in a[name].keys():
             assert torch.equal(a[name].rows[k][:dim], b[name].rows[k][:dim])
             assert float(b[name].rows[k][dim]) == 0.0  # initial_accumulator_value default
@@ -71,19 +71,19 @@ def test_timestamps_travel_as_ages(tmp_path):
     train(src, 2, seed=1, key_range=50)
     train(src, 1, seed=2, key_range=10)  # keys < 10 touched last: youngest
     DynamicEmbDump(str(tmp_path), src)
-    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))
+    (path,) = glob.glob(os.path.join(str(tmp_path), "model.ebc", "t0.*"))
     header, payload = read_shard(path)
     assert header.score_columns == ("TIMESTAMP",)
     ages = dict(zip(payload.keys.tolist(), payload.scores[:, 0].tolist(), strict=True))
     assert all(age >= 0 for age in ages.values())
-    src_scores = snapshot(src)["ebc/t0"].scores
+    src_scores = snapshot(src)["model.ebc/t0"].scores
     # age order is the reverse of timestamp order, exactly
     for a in list(ages)[:20]:
         for b in list(ages)[:20]:
             assert (ages[a] < ages[b]) == (src_scores[a][0] > src_scores[b][0])
     dst = make_model(score_strategy=S.TIMESTAMP)
     DynamicEmbLoad(str(tmp_path), dst)
-    dst_scores = snapshot(dst)["ebc/t0"].scores
+    dst_scores = snapshot(dst)["model.ebc/t0"].scores
     diffs = {src_scores[k][0] - dst_scores[k][0] for k in src_scores}
     assert len(diffs) == 1  # every timestamp shifted by the same clock offset
 
@@ -93,7 +93,7 @@ def test_file_score_columns_follow_the_strategy_tuple(tmp_path, order):
     src = make_model(score_strategy=order)
     hot_and_cold(src)
     DynamicEmbDump(str(tmp_path), src)
-    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))
+    (path,) = glob.glob(os.path.join(str(tmp_path), "model.ebc", "t0.*"))
     header, payload = read_shard(path)
     assert header.score_columns == tuple(s.name for s in order)
     lfu = order.index(S.LFU)
@@ -131,7 +131,7 @@ def _assert_unchanged(dst, before):
 
 def test_truncated_shard_is_refused_and_tables_untouched(tmp_path):
     dst, before = _checkpoint_and_target(tmp_path)
-    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t1.*"))  # the second table's file
+    (path,) = glob.glob(os.path.join(str(tmp_path), "model.ebc", "t1.*"))  # the second table's file
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 8)
     with pytest.raises(CheckpointCorruptError, match="truncated|manifest says"):
@@ -141,7 +141,7 @@ def test_truncated_shard_is_refused_and_tables_untouched(tmp_path):
 
 def test_flipped_payload_byte_is_refused_and_tables_untouched(tmp_path):
     dst, before = _checkpoint_and_target(tmp_path)
-    (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", "t1.*"))
+    (path,) = glob.glob(os.path.join(str(tmp_path), "model.ebc", "t1.*"))
     data = bytearray(open(path, "rb").read())
     data[-3] ^= 0xFF  # inside the last section (scores)
     open(path, "wb").write(data)
@@ -193,23 +193,24 @@ def test_redump_is_refused_unless_allow_overwrite(tmp_path):
         DynamicEmbDump(str(tmp_path), b)
     DynamicEmbLoad(str(tmp_path), make_model(names=("t0", "t1")))  # the first one is intact
     DynamicEmbDump(str(tmp_path), b, allow_overwrite=True)
-    assert not glob.glob(os.path.join(str(tmp_path), "ebc", "t0.*"))  # stale shards removed
-    with pytest.raises(CheckpointMismatchError, match="no table 'ebc/t0'"):
+    assert not glob.glob(os.path.join(str(tmp_path), "model.ebc", "t0.*"))  # stale shards removed
+    with pytest.raises(CheckpointMismatchError, match="no table 'model.ebc/t0'"):
         DynamicEmbLoad(str(tmp_path), make_model(names=("t0", "t1")))
 
 
 def test_table_names_select_a_subset(tmp_path):
     src = make_model()
     train(src, 2)
-    DynamicEmbDump(str(tmp_path), src, table_names={"ebc": ["t1"]})
+    DynamicEmbDump(str(tmp_path), src, table_names={"model.ebc": ["t1"]})
     dst = make_model()
-    DynamicEmbLoad(str(tmp_path), dst, table_names={"ebc": ["t1"]})
+    DynamicEmbLoad(str(tmp_path), dst, table_names={"model.ebc": ["t1"]})
     snap = snapshot(dst)
     assert (
-        len(snap["ebc/t0"].keys()) == 0 and snap["ebc/t1"].keys() == snapshot(src)["ebc/t1"].keys()
+        len(snap["model.ebc/t0"].keys()) == 0
+        and snap["model.ebc/t1"].keys() == snapshot(src)["model.ebc/t1"].keys()
     )
     with pytest.raises(ValueError, match="no dynamic table \\['nope'\\]"):
-        DynamicEmbDump(str(tmp_path), src, table_names={"ebc": ["nope"]})
+        DynamicEmbDump(str(tmp_path), src, table_names={"model.ebc": ["nope"]})
 
 
 def test_load_accepts_a_plain_list_of_table_names(tmp_path):
@@ -219,7 +220,10 @@ def test_load_accepts_a_plain_list_of_table_names(tmp_path):
     dst = make_model()
     DynamicEmbLoad(str(tmp_path), dst, table_names=["t0"])
     snap = snapshot(dst)
-    assert snap["ebc/t0"].keys() == snapshot(src)["ebc/t0"].keys() and not snap["ebc/t1"].keys()
+    assert (
+        snap["model.ebc/t0"].keys() == snapshot(src)["model.ebc/t0"].keys()
+        and not snap["model.ebc/t1"].keys()
+    )
     with pytest.raises(ValueError, match="no dynamic table \\['zz'\\]"):
         DynamicEmbLoad(str(tmp_path), dst, table_names=["zz"])
 
@@ -230,7 +234,7 @@ def test_progress_bars_count_rows_on_request(tmp_path, capsys):
     rows = sum(len(s.keys()) for s in snapshot(src).values())
     DynamicEmbDump(str(tmp_path), src, show_progress=True)
     err = capsys.readouterr().err
-    assert "dump ebc/t0" in err and "dump ebc/t1" in err and "rows" in err
+    assert "dump model.ebc/t0" in err and "dump model.ebc/t1" in err and "rows" in err
     DynamicEmbLoad(str(tmp_path), make_model(), show_progress=False)
     assert capsys.readouterr().err == ""
     assert rows > 0
@@ -285,7 +289,7 @@ def test_training_state_and_counters_are_checked_before_anything_is_written(tmp_
         DynamicEmbLoad(plain, dst, counter=True)
     with pytest.raises(CheckpointMismatchError, match="no admit_strategy"):
         DynamicEmbLoad(full, make_model(optimizer="EXACT_SGD"), counter=True)
-    (path,) = glob.glob(os.path.join(full, "ebc", "t1.*.counter.demb"))
+    (path,) = glob.glob(os.path.join(full, "model.ebc", "t1.*.counter.demb"))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 8)
     with pytest.raises(CheckpointCorruptError, match="truncated|manifest says"):

@@ -45,7 +45,7 @@ def _same(a, b):
 
 
 def _file(root, table, kind=""):
-    return os.path.join(root, "ebc", f"{table}.rank0-of-1{kind}.demb")
+    return os.path.join(root, "model.ebc", f"{table}.rank0-of-1{kind}.demb")
 
 
 def _edit_manifest(root, edit):
@@ -140,10 +140,12 @@ def test_the_same_table_of_another_collection_is_refused(setup):
     other = Other()
     DynamicEmbDump(str(tmp_path / "other"), other)
     shutil.copyfile(
-        os.path.join(str(tmp_path / "other"), "user", "t0.rank0-of-1.demb"), _file(root, "t0")
+        os.path.join(str(tmp_path / "other"), "model.user", "t0.rank0-of-1.demb"), _file(root, "t0")
     )
     _match_sizes(root)
-    with pytest.raises(CheckpointMismatchError, match="collection: manifest 'ebc', file 'user'"):
+    with pytest.raises(
+        CheckpointMismatchError, match="collection: manifest 'model.ebc', file 'model.user'"
+    ):
         DynamicEmbLoad(root, dst)
     assert _same(before, _contents(dst))
 
@@ -193,7 +195,7 @@ def test_an_intact_dump_loads_and_the_files_say_who_they_are(setup):
     assert all(len(s.keys()) == 24 for s in snapshot(fresh).values())
 
 
-def test_holder_is_the_collection_path():  # the tests above rely on the collection being "ebc"
+def test_holder_is_the_collection_path():  # the tests above rely on the collection being "model.ebc"
     from dynamicemb_core.checkpoint.discovery import find_tables
 
-    assert {h.collection for h in find_tables(Holder(batched()))} == {"ebc"}
+    assert {h.collection for h in find_tables(Holder(batched()))} == {"model.ebc"}

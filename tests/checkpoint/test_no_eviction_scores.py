@@ -61,28 +61,28 @@ def test_keys_score_their_insertion_number_and_touches_keep_it(device):
 
 def test_incremental_dump_returns_the_keys_inserted_since(device):
     model = make_model(score_strategy=S.NO_EVICTION, device=str(device))
-    assert get_score(model) == {"ebc": {"t0": 0, "t1": 0}}
+    assert get_score(model) == {"model.ebc": {"t0": 0, "t1": 0}}
     old = [list(range(0, 30)), list(range(200, 210))]
     _step(model, old)
     since = get_score(model)
-    assert since == {"ebc": {"t0": 30, "t1": 10}}
+    assert since == {"model.ebc": {"t0": 30, "t1": 10}}
     assert all(d.keys[0].numel() == 0 for d in incremental_dump(model, since).values())
     new = [list(range(100, 105)), [300]]
     _step(model, [old[0] + new[0], old[1] + new[1]])  # the old keys trained again: not dumped
-    delta = incremental_dump(model, since)["ebc"]
+    delta = incremental_dump(model, since)["model.ebc"]
     for t, name in enumerate(("t0", "t1")):
         assert delta.table_names[t] == name
         assert sorted(delta.keys[t].tolist()) == new[t], name
-        assert delta.meta[t]["current_score"] == since["ebc"][name] + len(new[t])
-        scores = snapshot(model)[f"ebc/{name}"].scores
+        assert delta.meta[t]["current_score"] == since["model.ebc"][name] + len(new[t])
+        scores = snapshot(model)[f"model.ebc/{name}"].scores
         numbers = sorted(v[0] for v in scores.values())
         assert numbers == list(range(len(old[t]) + len(new[t])))  # one number per key
         assert {scores[k][0] for k in new[t]} == set(
-            range(since["ebc"][name], since["ebc"][name] + len(new[t]))
+            range(since["model.ebc"][name], since["model.ebc"][name] + len(new[t]))
         )
     # a threshold of 0 dumps everything; one past the last number, nothing
-    assert sorted(incremental_dump(model, 0)["ebc"].keys[0].tolist()) == old[0] + new[0]
-    assert incremental_dump(model, 35)["ebc"].keys[0].numel() == 0
+    assert sorted(incremental_dump(model, 0)["model.ebc"].keys[0].tolist()) == old[0] + new[0]
+    assert incremental_dump(model, 35)["model.ebc"].keys[0].numel() == 0
 
 
 def test_numbers_survive_a_checkpoint(tmp_path, device):
@@ -92,10 +92,14 @@ def test_numbers_survive_a_checkpoint(tmp_path, device):
     DynamicEmbDump(str(tmp_path), src, optim=True)
     dst = make_model(score_strategy=S.NO_EVICTION, device=str(device))
     DynamicEmbLoad(str(tmp_path), dst, optim=True)
-    assert get_score(dst) == get_score(src) == {"ebc": {"t0": 30, "t1": 6}}
+    assert get_score(dst) == get_score(src) == {"model.ebc": {"t0": 30, "t1": 6}}
     a, b = snapshot(src), snapshot(dst)
     for name in a:
         assert a[name].scores == b[name].scores, name
     for model in (src, dst):  # the next key gets the same number in both
         _step(model, [[500], [501]])
-    assert snapshot(src)["ebc/t0"].scores[500] == snapshot(dst)["ebc/t0"].scores[500] == (30,)
+    assert (
+        snapshot(src)["model.ebc/t0"].scores[500]
+        == snapshot(dst)["model.ebc/t0"].scores[500]
+        == (30,)
+    )

@@ -63,10 +63,10 @@ def test_more_rows_than_max_capacity_is_refused_before_writing(big_dump):
     root, keys = big_dump
     assert all(len(k) > 1700 for k in keys.values())
     dst, before = _target()
-    n0 = len(keys["ebc/t0"])
+    n0 = len(keys["model.ebc/t0"])
     with pytest.raises(
         CheckpointMismatchError,
-        match=rf"table 'ebc/t0': the checkpoint brings {n0} keys .* do not fit its max_capacity of "
+        match=rf"table 'model.ebc/t0': the checkpoint brings {n0} keys .* do not fit its max_capacity of "
         "256 slots. Nothing was written",
     ):
         DynamicEmbLoad(root, dst, optim=True)
@@ -89,7 +89,7 @@ def crowded_dump(tmp_path_factory):
     crowd = cand[buckets_of_tensor(cand, 16) == 0][:17]
     src = make_model(**BIG)
     src(crowd, torch.tensor([0, 17, 17])).sum().backward()
-    assert snapshot(src)["ebc/t0"].keys() == sorted(crowd.tolist())
+    assert snapshot(src)["model.ebc/t0"].keys() == sorted(crowd.tolist())
     root = str(tmp_path_factory.mktemp("crowd"))
     DynamicEmbDump(root, src)
     return root, sorted(crowd.tolist())
@@ -101,7 +101,7 @@ def test_a_bucket_that_would_overflow_is_refused_before_writing(crowded_dump):
     before = _contents(dst)
     with pytest.raises(
         CheckpointMismatchError,
-        match=r"'ebc/t0'.*at 256 slots \(16 buckets of 16\) 1 keys would find no free slot",
+        match=r"'model.ebc/t0'.*at 256 slots \(16 buckets of 16\) 1 keys would find no free slot",
     ):
         DynamicEmbLoad(root, dst)
     assert _same(before, _contents(dst))
@@ -110,8 +110,8 @@ def test_a_bucket_that_would_overflow_is_refused_before_writing(crowded_dump):
 def test_a_table_that_may_grow_grows_until_every_bucket_fits(crowded_dump):
     root, keys = crowded_dump
     dst = make_model(max_capacity=512)  # 17 keys are far below its load factor at 256 slots
-    assert DynamicEmbLoad(root, dst)["ebc/t0"] == (17, 0)
-    assert snapshot(dst)["ebc/t0"].keys() == keys
+    assert DynamicEmbLoad(root, dst)["model.ebc/t0"] == (17, 0)
+    assert snapshot(dst)["model.ebc/t0"].keys() == keys
 
 
 def test_the_keys_a_table_already_holds_count_in_its_buckets(tmp_path):
@@ -208,7 +208,7 @@ def test_an_unreadable_manifest_names_the_file(dumped, blob, message):
 
 def test_a_truncated_shard_gives_a_clear_error_even_when_the_manifest_agrees(dumped):
     root, _ = dumped
-    (path,) = glob.glob(os.path.join(root, "ebc", "t1.*"))
+    (path,) = glob.glob(os.path.join(root, "model.ebc", "t1.*"))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 100)
     _rewrite(
@@ -229,7 +229,7 @@ def test_a_header_rewritten_with_its_checksums_is_still_checked_before_writing(d
     # Whoever rewrites a file can recompute every checksum; what the load applies after the rows
     # (the score clock) must still be checked before them.
     root, _ = dumped
-    (path,) = glob.glob(os.path.join(root, "ebc", "t0.*"))
+    (path,) = glob.glob(os.path.join(root, "model.ebc", "t0.*"))
     header, payload = read_shard(path)
     write_shard(
         path, dataclasses.replace(header, extra={**header.extra, "score_clock": "x"}), payload
@@ -252,21 +252,21 @@ def test_a_header_rewritten_with_its_checksums_is_still_checked_before_writing(d
 def test_a_manifest_path_outside_the_folder_is_refused(dumped):
     root, tmp_path = dumped
     outside = str(tmp_path / "elsewhere")
-    shutil.copytree(os.path.join(root, "ebc"), outside)  # valid files, out of the folder
+    shutil.copytree(os.path.join(root, "model.ebc"), outside)  # valid files, out of the folder
     original = json.load(open(_manifest(root)))
     dst, before = _target()
     for path in (
         os.path.join(outside, "t0.rank0-of-1.demb"),  # absolute
         "../elsewhere/t0.rank0-of-1.demb",
-        "ebc/../../elsewhere/t0.rank0-of-1.demb",
+        "model.ebc/../../elsewhere/t0.rank0-of-1.demb",
     ):
         files = [dict(original["files"][0], path=path)] + original["files"][1:]
         _rewrite(root, lambda m, files=files: m.update(files=files))
         with pytest.raises(CheckpointCorruptError, match="outside the checkpoint folder"):
             DynamicEmbLoad(root, dst)
     _rewrite(root, lambda m: m.update(original))
-    shutil.rmtree(os.path.join(root, "ebc"))
-    os.symlink(outside, os.path.join(root, "ebc"))  # the listed path, through a link
+    shutil.rmtree(os.path.join(root, "model.ebc"))
+    os.symlink(outside, os.path.join(root, "model.ebc"))  # the listed path, through a link
     with pytest.raises(
         CheckpointCorruptError, match="resolves to .*elsewhere.* outside the checkpoint folder"
     ):
@@ -276,9 +276,9 @@ def test_a_manifest_path_outside_the_folder_is_refused(dumped):
 
 def test_a_listed_path_must_be_the_one_its_entry_names(dumped):
     root, _ = dumped
-    _rewrite(root, lambda m: m["files"][0].update(path="ebc/t1.rank0-of-1.demb"))
+    _rewrite(root, lambda m: m["files"][0].update(path="model.ebc/t1.rank0-of-1.demb"))
     with pytest.raises(
-        CheckpointCorruptError, match="is listed for 'ebc/t0' rank 0 of 1, whose file is"
+        CheckpointCorruptError, match="is listed for 'model.ebc/t0' rank 0 of 1, whose file is"
     ):
         DynamicEmbLoad(root, make_model())
 
@@ -295,7 +295,7 @@ class _Payload:
 def test_a_crafted_pickle_in_place_of_a_file_runs_nothing(dumped):
     root, tmp_path = dumped
     marker = str(tmp_path / "ran")
-    (shard,) = glob.glob(os.path.join(root, "ebc", "t0.*"))
+    (shard,) = glob.glob(os.path.join(root, "model.ebc", "t0.*"))
     torch.save({"rows": _Payload(marker)}, shard)
     _rewrite(
         root,
@@ -356,11 +356,11 @@ def test_a_full_disk_names_the_file_and_leaves_no_partial_checkpoint(tmp_path, m
 def test_a_dump_removes_the_temp_files_a_killed_dump_left(dumped):
     root, _ = dumped
     stale = [
-        os.path.join(root, "ebc", ".t0.rank0-of-1.demb.k1l2e3d4.tmp"),
+        os.path.join(root, "model.ebc", ".t0.rank0-of-1.demb.k1l2e3d4.tmp"),
         os.path.join(root, ".MANIFEST.json.abcd1234.tmp"),
         os.path.join(root, "..manifest.rank0.json.x9y8.tmp"),
     ]
-    mine = [os.path.join(root, "ebc", "notes.tmp"), os.path.join(root, "keep.txt")]
+    mine = [os.path.join(root, "model.ebc", "notes.tmp"), os.path.join(root, "keep.txt")]
     for path in stale + mine:
         open(path, "wb").write(b"\0" * 64)
     src = make_model()

@@ -38,7 +38,7 @@ def test_replay_leaves_target_layout_identical_through_evictions():
     for round_ in range(4):
         train(src, 5, seed=round_, key_range=300)  # far more keys than 64 slots: constant eviction
         deltas = incremental_dump(src, threshold)
-        threshold = get_score(src)["ebc"]["t0"]
+        threshold = get_score(src)["model.ebc"]["t0"]
         replay_increment(dst, deltas, ReplayContent.ALL)
         assert_same_tables(snapshot(src), snapshot(dst))
 
@@ -50,7 +50,7 @@ def test_incremental_dump_returns_only_rows_touched_since_threshold():
     gen_keys = torch.tensor([500, 501, 502], dtype=torch.int64)
     src(gen_keys, torch.tensor([0, 3, 3])).sum().backward()
     deltas = incremental_dump(src, mark)
-    d = deltas["ebc"]
+    d = deltas["model.ebc"]
     assert d.table_names == ["t0", "t1"]
     assert sorted(d.keys[0].tolist()) == [500, 501, 502]
     assert d.keys[1].numel() == 0
@@ -65,7 +65,7 @@ def test_incremental_dump_returns_only_rows_touched_since_threshold():
         "world_size",
         "table_options",
     }
-    snap = snapshot(src)["ebc/t0"]
+    snap = snapshot(src)["model.ebc/t0"]
     assert meta["slot_index"].tolist() == [snap.slots[k] for k in d.keys[0].tolist()]
     assert (
         meta["current_capacity"] == 256
@@ -79,14 +79,14 @@ def test_incremental_dump_returns_only_rows_touched_since_threshold():
 def test_rowwise_adagrad_row_has_checkpoint_width_one_in_delta_and_file(tmp_path):
     src = make_model(optimizer="EXACT_ROWWISE_ADAGRAD")
     train(src, 2)
-    d = incremental_dump(src, OLDEST)["ebc"]
+    d = incremental_dump(src, OLDEST)["model.ebc"]
     DynamicEmbDump(str(tmp_path), src, optim=True)
     for i, name in enumerate(d.table_names):
-        (path,) = glob.glob(os.path.join(str(tmp_path), "ebc", f"{name}.*"))
+        (path,) = glob.glob(os.path.join(str(tmp_path), "model.ebc", f"{name}.*"))
         assert read_shard_header(path).optimizer_width == d.optimizer_states[i].shape[1] == 1
 
 
-@pytest.mark.parametrize("threshold", [1.5, "0", True, None, {"ebc": {"t0": 2.0}}])
+@pytest.mark.parametrize("threshold", [1.5, "0", True, None, {"model.ebc": {"t0": 2.0}}])
 def test_threshold_of_wrong_type_raises_type_error(threshold):
     src = make_model()
     with pytest.raises(TypeError, match="score_threshold"):
@@ -96,10 +96,10 @@ def test_threshold_of_wrong_type_raises_type_error(threshold):
 def test_threshold_dict_selects_tables_and_rejects_unknown_names():
     src = make_model()
     train(src, 2)
-    d = incremental_dump(src, {"ebc": {"t1": OLDEST}})["ebc"]
+    d = incremental_dump(src, {"model.ebc": {"t1": OLDEST}})["model.ebc"]
     assert d.table_names == ["t1"]
     with pytest.raises(ValueError, match="names table 'zz'"):
-        incremental_dump(src, {"ebc": {"zz": 0}})
+        incremental_dump(src, {"model.ebc": {"zz": 0}})
     with pytest.raises(ValueError, match="collection 'nope'"):
         incremental_dump(src, {"nope": {"t0": 0}})
 
@@ -141,7 +141,7 @@ def test_mismatched_meta_field_is_named(field, value, pattern):
     src = make_model()
     train(src, 2)
     deltas = incremental_dump(src, OLDEST)
-    deltas["ebc"].meta[0][field] = value
+    deltas["model.ebc"].meta[0][field] = value
     dst = make_model()
     with pytest.raises(IncompatibleDeltaError, match=pattern):
         replay_increment(dst, deltas)
@@ -164,10 +164,10 @@ def test_reversed_score_order_replays_into_the_right_columns():
     deltas = incremental_dump(src, OLDEST)
     dst = make_model(score_strategy=(S.LFU, S.TIMESTAMP))  # same physical layout
     replay_increment(dst, deltas, ReplayContent.SCORE)
-    counts = {k: v[0] for k, v in snapshot(dst)["ebc/t0"].scores.items()}
+    counts = {k: v[0] for k, v in snapshot(dst)["model.ebc/t0"].scores.items()}
     assert counts == {3: 5, 7: 1}
-    src_ts = {k: v[0] for k, v in snapshot(src)["ebc/t0"].scores.items()}
-    dst_ts = {k: v[1] for k, v in snapshot(dst)["ebc/t0"].scores.items()}
+    src_ts = {k: v[0] for k, v in snapshot(src)["model.ebc/t0"].scores.items()}
+    dst_ts = {k: v[1] for k, v in snapshot(dst)["model.ebc/t0"].scores.items()}
     assert len({src_ts[k] - dst_ts[k] for k in src_ts}) == 1  # same ages, re-based
 
 
@@ -179,7 +179,7 @@ def test_replay_scores_follow_the_content_flag(keeps_source_scores):
     dst = make_model(score_strategy=S.LFU)
     content = ReplayContent.ALL if keeps_source_scores else ReplayContent.EMBEDDING_ONLY
     replay_increment(dst, deltas, content)
-    counts = {k: v[0] for k, v in snapshot(dst)["ebc/t0"].scores.items()}
+    counts = {k: v[0] for k, v in snapshot(dst)["model.ebc/t0"].scores.items()}
     assert counts == ({3: 5, 7: 1} if keeps_source_scores else {3: 1, 7: 1})
 
 
@@ -190,7 +190,11 @@ def test_embedding_only_replay_gives_fresh_state_and_all_gives_source_state():
     only, full = make_model(optimizer="EXACT_ADAGRAD"), make_model(optimizer="EXACT_ADAGRAD")
     replay_increment(only, deltas, ReplayContent.EMBEDDING_ONLY)
     replay_increment(full, deltas, ReplayContent.OPTIMIZER_STATE)
-    s, o, f = snapshot(src)["ebc/t0"], snapshot(only)["ebc/t0"], snapshot(full)["ebc/t0"]
+    s, o, f = (
+        snapshot(src)["model.ebc/t0"],
+        snapshot(only)["model.ebc/t0"],
+        snapshot(full)["model.ebc/t0"],
+    )
     for k in s.keys():
         assert torch.equal(s.rows[k], f.rows[k])
         assert torch.equal(s.rows[k][:8], o.rows[k][:8])
@@ -213,7 +217,7 @@ def test_serving_replica_without_optimizer_state_takes_embeddings():
     dst = make_model(optimizer="ADAM", training=False)
     replay_increment(dst, incremental_dump(src, OLDEST), ReplayContent.ALL)
     assert_same_tables(snapshot(src), snapshot(dst), rows=False)
-    s, d = snapshot(src)["ebc/t1"], snapshot(dst)["ebc/t1"]
+    s, d = snapshot(src)["model.ebc/t1"], snapshot(dst)["model.ebc/t1"]
     for k in s.keys():
         assert torch.equal(s.rows[k][:4], d.rows[k])
 
@@ -222,7 +226,7 @@ def test_slot_outside_home_bucket_raises_before_writing():
     src = make_model()
     train(src, 2)
     deltas = incremental_dump(src, OLDEST)
-    slots = deltas["ebc"].meta[1]["slot_index"]
+    slots = deltas["model.ebc"].meta[1]["slot_index"]
     slots[0] = (slots[0] + 16) % 256  # the next bucket over
     dst = make_model()
     with pytest.raises(IncompatibleDeltaError, match="cannot be placed at slot .* home bucket"):
@@ -245,7 +249,7 @@ def test_two_keys_claiming_one_slot_raise():
     src = make_model()
     train(src, 2)
     deltas = incremental_dump(src, OLDEST)
-    d = deltas["ebc"]
+    d = deltas["model.ebc"]
     key, slot = int(d.keys[0][0]), int(d.meta[0]["slot_index"][0])
     candidates = torch.arange(10**9, 10**9 + 1000)
     same_bucket = candidates[
@@ -260,7 +264,7 @@ def test_one_key_at_two_slots_raises():
     src = make_model()
     train(src, 2)
     deltas = incremental_dump(src, OLDEST)
-    d = deltas["ebc"]
+    d = deltas["model.ebc"]
     key, slot = int(d.keys[0][0]), int(d.meta[0]["slot_index"][0])
     used = set(d.meta[0]["slot_index"].tolist())
     free = next(s for s in range(slot - slot % 16, slot - slot % 16 + 16) if s not in used)
@@ -274,22 +278,22 @@ def test_erased_keys_are_removed_and_evicted_keys_are_not():
     train(src, 3, key_range=300)
     replay_increment(dst, incremental_dump(src, OLDEST), ReplayContent.ALL)
     mark = get_score(src)
-    present = snapshot(src)["ebc/t0"].keys()
-    gone = erase(src, {"ebc": {"t0": torch.tensor(present[:3])}}, EvictedItemMode.RETAIN_KEY)
-    assert sorted(gone["ebc"]["t0"].tolist()) == present[:3]
-    erase(src, {"ebc": {"t0": torch.tensor(present[3:5])}})  # DISCARD: not reported
+    present = snapshot(src)["model.ebc/t0"].keys()
+    gone = erase(src, {"model.ebc": {"t0": torch.tensor(present[:3])}}, EvictedItemMode.RETAIN_KEY)
+    assert sorted(gone["model.ebc"]["t0"].tolist()) == present[:3]
+    erase(src, {"model.ebc": {"t0": torch.tensor(present[3:5])}})  # DISCARD: not reported
     train(src, 2, seed=7, key_range=300)
-    d = incremental_dump(src, mark)["ebc"]
+    d = incremental_dump(src, mark)["model.ebc"]
     assert sorted(d.erased_keys[0].tolist()) == present[:3]
     assert d.evicted_keys[0] is not None and d.evicted_keys[0].numel() > 0
-    replay_increment(dst, {"ebc": d}, ReplayContent.ALL)
-    after = snapshot(dst)["ebc/t0"].keys()
+    replay_increment(dst, {"model.ebc": d}, ReplayContent.ALL)
+    after = snapshot(dst)["model.ebc/t0"].keys()
     assert not set(present[:3]) & set(after)
     # DISCARD-erased keys stay on the replica unless a delta key took their slot
-    src_after = snapshot(src)["ebc/t0"]
+    src_after = snapshot(src)["model.ebc/t0"]
     assert set(after) - set(src_after.keys()) <= set(present[3:5])
     # a second dump reports nothing new: both buffers were drained
-    d2 = incremental_dump(src, get_score(src))["ebc"]
+    d2 = incremental_dump(src, get_score(src))["model.ebc"]
     assert d2.erased_keys[0].numel() == 0 and d2.evicted_keys[0].numel() == 0
 
 
@@ -300,9 +304,9 @@ def test_replay_rejects_bad_arguments():
     with pytest.raises(TypeError, match="ReplayContent"):
         replay_increment(make_model(), deltas, "ALL")
     with pytest.raises(TypeError, match="DeltaDumpResult"):
-        replay_increment(make_model(), {"ebc": {"keys": []}})
+        replay_increment(make_model(), {"model.ebc": {"keys": []}})
     with pytest.raises(ValueError, match="no collection 'other'"):
-        replay_increment(make_model(), {"other": deltas["ebc"]})
+        replay_increment(make_model(), {"other": deltas["model.ebc"]})
 
 
 # Row bytes of a dim-8 rowwise-Adagrad row: 9 float32.
@@ -329,7 +333,7 @@ def test_replay_through_cache_and_hybrid_storage(storage):
             assert b[name].slots[k] == a[name].slots[k]
             assert torch.equal(a[name].rows[k], b[name].rows[k])
     # the replica serves the replayed rows, not what its cache held before
-    keys = torch.tensor(a["ebc/t0"].keys()[:40], dtype=torch.int64)
+    keys = torch.tensor(a["model.ebc/t0"].keys()[:40], dtype=torch.int64)
     offsets = torch.tensor([0, keys.numel(), keys.numel()])
     src.eval()
     dst.eval()

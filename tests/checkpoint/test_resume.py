@@ -155,7 +155,7 @@ def test_resume_in_a_fresh_process_equals_uninterrupted_training(tmp_path):
         same, why = _same(want, resumed[case])
         assert same, f"{case}: {why}"
         assert want["step"] == N + M and want["clock"] == {
-            "ebc": {"t0": N + M + 1, "t1": N + M + 1}
+            "model.ebc": {"t0": N + M + 1, "t1": N + M + 1}
         }
         if case[1]:
             same, _ = _same(want, resumed[case + ("no counters",)])

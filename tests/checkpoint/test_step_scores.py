@@ -85,24 +85,24 @@ def _random_keys(step: int, key_range: int = KEY_SPACE) -> List[List[int]]:
 
 def _scores_follow_steps(rank: int, world: int) -> None:
     model = _model(world, KEY_SPACE, 16)
-    assert get_score(model) == {"coll": {t: 1 for t in TABLES}}  # the step starts at 1
+    assert get_score(model) == {"model.coll": {t: 1 for t in TABLES}}  # the step starts at 1
     last: List[Dict[int, int]] = [{} for _ in TABLES]  # key -> last step that touched it
     for step in range(1, 5):
         keys = _random_keys(step)
         _step(model, keys)
         for i, ks in enumerate(keys):
             last[i].update((k, step) for k in ks)
-        assert get_score(model) == {"coll": {t: step + 1 for t in TABLES}}
+        assert get_score(model) == {"model.coll": {t: step + 1 for t in TABLES}}
     model.eval()
     _step(model, [[0, 1, 2, 3]] * len(TABLES), train=False)  # an eval forward: no step, no score
     model.train()
-    assert get_score(model) == {"coll": {t: 5 for t in TABLES}}
+    assert get_score(model) == {"model.coll": {t: 5 for t in TABLES}}
     snap = snapshot(model)
     for i, t in enumerate(TABLES):
         keys = torch.tensor(sorted(last[i]), dtype=torch.int64)
         mine = keys[owner_rank(keys, "roundrobin", world) == rank].tolist()
         want = {k: (last[i][k],) for k in mine}
-        assert snap[f"coll/{t}"].scores == want, t
+        assert snap[f"model.coll/{t}"].scores == want, t
 
     # incremental_dump from an earlier get_score: exactly the keys touched since (all ranks' union)
     since = get_score(model)
@@ -113,7 +113,7 @@ def _scores_follow_steps(rank: int, world: int) -> None:
         _step(model, keys)
         for i, ks in enumerate(keys):
             touched[i] |= set(ks)
-    delta = incremental_dump(model, since)["coll"]
+    delta = incremental_dump(model, since)["model.coll"]
     for i, t in enumerate(TABLES):
         assert delta.table_names[i] == t
         assert sorted(delta.keys[i].tolist()) == sorted(touched[i]), t
@@ -129,7 +129,7 @@ def _oldest_steps_are_evicted(rank: int, world: int) -> None:
     _step(model, [list(range(16 * world)), [0]])  # step 1: 16 keys per rank fill its one bucket
     _step(model, [list(range(8 * world, 16 * world)), [0]])  # step 2: re-touch the last 8
     _step(model, [list(range(16 * world, 24 * world)), [0]])  # step 3: 8 new keys per rank
-    stored = set(snapshot(model)["coll/t0"].keys())
+    stored = set(snapshot(model)["model.coll/t0"].keys())
     want = {k for k in range(8 * world, 24 * world) if k % world == rank}  # step-1-only keys left
     assert stored == want, (sorted(stored), sorted(want))
 
@@ -154,7 +154,7 @@ def _resumed_sharded_model_trains_on_identically(rank: int, world: int, path: st
     dst = _model(world, KEY_SPACE, 16, True, optimizer=adam)  # default rate and betas
     DynamicEmbLoad(path, dst, optim=True, counter=True)
     kernel, _ = dynamic_kernels(dst)["t0"]
-    assert kernel.emb_module.step == 3 and get_score(dst) == {"coll": {t: 4 for t in TABLES}}
+    assert kernel.emb_module.step == 3 and get_score(dst) == {"model.coll": {t: 4 for t in TABLES}}
     dst.fused_optimizer.step()
     assert kernel.emb_module.get_learning_rate() == 0.05
     assert kernel.emb_module.optimizer_args.beta1 == 0.8

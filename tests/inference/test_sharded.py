@@ -53,7 +53,7 @@ def _serve(rank: int, world: int, pooled: bool) -> None:
     model.eval()
     cls_served = InferenceEmbeddingBagCollection if pooled else InferenceEmbeddingCollection
     served = cls_served.from_model(model)
-    assert served.collection == "coll"
+    assert served.collection == "model.coll"
     assert served.feature_names == ["f0", "f1", "f2"]
     kjt = global_batch(50, ["f0", "f1", "f2"], {"f0": 90, "f1": 90, "f2": 60}, 6)  # some unseen
     with torch.no_grad():

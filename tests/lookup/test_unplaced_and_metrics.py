@@ -117,7 +117,7 @@ def test_unplaced_keys_read_zeros_and_counts_match_the_contents(device, kind):
     assert saw_unplaced > 0 and saw_evicted > 0  # the batches exercise both
     got = m.metrics()
     assert got == {name: want[t] for t, name in enumerate(TABLES)}
-    assert table_metrics(m) == {"": got}
+    assert table_metrics(m) == {"model": got}
     m.reset_metrics()
     assert all(v == 0 for c in m.metrics().values() for v in c.values())
 

@@ -55,20 +55,20 @@ def _counters_per_rank(rank: int, world: int) -> None:
     _step(model, [list(range(24 * world)), list(range(4 * world))])
     got = table_metrics(model)
     assert got == {
-        "coll": {
+        "model.coll": {
             "t0": {"hits": 0, "misses": 24, "placed": 16, "evicted": 0, "unplaced": 8},
             "t1": {"hits": 0, "misses": 4, "placed": 4, "evicted": 0, "unplaced": 0},
         }
     }, got
     _step(model, [list(range(24 * world)), list(range(8 * world, 10 * world))])
-    read = table_metrics(model, reset=True)["coll"]
+    read = table_metrics(model, reset=True)["model.coll"]
     t0, t1 = read["t0"], read["t1"]
     assert (t0["hits"], t0["misses"], t0["unplaced"]) == (16, 24 + 8, 8 + 8)
     assert (t1["placed"], t1["evicted"]) == (6, 0), (t0, t1)
-    assert table_metrics(model)["coll"]["t1"] == dict.fromkeys(t1, 0)
+    assert table_metrics(model)["model.coll"]["t1"] == dict.fromkeys(t1, 0)
     _step(model, [[0], [0]])
     reset_table_metrics(model)
-    assert all(v == 0 for c in table_metrics(model)["coll"].values() for v in c.values())
+    assert all(v == 0 for c in table_metrics(model)["model.coll"].values() for v in c.values())
 
 
 def _no_eviction_dumps_inserted_keys(rank: int, world: int) -> None:
@@ -79,10 +79,10 @@ def _no_eviction_dumps_inserted_keys(rank: int, world: int) -> None:
         [k for k in ks if owner_rank(torch.tensor([k]), "roundrobin", world) == rank] for ks in old
     ]
     since = get_score(model)
-    assert since == {"coll": {t: len(mine[i]) for i, t in enumerate(TABLES)}}, since
+    assert since == {"model.coll": {t: len(mine[i]) for i, t in enumerate(TABLES)}}, since
     new = [list(range(300, 306)), [350, 351, 352]]
     _step(model, [old[0] + new[0], old[1] + new[1]])  # the old keys are trained again
-    delta = incremental_dump(model, since)["coll"]
+    delta = incremental_dump(model, since)["model.coll"]
     for i, t in enumerate(TABLES):
         assert delta.table_names[i] == t
         assert sorted(delta.keys[i].tolist()) == new[i], t  # every rank's new keys, no old one

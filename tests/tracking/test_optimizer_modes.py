@@ -25,7 +25,7 @@ DIMS = (8, 4)
 
 def _state(model, table: str, key: int, dim: int, width: int) -> torch.Tensor:
     """The key's first optimizer state block from the table's snapshot (zeros when not stored)."""
-    rows = snapshot(model)[f"ebc/{table}"].rows
+    rows = snapshot(model)[f"model.ebc/{table}"].rows
     if key not in rows:
         return torch.zeros(width)
     return rows[key][dim : dim + width].float()
@@ -125,7 +125,7 @@ def test_get_latest_and_fqn_to_feature_names():
         model(indices, offsets).pow(2).sum().backward()
     latest = tracker.get_latest()
     for t, fqn in enumerate(["ebc.t0", "ebc.t1"]):
-        stored = snapshot(model)[f"ebc/t{t}"].rows
+        stored = snapshot(model)[f"model.ebc/t{t}"].rows
         got = dict(zip(latest[fqn].ids.tolist(), latest[fqn].states, strict=True))
         assert got.keys() == stored.keys()
         for k, row in stored.items():

@@ -23,7 +23,7 @@ DIM = {"t0": 4, "t1": 8}
 
 
 def _accumulator(model, table: str, key: int) -> float:
-    rows = snapshot(model)[f"coll/{table}"].rows
+    rows = snapshot(model)[f"model.coll/{table}"].rows
     return float(rows[key][DIM[table]]) if key in rows else 0.0
 
 
