@@ -164,9 +164,7 @@ def _imports(tree: ast.Module) -> Iterable[Tuple[ast.stmt, bool, bool]]:
     yield from walk(tree, False, False)
 
 
-def _targets(
-    stmt: ast.stmt, module: str, is_package: bool, known: Set[str]
-) -> Iterable[str]:
+def _targets(stmt: ast.stmt, module: str, is_package: bool, known: Set[str]) -> Iterable[str]:
     """The package modules one import statement loads (grimp's rule, see the module docstring)."""
     if isinstance(stmt, ast.Import):
         for alias in stmt.names:
