@@ -333,7 +333,7 @@ class ServingTables(nn.Module):
         )
         if not rules:
             return first
-        from dynamicemb_core.shard.ownership import owner_rank
+        from dynamicemb_core.table.ownership import owner_rank
 
         shard = torch.zeros_like(indices)
         for dist_type, world, rows in rules:

@@ -1,10 +1,10 @@
 """Which rank owns a key of a row-wise sharded table: the one definition of every ``dist_type``.
 
 Input distribution, dump, load and replay all call :func:`owner_rank`, so a key is looked up, written
-and restored on the same rank. The names of the ``dist_type`` values and their check live with the
-option (:mod:`dynamicemb_core.config`), which this module and the planner read; the old path
-``dynamicemb_core.shard.ownership`` re-exports this module. Keys are read as unsigned 64-bit integers (the hash table's view of a
-key, docs/table_design.md), so negative keys have an owner like any other.
+and restored on the same rank. Keys are read as unsigned 64-bit integers (the hash table's view of a
+key, docs/table_design.md), so negative keys have an owner like any other. The names of the
+``dist_type`` values and their check live with the option (:mod:`dynamicemb_core.config`); the old
+path ``dynamicemb_core.shard.ownership`` re-exports this module.
 
 - ``continuous``: TorchRec's row-wise blocks. With ``block = ceil(num_embeddings / world_size)`` a key
   ``k < block * world_size`` belongs to rank ``k // block``; a key past the last block (a dynamic
