@@ -22,7 +22,8 @@ layout: the plugin surface and the options are the floor, the kernels and the ta
 storage (the group) above the table, the lookup module that composes them above that, the TorchRec
 integration, checkpoint and inference above the module, and the tools on top):
 
-0. ``_weak``, ``nvtx``, ``redaction``, ``devices``, ``dtypes``, ``_lazy_exports``: leaves
+0. ``_weak``, ``nvtx``, ``redaction``, ``devices``, ``dtypes``, ``environment``, ``_lazy_exports``:
+   leaves
 1. ``types``, ``config``: the ABCs (Storage, Counter, AdmissionStrategy) and the options
 2. ``ops``: loading the compiled library and its typed wrappers
 3. ``table``: ScoredHashTable, score policies, key hashing and ownership
@@ -58,7 +59,7 @@ PACKAGE = "dynamicemb_core"
 ROOT_ROOM = PACKAGE
 
 LAYERS: Tuple[Tuple[str, ...], ...] = (
-    ("_weak", "nvtx", "redaction", "devices", "dtypes", "_lazy_exports"),
+    ("_weak", "nvtx", "redaction", "devices", "dtypes", "environment", "_lazy_exports"),
     ("types", "config"),
     ("ops",),
     ("table",),
