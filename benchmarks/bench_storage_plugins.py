@@ -74,7 +74,7 @@ class _Batches:
     def __init__(
         self, key_space: int, num_batches: int, table_prefix: Callable[[int], bytes]
     ) -> None:
-        from dynamicemb_core.plugins.row_codec import RowCodec, encode_keys
+        from dynamicemb_core.storage.contract.row_codec import RowCodec, encode_keys
         from dynamicemb_core.types import StorageTableSpec
 
         self.specs = [StorageTableSpec(f"bench{t}", dim=DIM, row_width=DIM) for t in range(TABLES)]

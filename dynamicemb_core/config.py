@@ -15,7 +15,17 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 
 from dynamicemb_core.redaction import redacted_fields_repr, redacted_repr
-from dynamicemb_core.types import AdmissionStrategy, Counter, PerTableStorage, Storage
+from dynamicemb_core.types import (  # the seed's constants and initializer types, re-exported
+    BUCKET_ALIGNMENT,
+    DEMB_TABLE_ALIGN_SIZE,
+    MAX_BUCKET_CAPACITY,
+    AdmissionStrategy,
+    Counter,
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    PerTableStorage,
+    Storage,
+)
 
 __all__ = [
     "BATCH_SIZE_PER_DUMP",
@@ -37,15 +47,8 @@ __all__ = [
     "normalize_score_strategy",
 ]
 
-# Bucket widths must be multiples of this many slots: the CUDA probe reads a bucket's digests in
-# 16-byte vectors (see csrc/include/dynamicemb/bucket_layout.h).
-BUCKET_ALIGNMENT: int = 16
-# The seed's name for the alignment table capacities are rounded to (the same number).
-DEMB_TABLE_ALIGN_SIZE: int = BUCKET_ALIGNMENT
 # Keys per batch when a table is read out for a dump (the seed's constant).
 BATCH_SIZE_PER_DUMP: int = 65536
-# Sentinel bucket_capacity meaning "one bucket spanning the whole (per-rank) table".
-MAX_BUCKET_CAPACITY: int = 2**63 - 1
 DEFAULT_INDEX_TYPE: torch.dtype = torch.int64
 
 
@@ -55,28 +58,6 @@ class DynamicEmbCheckMode(enum.IntEnum):
     ERROR = 0  # raise DynamicEmbError naming the table and the count
     WARNING = 1  # warn with counts; unplaced keys read as zeros
     IGNORE = 2  # silent; unplaced keys read as zeros
-
-
-class DynamicEmbInitializerMode(enum.Enum):
-    """How a new embedding row is filled."""
-
-    NORMAL = "normal"
-    TRUNCATED_NORMAL = "truncated_normal"
-    UNIFORM = "uniform"
-    CONSTANT = "constant"
-    DEBUG = "debug"
-
-
-@dataclass
-class DynamicEmbInitializerArgs:
-    """Parameters of an initializer; ``lower``/``upper`` left None are completed by the planner."""
-
-    mode: DynamicEmbInitializerMode = DynamicEmbInitializerMode.UNIFORM
-    mean: float = 0.0
-    std_dev: float = 1.0
-    lower: Optional[float] = None
-    upper: Optional[float] = None
-    value: float = 0.0
 
 
 class DynamicEmbScoreStrategy(enum.IntEnum):
@@ -170,6 +151,23 @@ def normalize_score_strategy(
 
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# The values of ``dist_type`` (how a row-wise sharded table routes a key to a rank); the rule of
+# each is dynamicemb_core.table.ownership.owner_rank.
+DIST_TYPES: Tuple[str, ...] = ("continuous", "roundrobin", "hash_roundrobin")
+DEFAULT_DIST_TYPE: str = "roundrobin"
+
+
+def validate_dist_type(dist_type: object, table: Optional[str] = None) -> str:
+    """Return ``dist_type`` if it is one of :data:`DIST_TYPES`, else raise naming the table.
+
+    Raises:
+        ValueError: for any other value.
+    """
+    if not isinstance(dist_type, str) or dist_type not in DIST_TYPES:
+        where = f"table {table!r}: " if table is not None else ""
+        raise ValueError(f"{where}dist_type must be one of {list(DIST_TYPES)}, got {dist_type!r}")
+    return dist_type
 
 
 def _is_int(value: object) -> bool:
@@ -283,9 +281,9 @@ class DynamicEmbTableOptions:
     global_hbm_for_values: int = 0  # bytes
     external_storage: Union[Storage, PerTableStorage, str, type, None] = None
     index_type: Optional[torch.dtype] = None
-    # row-wise key -> rank routing: "continuous", "roundrobin" or "hash_roundrobin"
-    # (dynamicemb_core.shard.ownership holds the one definition of each)
-    dist_type: str = "roundrobin"
+    # row-wise key -> rank routing: one of DIST_TYPES
+    # (dynamicemb_core.table.ownership holds the one definition of each)
+    dist_type: str = DEFAULT_DIST_TYPE
     admit_strategy: Union[AdmissionStrategy, str, None] = None
     admission_counter: Union[Counter, str, None] = None
     evicted_item_mode: EvictedItemMode = EvictedItemMode.DISCARD
@@ -364,8 +362,6 @@ class DynamicEmbTableOptions:
         _enum_member("evicted_item_mode", EvictedItemMode, self.evicted_item_mode)
         if self.index_type is not None and self.index_type != torch.int64:
             raise ValueError(f"index_type must be torch.int64 or None, got {self.index_type!r}")
-        from dynamicemb_core.shard.ownership import validate_dist_type
-
         validate_dist_type(self.dist_type)
         _check_plugin_field("external_storage", self.external_storage, (Storage, PerTableStorage))
         _check_plugin_field("admit_strategy", self.admit_strategy, AdmissionStrategy)

@@ -9,6 +9,7 @@ from dynamicemb_core.config import (
     BUCKET_ALIGNMENT,
     DEFAULT_INDEX_TYPE,
     DEMB_TABLE_ALIGN_SIZE,
+    DIST_TYPES,
     MAX_BUCKET_CAPACITY,
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
@@ -36,7 +37,6 @@ from dynamicemb_core.planner.capacity import (
     get_table_value_bytes,
 )
 from dynamicemb_core.planner.table_options import complete_initializer_args
-from dynamicemb_core.shard.ownership import DIST_TYPES
 
 # The seed's name for the accepted dist_type values.
 SUPPORTED_DIST_TYPES = DIST_TYPES

@@ -12,45 +12,60 @@ import enum
 import inspect
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from dynamicemb_core.devices import normalize_device
 
-if TYPE_CHECKING:  # pragma: no cover
-    from dynamicemb_core.config import DynamicEmbInitializerArgs
-
 __all__ = [
+    "BUCKET_ALIGNMENT",
+    "DEMB_TABLE_ALIGN_SIZE",
+    "MAX_BUCKET_CAPACITY",
     "AdmissionStrategy",
     "CopyMode",
     "Counter",
     "DynamicEmbError",
+    "DynamicEmbInitializerArgs",
+    "DynamicEmbInitializerMode",
     "DynamicEmbWarning",
     "MemoryType",
     "PerTableStorage",
     "Storage",
     "StorageTableSpec",
+    "common_row_dtype",
 ]
 
-
-# The seed's ``dynamicemb.types`` also names these; they live with the options (resolved lazily: the
-# options module imports this one).
-_FROM_CONFIG = (
-    "BUCKET_ALIGNMENT",
-    "DEMB_TABLE_ALIGN_SIZE",
-    "MAX_BUCKET_CAPACITY",
-    "DynamicEmbInitializerArgs",
-    "DynamicEmbInitializerMode",
-)
+# The seed's ``dynamicemb.types`` names these; the options (dynamicemb_core.config) re-export them.
+# Bucket widths must be multiples of this many slots: the CUDA probe reads a bucket's digests in
+# 16-byte vectors (see csrc/include/dynamicemb/bucket_layout.h).
+BUCKET_ALIGNMENT: int = 16
+# The seed's name for the alignment table capacities are rounded to (the same number).
+DEMB_TABLE_ALIGN_SIZE: int = BUCKET_ALIGNMENT
+# Sentinel bucket_capacity meaning "one bucket spanning the whole (per-rank) table".
+MAX_BUCKET_CAPACITY: int = 2**63 - 1
 
 
-def __getattr__(name: str) -> object:
-    if name in _FROM_CONFIG:
-        import dynamicemb_core.config as config
+class DynamicEmbInitializerMode(enum.Enum):
+    """How a new embedding row is filled."""
 
-        return getattr(config, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    NORMAL = "normal"
+    TRUNCATED_NORMAL = "truncated_normal"
+    UNIFORM = "uniform"
+    CONSTANT = "constant"
+    DEBUG = "debug"
+
+
+@dataclass
+class DynamicEmbInitializerArgs:
+    """Parameters of an initializer; ``lower``/``upper`` left None are completed by the planner."""
+
+    mode: DynamicEmbInitializerMode = DynamicEmbInitializerMode.UNIFORM
+    mean: float = 0.0
+    std_dev: float = 1.0
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    value: float = 0.0
 
 
 class DynamicEmbError(RuntimeError):
@@ -122,6 +137,23 @@ def _has_per_table_find(cls: type) -> bool:
     return False
 
 
+def common_row_dtype(tables: Sequence[StorageTableSpec]) -> torch.dtype:
+    """The dtype of a multi-table call's rows matrix: the one dtype every table stores.
+
+    One rows matrix cannot carry two dtypes bit for bit (torch's float16 -> float32 -> float16
+    does not keep NaN payloads), so a multi-table storage holds tables of one dtype; tables of
+    another dtype go to another storage (the core builds one storage per table).
+    """
+    dtypes = sorted({str(spec.dtype) for spec in tables})
+    if len(dtypes) != 1:
+        raise ValueError(
+            f"a Storage holds tables of one dtype (its calls carry one rows matrix); got "
+            f"{', '.join(f'{spec.name!r}: {spec.dtype}' for spec in tables)}. Use one storage "
+            "per dtype"
+        )
+    return tables[0].dtype
+
+
 class _StorageBase(abc.ABC):  # noqa: B024 (the contracts below declare the abstract methods)
     """What both storage contracts share: the tables, the device, and the optional hooks."""
 
@@ -160,7 +192,7 @@ class Storage(_StorageBase):
     the first ``tables[t].num_scores`` words in the order of the table's score strategy tuple.
 
     Every method validates its whole input before it writes anything
-    (:mod:`dynamicemb_core.plugins.storage_checks`), and a backend that cannot reach its data raises
+    (:mod:`dynamicemb_core.storage.contract.checks`), and a backend that cannot reach its data raises
     rather than returning zeros. Plugins written against the older per-table contract subclass
     :class:`PerTableStorage` instead; the core wraps them (``dynamicemb_core.plugins.as_storage``).
     """
@@ -209,8 +241,6 @@ class Storage(_StorageBase):
     @property
     def row_dtype(self) -> torch.dtype:
         """The dtype rows travel in: the one dtype every table of this storage stores."""
-        from dynamicemb_core.plugins.storage_checks import common_row_dtype
-
         return common_row_dtype(self.tables)
 
     @abc.abstractmethod

@@ -13,6 +13,7 @@ import torch
 
 from dynamicemb_core.config import BUCKET_ALIGNMENT, DynamicEmbScoreStrategy
 from dynamicemb_core.devices import normalize_device
+from dynamicemb_core.table import ScoredHashTable, TableSpec
 from dynamicemb_core.types import Counter, MemoryType
 
 __all__ = ["KVCounter"]
@@ -47,8 +48,6 @@ class KVCounter(Counter):
                 f"KVCounter: bucket_capacity must be a positive multiple of {BUCKET_ALIGNMENT}, "
                 f"got {bucket_capacity}"
             )
-        from dynamicemb_core.table import ScoredHashTable, TableSpec
-
         bucket = min(bucket_capacity, -(-capacity // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT)
         capacity = -(-capacity // bucket) * bucket
         self.capacity = capacity

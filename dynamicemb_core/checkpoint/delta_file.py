@@ -43,7 +43,7 @@ DELTA_FORMAT_VERSION = 1
 _ENUMS: Dict[str, type] = {
     name: obj
     for name, obj in vars(_config).items()
-    if isinstance(obj, type) and issubclass(obj, enum.Enum) and obj.__module__ == _config.__name__
+    if isinstance(obj, type) and issubclass(obj, enum.Enum) and name in _config.__all__
 }
 _DROPPED = object()  # an option value that does not travel (a callable, a plugin instance)
 # Fields that configure plugins: they may hold credentials, and a replica brings its own.

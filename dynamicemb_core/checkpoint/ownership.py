@@ -1,6 +1,6 @@
 """Which of a table's keys this process owns, by the table's own sharding (never by a gather group).
 
-The key -> rank rule itself lives in one place, :func:`dynamicemb_core.shard.ownership.owner_rank`; this
+The key -> rank rule itself lives in one place, :func:`dynamicemb_core.table.ownership.owner_rank`; this
 module only applies it to a table handle: the rank is the table's shard index (the global rank under
 TorchRec row-wise sharding) and the world size is the number of shards the table is split into.
 """
@@ -20,7 +20,7 @@ def owned_mask(keys: torch.Tensor, handle: TableHandle) -> torch.Tensor:
     """(n,) bool on ``keys``' device: true for the keys ``handle``'s shard owns."""
     if handle.world_size == 1:
         return torch.ones(keys.shape[0], dtype=torch.bool, device=keys.device)
-    from dynamicemb_core.shard.ownership import owner_rank
+    from dynamicemb_core.table.ownership import owner_rank
 
     owners = owner_rank(
         keys, handle.dist_type, handle.world_size, num_embeddings=handle.num_embeddings

@@ -35,6 +35,7 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.ops import lookup_ops
+from dynamicemb_core.plugins import with_score_function
 from dynamicemb_core.types import StorageTableSpec
 
 __all__ = ["ServingTable", "ServingTables"]
@@ -195,7 +196,7 @@ class ServingTables(nn.Module):
         for i, t in enumerate(self.tables):
             self._first_logical.append(len(specs))
             opts = dataclasses.replace(
-                t.options,
+                with_score_function(t.options),
                 dim=t.dim,
                 max_capacity=t.shard_capacity,
                 init_capacity=t.shard_capacity,
@@ -332,7 +333,7 @@ class ServingTables(nn.Module):
         )
         if not rules:
             return first
-        from dynamicemb_core.shard.ownership import owner_rank
+        from dynamicemb_core.table.ownership import owner_rank
 
         shard = torch.zeros_like(indices)
         for dist_type, world, rows in rules:

@@ -179,7 +179,10 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     def _build_group(self, specs: List[StorageTableSpec]) -> TableGroup:
         """The module's one group: every table, device-resident, hybrid or cached."""
-        opts = self.table_options
+        from dynamicemb_core.plugins import with_score_function
+
+        # names resolve here, as the admission strategies and counters do (_build_admission)
+        opts = [with_score_function(o) for o in self.table_options]
         kinds = [tier_kind(o, spec, self.device) for o, spec in zip(opts, specs)]
         warn_zero_budget(opts, specs, self.device)
         check_row_dtypes(self.table_names, specs, kinds)

@@ -14,7 +14,7 @@ The evicting ops (``insert``, ``find_or_insert``, ``insert_and_evict``) also tak
 victim), and ``deterministic``: on CUDA, True runs the bucket-ordered engine (slot-for-slot the CPU
 kernels' result), False the key-parallel one (which new key gets which of its bucket's free or
 evicted slots depends on the schedule). None, the default, reads
-``DEMB_DETERMINISM_MODE`` (:func:`dynamicemb_core.table.environment.determinism_mode`) at the call;
+``DEMB_DETERMINISM_MODE`` (:func:`dynamicemb_core.environment.determinism_mode`) at the call;
 :class:`~dynamicemb_core.table.ScoredHashTable` reads it once, when it is built. CPU kernels are
 deterministic always. ``unique_keys``: the caller promises that no (table id, key) pair occurs
 twice in ``keys`` (a lookup's keys after its unique); the key-parallel engine then skips its per-call
@@ -29,6 +29,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from dynamicemb_core.environment import determinism_mode
 from dynamicemb_core.ops.loader import ensure_loaded
 
 __all__ = [
@@ -74,12 +75,9 @@ def _ops() -> Any:
 
 
 def _deterministic(flag: Optional[bool]) -> bool:
-    """``flag``, or ``DEMB_DETERMINISM_MODE`` when None (imported here: the table package imports
-    this module)."""
+    """``flag``, or ``DEMB_DETERMINISM_MODE`` when None."""
     if flag is not None:
         return bool(flag)
-    from dynamicemb_core.table.environment import determinism_mode
-
     return determinism_mode()
 
 

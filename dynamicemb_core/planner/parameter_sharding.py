@@ -9,8 +9,7 @@ from typing import Optional
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ParameterSharding, ShardingType
 
-from dynamicemb_core.config import DynamicEmbTableOptions
-from dynamicemb_core.shard.ownership import DEFAULT_DIST_TYPE
+from dynamicemb_core.config import DEFAULT_DIST_TYPE, DynamicEmbTableOptions
 
 __all__ = ["DYNAMICEMB_KERNEL", "DynamicEmbParameterSharding", "is_dynamic_sharding"]
 
@@ -29,7 +28,7 @@ class DynamicEmbParameterSharding(ParameterSharding):
 
     Attributes:
         customized_compute_kernel: always :data:`DYNAMICEMB_KERNEL`.
-        dist_type: how keys are routed to ranks (:mod:`dynamicemb_core.shard.ownership`).
+        dist_type: how keys are routed to ranks (:mod:`dynamicemb_core.table.ownership`).
         dynamicemb_options: the table's options after the planner's preparation.
     """
 

@@ -29,13 +29,13 @@ from dynamicemb_core.config import (
     DynamicEmbInitializerMode,
     DynamicEmbTableOptions,
     ceil_div,
+    validate_dist_type,
 )
 from dynamicemb_core.planner.capacity import (
     _sharded_table_bucket_layout,
     align_up,
     table_dtype,
 )
-from dynamicemb_core.shard.ownership import validate_dist_type
 
 __all__ = ["complete_initializer_args", "prepare_table_options", "validate_table_options"]
 

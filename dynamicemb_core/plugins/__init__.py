@@ -25,8 +25,8 @@ from dynamicemb_core.plugins.resolve import (
     resolve_counter,
     resolve_score_function,
     resolve_storage,
+    with_score_function,
 )
-from dynamicemb_core.plugins.storage_adapter import PerTableAdapter, as_storage
 from dynamicemb_core.plugins.types import (
     DuplicatePluginError,
     PluginEntry,
@@ -34,6 +34,7 @@ from dynamicemb_core.plugins.types import (
     PluginResultError,
     UnknownPluginError,
 )
+from dynamicemb_core.storage.contract.adapter import PerTableAdapter, as_storage
 
 __all__ = [
     "AUTOLOAD_ENV",
@@ -60,4 +61,5 @@ __all__ = [
     "resolve_score_function",
     "resolve_storage",
     "unregister_plugin",
+    "with_score_function",
 ]

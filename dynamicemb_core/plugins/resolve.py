@@ -4,11 +4,13 @@
 ``admit_strategy`` / ``score_function``, either what NVIDIA's DynamicEmb accepts (an instance, a
 ``Storage`` subclass, a function) or a registered name configured by the matching ``*_options``
 dict. :func:`resolve` is the one place that rule lives; the ``resolve_*`` helpers are what the
-lookup code calls.
+lookup code calls (the batched tables module resolves its admission strategies, counters and score
+functions; the table below it takes objects only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
@@ -30,6 +32,7 @@ __all__ = [
     "resolve_counter",
     "resolve_score_function",
     "resolve_storage",
+    "with_score_function",
 ]
 
 # What a factory of each kind must return (score functions: any callable). A storage may implement
@@ -62,7 +65,7 @@ def _check_result(kind: PluginKind, what: str, obj: Any) -> Any:
 
 def _storage_result(obj: Any) -> Storage:
     """Every resolved storage speaks the multi-table contract: per-table ones get the adapter."""
-    from dynamicemb_core.plugins.storage_adapter import as_storage
+    from dynamicemb_core.storage.contract.adapter import as_storage
 
     return as_storage(obj)
 
@@ -187,3 +190,15 @@ def resolve_score_function(options: Any) -> Optional[Callable[..., float]]:
         options.score_function_options,
         options.score_strategies,
     )
+
+
+def with_score_function(options: Any) -> Any:
+    """``options`` with a registered ``score_function`` name replaced by the function it names.
+
+    A copy (``dataclasses.replace``) when the option is a name; ``options`` itself when it is None
+    or already callable. The table (:meth:`dynamicemb_core.table.TableSpec.from_options`) takes
+    functions only, so code that builds tables from options calls this first.
+    """
+    if options.score_function is None or callable(options.score_function):
+        return options
+    return dataclasses.replace(options, score_function=resolve_score_function(options))

@@ -1,7 +1,7 @@
 """Sharding dynamic tables with TorchRec: sharders, row-wise input distribution, key ownership.
 
-Names resolve lazily (PEP 562), so ``dynamicemb_core.shard.ownership`` (used by dump, load and
-replay) imports without pulling in TorchRec's sharding modules.
+Names resolve lazily (PEP 562), so ``dynamicemb_core.shard.ownership`` (the old path of
+:mod:`dynamicemb_core.table.ownership`) imports without pulling in TorchRec's sharding modules.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ _EXPORTS: Dict[str, str] = {
     "ShardedDynamicEmbeddingBagCollection": "dynamicemb_core.shard.sharders",
     "default_sharders": "dynamicemb_core.shard.sharders",
     "BatchedDynamicEmbeddingKernel": "dynamicemb_core.shard.kernel",
-    "DIST_TYPES": "dynamicemb_core.shard.ownership",
-    "owner_rank": "dynamicemb_core.shard.ownership",
+    "DIST_TYPES": "dynamicemb_core.table.ownership",
+    "owner_rank": "dynamicemb_core.table.ownership",
 }
 
 __all__ = sorted(_EXPORTS)

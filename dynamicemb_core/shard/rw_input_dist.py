@@ -3,7 +3,7 @@
 TorchRec's row-wise input dist (``bucketize_kjt_before_all2all``) splits a table into contiguous
 blocks and rewrites keys as rows local to the block. Dynamic tables keep their raw keys (the hash
 table on the owner maps them to slots) and may route by ``roundrobin`` or ``hash_roundrobin``, so
-this module bucketizes with :func:`~dynamicemb_core.shard.ownership.owner_rank` instead. Native
+this module bucketizes with :func:`~dynamicemb_core.table.ownership.owner_rank` instead. Native
 row-wise tables that share the sharding keep TorchRec's rule (continuous blocks, local rows), so both
 kinds travel in one all-to-all.
 
@@ -27,7 +27,7 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb_core.lookup.features import check_kjt
-from dynamicemb_core.shard.ownership import continuous_owner, owner_rank, validate_dist_type
+from dynamicemb_core.table.ownership import continuous_owner, owner_rank, validate_dist_type
 
 __all__ = ["FeatureRoute", "RwDynamicSparseFeaturesDist", "bucketize_kjt_by_owner"]
 

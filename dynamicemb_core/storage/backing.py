@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import torch
 
-from dynamicemb_core.plugins.storage_adapter import AnyStorage, as_storage
+from dynamicemb_core.storage.contract.adapter import AnyStorage, as_storage
 from dynamicemb_core.types import DynamicEmbError, StorageTableSpec
 
 __all__ = ["BackingStores", "StorageTierError", "fit_columns"]

@@ -20,7 +20,7 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
     EvictedItemMode,
 )
-from dynamicemb_core.plugins.storage_checks import (
+from dynamicemb_core.storage.contract.checks import (
     check_erase,
     check_find,
     check_insert,

@@ -12,7 +12,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
-from dynamicemb_core.plugins.storage_checks import check_erase, check_find, check_insert
+from dynamicemb_core.storage.contract.checks import check_erase, check_find, check_insert
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.storage.grouped_cache import CacheTier
 from dynamicemb_core.types import MemoryType, PerTableStorage

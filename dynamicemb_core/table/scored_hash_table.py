@@ -19,10 +19,10 @@ from torch import Tensor
 
 from dynamicemb_core.config import DynamicEmbCheckMode, DynamicEmbScoreStrategy, EvictedItemMode
 from dynamicemb_core.devices import normalize_device
+from dynamicemb_core.environment import custom_score_check_enabled, determinism_mode
 from dynamicemb_core.ops import table_ops
 from dynamicemb_core.ops.table_ops import TableState
 from dynamicemb_core.table import expansion
-from dynamicemb_core.table.environment import custom_score_check_enabled, determinism_mode
 from dynamicemb_core.table.host_memory import host_zeros
 from dynamicemb_core.table.metrics import PlacementCounters
 from dynamicemb_core.table.results import EvictedItems, ExportResult, FindResult, InsertResult

@@ -193,12 +193,14 @@ class TableSpec:
         Args:
             name: the table's name.
             options: its DynamicEmbTableOptions; ``max_capacity`` must be set (the planner sets it),
-                ``init_capacity`` defaults to it, ``embedding_dtype`` to float32. A registered
-                ``score_function`` name is resolved through the plugin registry.
+                ``init_capacity`` defaults to it, ``embedding_dtype`` to float32. A
+                ``score_function`` must be a function: names resolve above the table, where
+                admission strategies do (:func:`dynamicemb_core.plugins.with_score_function`).
             row_width: elements per stored row (embedding dim plus optimizer state).
 
         Raises:
-            ValueError: max_capacity is unset, or any field is invalid.
+            ValueError: max_capacity is unset, score_function is a name, or any field is
+                invalid.
         """
         if options.max_capacity is None:
             raise ValueError(
@@ -207,9 +209,10 @@ class TableSpec:
             )
         score_function = options.score_function
         if score_function is not None and not callable(score_function):
-            from dynamicemb_core.plugins.resolve import resolve_score_function
-
-            score_function = resolve_score_function(options)
+            raise ValueError(
+                f"table {name!r}: score_function {score_function!r} is a registered name; resolve "
+                "it first (dynamicemb_core.plugins.with_score_function)"
+            )
         init = options.init_capacity if options.init_capacity is not None else options.max_capacity
         return cls(
             name=name,

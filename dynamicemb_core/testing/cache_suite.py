@@ -21,7 +21,7 @@ from dynamicemb_core.config import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
-from dynamicemb_core.plugins.storage_adapter import size_of_table
+from dynamicemb_core.storage.contract.adapter import size_of_table
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 
 __all__ = ["StorageUnderCacheSuite"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dynamicemb_core.plugins.storage_adapter import AnyStorage, find_in_table
+from dynamicemb_core.storage.contract.adapter import AnyStorage, find_in_table
 
 __all__ = ["assert_same_stored_rows"]
 

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from dynamicemb_core.plugins.storage_checks import (
+from dynamicemb_core.storage.contract.checks import (
     check_export_ids,
     check_insert,
     check_insert_pairs,

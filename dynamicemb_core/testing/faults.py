@@ -36,7 +36,7 @@ from typing import (
 
 import torch
 
-from dynamicemb_core.plugins.storage_adapter import AnyStorage, as_storage
+from dynamicemb_core.storage.contract.adapter import AnyStorage, as_storage
 from dynamicemb_core.types import MemoryType, Storage
 
 __all__ = ["FAULTABLE", "FaultyStorage", "InjectedStorageFault"]

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 import pytest
 import torch
 
-from dynamicemb_core.plugins.storage_adapter import AnyStorage, as_storage, insert_in_table
+from dynamicemb_core.storage.contract.adapter import AnyStorage, as_storage, insert_in_table
 from dynamicemb_core.types import Storage, StorageTableSpec
 
 __all__ = ["StorageDumpSuite", "StoragePersistenceSuite", "StorageSuite", "default_tables"]

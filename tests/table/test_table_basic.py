@@ -24,8 +24,8 @@ from dynamicemb_core.config import (
 from dynamicemb_core.config import (
     DynamicEmbScoreStrategy as S,
 )
+from dynamicemb_core.environment import determinism_mode
 from dynamicemb_core.table import ScoredHashTable, TableSpec
-from dynamicemb_core.table.environment import determinism_mode
 from dynamicemb_core.table.hashing import bucket_of
 from dynamicemb_core.types import DynamicEmbError, DynamicEmbWarning
 

@@ -1,4 +1,4 @@
-"""The environment variables the table reads, each read in exactly one place.
+"""The environment variables the table and its ops read, each read in exactly one place.
 
 ``DYNAMICEMB_CSTM_SCORE_CHECK`` (seed API): "0" silences the warning :meth:`ScoredHashTable.set_score`
 gives when a CUSTOMIZED score goes down. ``DEMB_DETERMINISM_MODE`` (seed API): set (to anything
