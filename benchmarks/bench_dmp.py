@@ -292,8 +292,9 @@ def print_profile(label: str, step: Callable[[int], None], device: torch.device,
         wall = (time.perf_counter() - t0) * 1e3 / steps
     averages = prof.key_averages()
     busy = 0.0
-    if cuda:
-        busy = sum(getattr(e, "self_device_time_total", 0.0) for e in averages) / 1e3 / steps
+    if cuda:  # the kernels' own rows (an op's row repeats its kernels' time)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.device_time_total for e in kernels) / 1e3 / steps
     print(
         f"## profile {label}: wall {wall:.2f} ms a step"
         + (f", GPU busy {busy:.2f} ms" if cuda else "")
