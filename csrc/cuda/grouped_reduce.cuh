@@ -163,14 +163,29 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
     row = fused.values + meta.offset(t) + s * meta.width(t);
   }
   if (vec) {
-    for (int64_t d = lane * 4; d < width; d += kLanes * 4) {
+    // The chunk's lanes resolve kLanes positions' gradient rows at once (each lane one position's
+    // perm -> bag -> row) and hand them round by shuffles, so the row loads do not wait on each
+    // other's index loads. Every lane of the chunk runs every pass and position (the shuffles
+    // need them all); the columns past the key's dim only skip the loads.
+    unsigned mask = 0xffffffffu;  // the chunk's lanes: the warp, or its half
+    if constexpr (kLanes < kWarp) mask = ((1u << kLanes) - 1u) << (threadIdx.x & (kWarp - kLanes));
+    const int64_t passes = (width + kLanes * 4 - 1) / (kLanes * 4);
+    for (int64_t p = 0; p < passes; ++p) {
+      const int64_t d = p * kLanes * 4 + lane * 4;
       float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (d < D) {
-        for (int64_t j = lo; j < hi; ++j) {
-          float scale;
-          const float* src = grad_source<kPooled>(grad, gs0, gs1, perm[j], bag_of, offsets,
-                                                  weights, dofs, B, mode, scale) +
-                             d * gs1;
+      for (int64_t j0 = lo; j0 < hi; j0 += kLanes) {
+        const int n = int(hi - j0 < kLanes ? hi - j0 : kLanes);
+        long long mine = 0;
+        float my_scale = 0.0f;
+        if (lane < n) {
+          mine = reinterpret_cast<long long>(grad_source<kPooled>(
+              grad, gs0, gs1, perm[j0 + lane], bag_of, offsets, weights, dofs, B, mode, my_scale));
+        }
+        for (int jj = 0; jj < n; ++jj) {
+          const long long from = __shfl_sync(mask, mine, jj, kLanes);
+          const float scale = __shfl_sync(mask, my_scale, jj, kLanes);
+          if (d >= D) continue;
+          const float* src = reinterpret_cast<const float*>(from) + d * gs1;
           float4 g;
           if (gs1 == 0) {
             // an expanded gradient: one value for the whole row
@@ -190,6 +205,7 @@ __global__ void chunk_sums_kernel(const float* __restrict__ grad, int64_t gs0, i
           acc.w += scale * g.w;
         }
       }
+      if (d >= width) continue;
       if (row != nullptr) {
         const float sums[4] = {acc.x, acc.y, acc.z, acc.w};
         for (int e = 0; e < 4; ++e) {
