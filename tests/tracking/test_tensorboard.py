@@ -83,10 +83,10 @@ def test_logged_scalars_are_table_metrics_values(tmp_path: Path) -> None:
             if step % EVERY:
                 assert written is None
                 continue
-            metrics = table_metrics(m)[""]
+            ((collection, metrics),) = table_metrics(m).items()  # one module: "model"
             stats = {s["name"]: s for s in m.table_stats()}
             for t in TABLES:
-                tag = f"dynamicemb/{t}"
+                tag = f"dynamicemb/{collection}/{t}"
                 for name, value in metrics[t].items():
                     expected[(f"{tag}/{name}", step)] = value
                 size, capacity = stats[t]["size"], stats[t]["capacity"]
@@ -103,7 +103,7 @@ def test_logged_scalars_are_table_metrics_values(tmp_path: Path) -> None:
     writer.close()
     assert all(last_evicted.values()), "the steps must evict, or eviction_rate is not tested"
     logged = _read_back(tmp_path / "tb")
-    assert set(logged) == {f"dynamicemb/{t}/{name}" for t in TABLES for name in SCALARS}
+    assert set(logged) == {f"dynamicemb/model/{t}/{name}" for t in TABLES for name in SCALARS}
     for tag, by_step in logged.items():
         assert sorted(by_step) == list(range(EVERY, STEPS + 1, EVERY)), tag
         for step, value in by_step.items():
