@@ -30,15 +30,6 @@ def device_storage(
     return DeviceStorage(tables, device, **options)
 
 
-def hybrid_storage(
-    tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
-) -> PerTableStorage:
-    """Build :class:`dynamicemb_core.storage.HybridStorage` (imported on first use)."""
-    from dynamicemb_core.storage import HybridStorage
-
-    return HybridStorage(tables, device, **options)
-
-
 def dict_storage(
     tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
 ) -> Storage:
@@ -65,9 +56,6 @@ def frequency_admission(**options: Any) -> AdmissionStrategy:
 @hookimpl
 def dynamicemb_register_storages(register: RegisterFn) -> None:
     register("device", device_storage, description="hash table and rows on the table's device")
-    register(
-        "hybrid", hybrid_storage, description="rows split device + host by local_hbm_for_values"
-    )
     register("dict", dict_storage, description="reference Python dict storage (tests, examples)")
 
 

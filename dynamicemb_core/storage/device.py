@@ -29,23 +29,7 @@ from dynamicemb_core.plugins.storage_checks import (
 )
 from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
-__all__ = ["DeviceStorage", "slots_by_block", "table_spec_for"]
-
-
-def slots_by_block(
-    blocks: Sequence[Tuple[torch.Tensor, int]], slots: torch.Tensor
-) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Split ``slots`` over row blocks ``(buffer, first slot)`` (see ``row_blocks``).
-
-    Yields, for each block holding some of them, ``(buffer, idx, local)``: ``idx`` the positions in
-    ``slots`` that fall in the block and ``local`` their rows in ``buffer``, on ``buffer``'s device.
-    Slots in no block (e.g. -1) are skipped.
-    """
-    for buffer, first in blocks:
-        inside = (slots >= first) & (slots < first + buffer.size(0))
-        idx = inside.nonzero().squeeze(1)
-        if idx.numel():
-            yield buffer, idx, (slots[idx] - first).to(buffer.device)
+__all__ = ["DeviceStorage", "table_spec_for"]
 
 
 def table_spec_for(

@@ -129,7 +129,7 @@ class GroupedDeviceStorage(DeviceStorage):
         dtypes = {spec.dtype for spec in tables}
         if len(dtypes) != 1 or not dtypes <= set(ROW_DTYPES):
             raise ValueError(
-                "GroupedDeviceStorage: the tables of a group share one row dtype out of "
+                "GroupedDeviceStorage: the tables of a group share one dtype, one of "
                 f"{list(ROW_DTYPES)}, got {dict((s.name, s.dtype) for s in tables)}"
             )
         # What the embeddings are stored in. The rows this storage takes and returns (insert, find,

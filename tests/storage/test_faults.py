@@ -15,7 +15,8 @@ from typing import Any, Optional, Tuple
 import pytest
 import torch
 
-from dynamicemb_core.storage import DeviceStorage, HybridStorage, StorageTierError
+from dynamicemb_core.storage import DeviceStorage, StorageTierError
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.testing.fault_suite import (
     ROW_BYTES,
@@ -49,7 +50,7 @@ class TestCacheOverHostTable(FaultInjectionSuite):
 
 class TestCacheOverHybridTable(FaultInjectionSuite):
     def inner_storage(self, spec: StorageTableSpec) -> Storage:
-        return HybridStorage([spec], "cpu", hbm_bytes=[200 * ROW_BYTES])
+        return GroupedDeviceStorage([spec], "cpu", dims=[spec.dim], device_rows=[200])
 
 
 class TestStoreWithoutCache(FaultInjectionSuite):
