@@ -24,10 +24,12 @@ from dynamicemb_core.types import (
 def device_storage(
     tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
 ) -> PerTableStorage:
-    """Build :class:`dynamicemb_core.storage.DeviceStorage` (imported on first use)."""
-    from dynamicemb_core.storage import DeviceStorage
+    """Build a :class:`dynamicemb_core.storage.grouped.GroupedDeviceStorage` of ``tables``
+    (imported on first use): keys and rows on ``device``."""
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 
-    return DeviceStorage(tables, device, **options)
+    options.setdefault("dims", [t.dim for t in tables])
+    return GroupedDeviceStorage(tables, device, **options)
 
 
 def dict_storage(

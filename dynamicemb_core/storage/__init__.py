@@ -2,9 +2,7 @@
 table state), the host table and other backing stores of cached tables."""
 
 from dynamicemb_core.storage.backing import StorageTierError
-from dynamicemb_core.storage.device import DeviceStorage
 
 __all__ = [
-    "DeviceStorage",
     "StorageTierError",
 ]

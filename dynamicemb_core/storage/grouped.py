@@ -10,9 +10,11 @@ csrc/include/dynamicemb/grouped.h) and, for tables whose rows exceed their devic
 grouped value ops address rows by ``(table id, slot)``, so the batched module touches all its tables
 with one op per step phase (per memory part) instead of one per table.
 
-It is also a plain multi-table :class:`~dynamicemb_core.storage.DeviceStorage` (find / insert /
-export by table id, ``read_rows`` / ``write_rows`` / ``row_blocks``), which is what the checkpoint
-code and the per-table views (:mod:`~dynamicemb_core.storage.table_views`) use.
+It is also a plain storage of several tables (the plugin ``PerTableStorage`` contract: find /
+insert / export by table id) with its rows readable by slot (``read_rows`` / ``write_rows`` /
+``row_blocks``), which is what the checkpoint code and the per-table views
+(:mod:`~dynamicemb_core.storage.table_views`) use; on the CPU, with no dims beyond the rows, it is
+the host table behind the cache of ``caching=True`` tables.
 
 Host synchronisations: :meth:`acquire_all` decides growth from host-side sizes (exact after each
 of its own calls, read again only after another call changed the table) and the caller's per-table
@@ -29,9 +31,10 @@ before they are placed in the backing store or copied to the host).
 from __future__ import annotations
 
 import dataclasses
+import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -40,11 +43,18 @@ from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
 from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
+from dynamicemb_core.plugins.storage_checks import (
+    check_erase,
+    check_find,
+    check_insert,
+    check_table_id,
+    check_table_specs,
+)
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
-from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
+from dynamicemb_core.storage.device import table_spec_for
 from dynamicemb_core.storage.grouped_cache import CacheTier, PinnedPairs, Placement
 from dynamicemb_core.storage.grouped_rows import GroupedRows
-from dynamicemb_core.types import MemoryType, StorageTableSpec
+from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
 __all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit"]
 
@@ -102,7 +112,7 @@ class GroupAcquire:
     backed_rows: Optional[torch.Tensor] = None
 
 
-class GroupedDeviceStorage(DeviceStorage):
+class GroupedDeviceStorage(PerTableStorage):
     """Several tables' keys in one hash table and their rows in one flat device buffer.
 
     Args:
@@ -126,6 +136,7 @@ class GroupedDeviceStorage(DeviceStorage):
         backing: Optional[Sequence[Optional[Tuple[Any, int]]]] = None,
         strict_prefetch: bool = False,
     ) -> None:
+        check_table_specs(type(self).__name__, tables)
         dtypes = {spec.dtype for spec in tables}
         if len(dtypes) != 1 or not dtypes <= set(ROW_DTYPES):
             raise ValueError(
@@ -162,7 +173,20 @@ class GroupedDeviceStorage(DeviceStorage):
         self._direct = [c == 0 for c in caches]
         # a table with no cache keeps one small bucket in the hash table, never used
         capacities = [None if c is None else (int(c) or _NO_CACHE_SLOTS) for c in caches]
-        super().__init__(tables, device, table_options=table_options, capacities=capacities)
+        super().__init__(tables, device)  # Storage names the device
+        from dynamicemb_core.table import ScoredHashTable
+
+        opts = list(table_options) if table_options is not None else [None] * T
+        if len(opts) != T:
+            raise ValueError(
+                f"GroupedDeviceStorage: table_options ({len(opts)}) need one entry per table ({T})"
+            )
+        self.table_options = opts
+        self.table = ScoredHashTable(
+            [self._table_spec(*args) for args in zip(self.tables, opts, capacities)],
+            device=self.device,
+        )
+        self._evicted_counts: List[int] = [0] * T
         if len(dims) != len(self.tables):
             raise ValueError(
                 f"GroupedDeviceStorage: dims ({len(dims)}) must have one entry per table "
@@ -205,17 +229,15 @@ class GroupedDeviceStorage(DeviceStorage):
                 self, backing_stores, self._cached, self._direct, strict_prefetch
             )
 
+    @staticmethod
     def _table_spec(
-        self,
         spec: StorageTableSpec,
         options: Optional[DynamicEmbTableOptions],
         capacity: Optional[int],
-        evicted_item_mode: Optional[EvictedItemMode],
     ) -> Any:
         # Keys only: the rows live in the flat buffer, not in the hash table. A cache never
         # drops a key itself (its victims go to the backing store, which applies the mode).
-        if capacity is not None:
-            evicted_item_mode = EvictedItemMode.DISCARD
+        evicted_item_mode = EvictedItemMode.DISCARD if capacity is not None else None
         return table_spec_for(
             spec, options, row_width=0, capacity=capacity, evicted_item_mode=evicted_item_mode
         )
@@ -333,18 +355,131 @@ class GroupedDeviceStorage(DeviceStorage):
         """Slots of table ``table_id`` whose rows live in device memory."""
         return self.rows.device_rows[table_id]
 
-    # ---- DeviceStorage rows ---------------------------------------------------------------------
+    # ---- rows by slot, per table --------------------------------------------------------------
     def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """(n, row_width) float32 rows at local slots; slot -1 gives zeros."""
         tids = torch.full_like(slots, table_id)
         # Unchecked: a slot outside the table reads as zeros, as slot -1 does.
         return self.rows.gather(tids, slots, self.widths[table_id])
 
     def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write rows at local slots; slot -1 skipped."""
         tids = torch.full_like(slots, table_id)
         self.rows.scatter(tids, slots, rows.to(self.device, torch.float32), check=True)
 
     def row_blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
+        """The buffers holding the table's rows, as ``(buffer, first_slot)`` pairs."""
         return self.rows.blocks(table_id)
+
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        return self.table.counters.row(table_id)
+
+    def reset_metrics(self, table_id: int) -> None:
+        self.table.counters.reset(table_id)
+
+    def capacity(self, table_id: int) -> int:
+        return self.table.capacity(table_id)
+
+    def pop_evicted_keys(self, table_id: int) -> torch.Tensor:
+        return self.table.pop_evicted_keys(table_id)
+
+    def device_table(self) -> Any:
+        """The ScoredHashTable holding the keys (checkpoints and incremental dumps use it)."""
+        return self.table
+
+    # ---- the per-table Storage contract ----------------------------------------------------------
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_find(self.tables, table_id, keys)
+        res = self.table.find(keys.to(self.device), table_id)
+        return res.found, self.read_rows(table_id, res.slots), res.scores
+
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        check_insert(self.tables, table_id, keys, rows, scores)
+        self.insert_evicting(
+            table_id, keys.to(self.device), rows.to(self.device), scores.to(self.device)
+        )
+
+    def insert_evicting(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: Optional[torch.Tensor],
+    ) -> Any:
+        """Insert-or-assign rows with given scores, after pinning the forwards in flight; return
+        the table's InsertResult (evictions)."""
+        self.pin_pending()
+        if keys.numel() == 0:
+            return None
+        res = self.table.insert_and_evict(keys, table_id, rows=None, scores=scores)
+        ev = res.evicted
+        if ev is not None and ev.keys is not None:
+            self._evicted_counts[table_id] += int(ev.keys.numel())
+        self.write_rows(table_id, res.slots, rows)
+        return res
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        check_erase(self.tables, table_id, keys)
+        if keys.numel():
+            self.table.erase(keys.to(self.device), table_id)
+
+    def size(self, table_id: int) -> int:
+        check_table_id(self.tables, table_id)
+        return self.table.size(table_id)
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        check_table_id(self.tables, table_id)
+        res = self.table.export(table_id)
+        for start in range(0, res.keys.numel(), batch_size):
+            sl = slice(start, start + batch_size)
+            yield res.keys[sl], self.read_rows(table_id, res.slots[sl]), res.scores[sl]
+
+    def dump(self, path: str) -> None:
+        """Snapshot every table as ``<path>/<table name>.pt`` (keys, rows, scores in user order).
+
+        The storage's own snapshot, for moving a tier between processes; model checkpoints use
+        :mod:`dynamicemb_core.checkpoint`, whose format is versioned and checksummed.
+        """
+        os.makedirs(path, exist_ok=True)
+        for t, spec in enumerate(self.tables):
+            res = self.table.export(t)
+            torch.save(
+                {
+                    "keys": res.keys.cpu(),
+                    "rows": self.read_rows(t, res.slots).cpu(),
+                    "scores": res.scores.cpu(),
+                    "row_width": spec.row_width,
+                },
+                os.path.join(path, f"{spec.name}.pt"),
+            )
+
+    def load(self, path: str) -> None:
+        """Insert what :meth:`dump` wrote (every file is checked before any table is written)."""
+        snapshots = []
+        for spec in self.tables:
+            file = os.path.join(path, f"{spec.name}.pt")
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"table {spec.name!r}: no snapshot at {file}")
+            snap = torch.load(file, weights_only=True)
+            if snap["row_width"] != spec.row_width:
+                raise ValueError(
+                    f"table {spec.name!r}: snapshot {file} has row_width {snap['row_width']}, "
+                    f"the table {spec.row_width}"
+                )
+            snapshots.append(snap)
+        for t, snap in enumerate(snapshots):
+            self.insert_evicting(
+                t,
+                snap["keys"].to(self.device),
+                snap["rows"].to(self.device),
+                snap["scores"].to(self.device),
+            )
 
     def memory_usage(
         self, mem_type: MemoryType = MemoryType.DEVICE, table_id: Optional[int] = None
@@ -654,17 +789,6 @@ class GroupedDeviceStorage(DeviceStorage):
             torch.cat(backed_parts) if backed_parts else None,
             torch.cat(rows_parts) if rows_parts else None,
         )
-
-    def insert_evicting(
-        self,
-        table_id: int,
-        keys: torch.Tensor,
-        rows: torch.Tensor,
-        scores: Optional[torch.Tensor],
-    ) -> Any:
-        """:meth:`DeviceStorage.insert_evicting`, after pinning the forwards in flight."""
-        self.pin_pending()
-        return super().insert_evicting(table_id, keys, rows, scores)
 
     @ranged("dynamicemb::find")
     def find_all(

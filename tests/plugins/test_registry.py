@@ -283,12 +283,12 @@ def test_every_core_name_in_known_plugins_is_registered_by_the_builtins(
 
 def test_builtin_names_build_the_core_classes() -> None:
     from dynamicemb_core.admission import FrequencyAdmissionStrategy, KVCounter
-    from dynamicemb_core.storage import DeviceStorage
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 
     tables = [StorageTableSpec("t", dim=4, row_width=4)]
     device = resolve_storage(DynamicEmbTableOptions(external_storage="device"), tables, "cpu")
     # the core's tiers speak the per-table contract: resolved, they come behind the adapter
-    assert type(device) is PerTableAdapter and type(device.inner) is DeviceStorage
+    assert type(device) is PerTableAdapter and type(device.inner) is GroupedDeviceStorage
     options = DynamicEmbTableOptions(
         admission_counter="kv",
         admission_counter_options={"capacity": 1024},

@@ -8,7 +8,6 @@ from typing import Sequence
 import pytest
 import torch
 
-from dynamicemb_core.storage import DeviceStorage
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.storage.table_views import CachedTableView
 from dynamicemb_core.testing.dict_storage import PyDictStorage
@@ -22,9 +21,28 @@ def _sized(tables: Sequence[StorageTableSpec]) -> list:
     return [dataclasses.replace(t, capacity=t.capacity or CAPACITY) for t in tables]
 
 
-class TestDeviceStorage(StorageSuite, StorageDumpSuite):
+def _refuses_other_dtypes(make, dtype: torch.dtype) -> None:
+    """A group stores half-precision embeddings (beside float32 optimizer state) but moves logical
+    float32 rows, so its tables say float32; other dtypes are refused when it is built."""
+    if dtype == torch.float64:
+        with pytest.raises(ValueError, match="share one dtype"):
+            make(default_tables(dtype))
+        return
+    group = make(default_tables(dtype)).inner  # the group, behind the per-table adapter
+    assert isinstance(group, GroupedDeviceStorage) and group.row_dtype == dtype
+    assert {t.dtype for t in group.tables} == {torch.float32}
+
+
+class TestGroup(StorageSuite, StorageDumpSuite):
+    """A group of device tables (the ``device`` builtin, and the host table of cached ones)."""
+
     def make_storage(self, tables, device):
-        return DeviceStorage(_sized(tables), device)
+        tables = _sized(tables)
+        return GroupedDeviceStorage(tables, device, dims=[t.dim for t in tables])
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+    def test_each_row_dtype_round_trips_bitwise(self, make, dtype):
+        _refuses_other_dtypes(make, dtype)
 
 
 class TestHybridGroup(StorageSuite):
@@ -41,15 +59,7 @@ class TestHybridGroup(StorageSuite):
 
     @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
     def test_each_row_dtype_round_trips_bitwise(self, make, dtype):
-        """A group stores half-precision embeddings (beside float32 optimizer state) but moves
-        logical float32 rows, so its tables say float32; other dtypes are refused when built."""
-        if dtype == torch.float64:
-            with pytest.raises(ValueError, match="share one dtype"):
-                make(default_tables(dtype))
-            return
-        group = make(default_tables(dtype)).inner  # the group, behind the per-table adapter
-        assert isinstance(group, GroupedDeviceStorage) and group.row_dtype == dtype
-        assert {t.dtype for t in group.tables} == {torch.float32}
+        _refuses_other_dtypes(make, dtype)
 
 
 class _CachedTables(PerTableStorage):
