@@ -39,7 +39,13 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 
 from dynamicemb_core._weak import weak_method
-from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.config import (
+    BUCKET_ALIGNMENT,
+    DynamicEmbCheckMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    EvictedItemMode,
+)
 from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
@@ -51,7 +57,6 @@ from dynamicemb_core.plugins.storage_checks import (
     check_table_specs,
 )
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
-from dynamicemb_core.storage.device import table_spec_for
 from dynamicemb_core.storage.grouped_cache import CacheTier, PinnedPairs, Placement
 from dynamicemb_core.storage.grouped_rows import GroupedRows
 from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
@@ -60,6 +65,8 @@ __all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit"]
 
 # hash-table slots of a cached table with no cache (external storage, local_hbm_for_values=0)
 _NO_CACHE_SLOTS = 16
+# rows of a table built without options nor a capacity hint (TableSpec's default)
+_DEFAULT_ROWS = 1024
 
 
 @dataclass
@@ -235,12 +242,42 @@ class GroupedDeviceStorage(PerTableStorage):
         options: Optional[DynamicEmbTableOptions],
         capacity: Optional[int],
     ) -> Any:
-        # Keys only: the rows live in the flat buffer, not in the hash table. A cache never
-        # drops a key itself (its victims go to the backing store, which applies the mode).
-        evicted_item_mode = EvictedItemMode.DISCARD if capacity is not None else None
-        return table_spec_for(
-            spec, options, row_width=0, capacity=capacity, evicted_item_mode=evicted_item_mode
-        )
+        """The hash table's spec of one table: :meth:`TableSpec.from_options`, holding keys only
+        (the rows live in the flat buffer) and never applying ``safe_check_mode`` (the lookup
+        does, once, for keys that found no home in any tier). A cache (``capacity``: its rows)
+        is fixed at its size and drops no key itself (its victims go to the backing store,
+        which applies ``evicted_item_mode``). Without options (a group built as a plain
+        storage), the spec's capacity hint and the options' defaults, both score words kept for
+        a two-score table."""
+        from dynamicemb_core.table import TableSpec
+
+        sized = capacity or (options and options.max_capacity) or spec.capacity
+        if options is None:
+            two = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
+            options = DynamicEmbTableOptions(
+                max_capacity=sized or _DEFAULT_ROWS,
+                score_strategy=two if spec.num_scores == 2 else DynamicEmbScoreStrategy.TIMESTAMP,
+            )
+        elif options.max_capacity is None:  # the spec's capacity hint, else TableSpec's default
+            init = options.init_capacity if sized else None
+            options = dataclasses.replace(
+                options, max_capacity=sized or _DEFAULT_ROWS, init_capacity=init
+            )
+        keys_only = TableSpec.from_options(spec.name, options, row_width=0)
+        changes: dict = {"dtype": torch.float32, "safe_check_mode": DynamicEmbCheckMode.IGNORE}
+        if capacity is not None:
+            changes.update(
+                init_capacity=capacity,
+                max_capacity=capacity,
+                fixed_capacity=True,
+                evicted_item_mode=EvictedItemMode.DISCARD,
+            )
+        rows = changes.get("max_capacity", keys_only.max_capacity)
+        if sized and keys_only.bucket_capacity > rows:  # a small table still gets whole buckets
+            changes["bucket_capacity"] = max(
+                BUCKET_ALIGNMENT, rows // BUCKET_ALIGNMENT * BUCKET_ALIGNMENT
+            )
+        return dataclasses.replace(keys_only, **changes)
 
     # ---- the rows ---------------------------------------------------------------------------
     def _allocate(self, capacities: Sequence[int]) -> GroupedRows:
