@@ -300,3 +300,25 @@ def test_builtin_names_build_the_core_classes() -> None:
     assert strategy.threshold == 3
     with pytest.raises(PluginResultError, match="admit_strategy 'frequency' .* could not be built"):
         resolve_admission_strategy(DynamicEmbTableOptions(admit_strategy="frequency"))
+
+
+def test_a_score_function_named_in_the_options_reaches_the_modules_hash_table() -> None:
+    """A module's group resolves a registered score_function name (it used to keep callables
+    only, silently dropping a name)."""
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+
+    def scaled(strategy: Any) -> Any:
+        return lambda scores, now: 2.0 * scores[1]
+
+    register_plugin(_plugin(score_functions={"test-scaled": scaled}), "test-scaled")
+    try:
+        compound = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
+        options = DynamicEmbTableOptions(
+            dim=4, max_capacity=256, score_strategy=compound, score_function="test-scaled"
+        )
+        spec = StorageTableSpec("t", dim=4, row_width=4, num_scores=2)
+        group = GroupedDeviceStorage([spec], "cpu", dims=[4], table_options=[options])
+        fn = group.table.specs[0].score_function
+        assert fn is not None and fn([0, 5], 0) == 10.0
+    finally:
+        unregister_plugin("test-scaled")
