@@ -289,8 +289,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     @property
     def step(self) -> int:
-        """Training forwards so far (FBGEMM's ``iter``: Adam's bias-correction step)."""
+        """Training forwards so far (FBGEMM's ``iter``: Adam's bias-correction step); a
+        checkpoint's restore sets it."""
         return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = int(value)
 
     def table_stats(self) -> List[Dict[str, Any]]:
         """Per table: ``name``, ``size`` (keys stored), ``capacity`` (device slots), ``evictions``."""
