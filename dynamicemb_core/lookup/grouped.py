@@ -35,6 +35,7 @@ from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_va
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage, GroupInit
 from dynamicemb_core.storage.grouped_cache import PinnedPairs
 from dynamicemb_core.storage.grouped_rows import GroupedRows, StagedRows
+from dynamicemb_core.table.safe_check import UnplacedKeyReport
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
 
@@ -627,6 +628,31 @@ class TableGroup:
         return torch.where(inside, rows * grads, 0.0).sum(1)
 
 
+class SafeChecks:
+    """What a step's backward needs of its module, as plain values: the optimizer step it reads
+    (``iteration``, a 0-d int64 CPU tensor the module counts in, FBGEMM's ``iter``: the value at
+    backward time, as FBGEMM's backward reads it) and each table's ``safe_check_mode`` applied to
+    the unplaced keys its placement's outcome reports (``__call__``).
+
+    Args:
+        names: the tables' names (the module's list).
+        options: their options (the module's list: a mode changed there applies).
+    """
+
+    def __init__(self, names: List[str], options: List[Any]) -> None:
+        self.names = names
+        self.options = options
+        self.iteration = torch.zeros((), dtype=torch.int64)
+        self._report = UnplacedKeyReport()
+
+    def __call__(self, unplaced: Optional[List[int]], stacklevel: int = 4) -> None:
+        """Raise or warn (each table's mode) for the unplaced keys per table (None: none)."""
+        if unplaced is not None:
+            for t, count in enumerate(unplaced):
+                mode = self.options[t].safe_check_mode
+                self._report(self.names[t], mode, count, stacklevel=stacklevel)
+
+
 class GroupedLookupFunction(torch.autograd.Function):
     """Forward: the group's output (computed by the caller, :meth:`TableGroup.output`, passed in
     ``source``). Backward: the fused update, and the weights' gradient."""
@@ -640,7 +666,7 @@ class GroupedLookupFunction(torch.autograd.Function):
         step: GroupStep,
         source: Tuple[GroupedRows, torch.Tensor, torch.Tensor],
         mode: Optional[int],
-        module: Any,
+        checks: "SafeChecks",
     ) -> torch.Tensor:
         # ``out``: group.output(step, rows, slots, mode), launched by the caller before its
         # host-side bookkeeping so that the device reads the rows while the host works
@@ -648,7 +674,7 @@ class GroupedLookupFunction(torch.autograd.Function):
         if weights is not None:
             # the rows as this forward read them (the backward's update changes them in place)
             step.weight_rows = rows.gather(step.table_ids, slots, group.max_dim, staged=step.staged)
-        ctx.group, ctx.step, ctx.mode, ctx.module = group, step, mode, module
+        ctx.group, ctx.step, ctx.mode, ctx.checks = group, step, mode, checks
         ctx.weights_meta = None if weights is None else weights.dtype
         return out
 
@@ -660,10 +686,10 @@ class GroupedLookupFunction(torch.autograd.Function):
             grad_w = group.weight_grads(step, grad_out).to(ctx.weights_meta)
             step.weight_rows = None
         if step.slots is not None:
-            group.apply_grads(step, grad_out, ctx.mode, ctx.module.step)
+            group.apply_grads(step, grad_out, ctx.mode, int(ctx.checks.iteration))
             # the forward's placement outcome, when it was not waited for: its copy has long
             # finished by now (the update is queued behind it), the host reads it for the
             # tables' safe check
-            ctx.module.report_unplaced(group.storage.take_unplaced())
+            ctx.checks(group.storage.take_unplaced())
         ctx.step = None
         return None, grad_w, None, None, None, None, None
