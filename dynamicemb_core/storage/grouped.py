@@ -836,6 +836,59 @@ class GroupedDeviceStorage(PerTableStorage):
         return torch.where(res.found, res.slots, -1), res.found
 
     # ---- the cached tables ----------------------------------------------------------------------
+    @property
+    def has_cache(self) -> bool:
+        """Whether some table of the group is a cache over a backing store."""
+        return self.cache is not None
+
+    @property
+    def counts_accesses(self) -> bool:
+        """Whether some table's scores count accesses (LFU words)."""
+        return bool(self.table.counts_accesses)
+
+    def count_refused(self, table_ids: torch.Tensor) -> None:
+        """Count pairs admission refused as looked up and missed (hits + misses = unique keys)."""
+        self.table.counters.add_refused(table_ids)
+
+    def _cache_tier(self) -> CacheTier:
+        assert self.cache is not None, "the group has no cached table"
+        return self.cache
+
+    def read_through(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, found: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pairs of cached tables not in the cache, read from their backing stores: ``(found in
+        either, positions found in a backing store, their rows)`` (:attr:`has_cache` only)."""
+        return self._cache_tier().read_through(keys, table_ids, found)
+
+    def pinnable(self, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
+        """(u,) bool: the pairs of a prefetch that fit beside the pinned slots of their cache
+        buckets (:meth:`CacheTier.pinnable`: warns or raises for the others)."""
+        found = self.find_all(keys, table_ids)[1]
+        return self._cache_tier().pinnable(keys, table_ids, found)
+
+    def pin_prefetch(self, table_ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Pin a prefetch's placed pairs of cached tables until the forward that consumes it."""
+        cache = self._cache_tier()
+        pairs = (cache.cached_dev[table_ids] & (slots >= 0)).nonzero().squeeze(1)
+        cache.add_prefetch(self.pin(table_ids[pairs], slots[pairs]))
+
+    def consume_prefetch(self, table_ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """A training forward holds these pairs now: release the prefetch pins it consumes."""
+        self._cache_tier().consume(table_ids, slots)
+
+    def update_backed(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        grads: torch.Tensor,
+        hyper: Any,
+        dims: Sequence[int],
+    ) -> None:
+        """The optimizer update of pairs whose home this step was a backing store, written
+        there (:meth:`CacheTier.update_backed`)."""
+        self._cache_tier().update_backed(keys, table_ids, grads, hyper, dims)
+
     def is_cached(self, table_id: int) -> bool:
         """Whether table ``table_id`` is a cache over a backing store."""
         return self._cached[table_id]
