@@ -41,10 +41,11 @@ class TableHandle:
     Attributes:
         collection: the embedding collection's module path (``{collection: ...}`` keys of every API).
         name: the table's name inside the collection.
-        storage: the last storage tier holding every key of the table: an object with ``.table`` (the
-            ScoredHashTable of keys and scores), ``read_rows(t, slots)``, ``write_rows(t, slots, rows)``,
-            ``row_blocks(t)`` and ``tables[t]`` (a StorageTableSpec), i.e. a
-            :class:`~dynamicemb_core.storage.DeviceStorage` or ``HybridStorage``.
+        storage: the group holding every key of the table
+            (:class:`~dynamicemb_core.storage.grouped.GroupedDeviceStorage`: the module's own, or
+            the host table behind a cache): ``.table`` (the ScoredHashTable of keys and scores),
+            ``read_rows(t, slots)``, ``write_rows(t, slots, rows)``, ``row_blocks(t)`` and
+            ``tables[t]`` (a StorageTableSpec).
         table_id: the logical table inside ``storage``.
         options: the table's options (score strategy, dist_type, evicted_item_mode, ...).
         dim: embedding width; the row is ``[embedding (dim) | optimizer state]``.

@@ -22,16 +22,9 @@ from dynamicemb_core.config import (
 )
 from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.lookup.features import OffsetsCheck, validate_batch
-from dynamicemb_core.lookup.grouped import GroupedLookupFunction, TableGroup
+from dynamicemb_core.lookup.grouped import GroupedLookupFunction, SafeChecks, TableGroup
 from dynamicemb_core.lookup.initializers import validate_initializer
 from dynamicemb_core.lookup.steps import advance_clocks, start_steps, step_clocks
-from dynamicemb_core.lookup.tiers import (
-    cached_backings,
-    check_row_dtypes,
-    table_place,
-    tier_kind,
-    warn_zero_budget,
-)
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
     OptimizerArgs,
@@ -42,9 +35,15 @@ from dynamicemb_core.optim import (
 )
 from dynamicemb_core.optim.args import output_dtype_from
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+from dynamicemb_core.lookup.placement import (
+    cached_backings,
+    check_row_dtypes,
+    table_place,
+    tier_kind,
+    warn_zero_budget,
+)
 from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from dynamicemb_core.table.metrics import METRIC_NAMES
-from dynamicemb_core.table.safe_check import UnplacedKeyReport
 from dynamicemb_core.types import StorageTableSpec
 
 __all__ = ["BatchedDynamicEmbeddingTables"]
@@ -133,8 +132,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         self._clocks = step_clocks(self.tables)
         # Autograd calls the backward only if an input requires grad; this one carries no gradient.
         self._dummy = torch.zeros(1, device=self.device, requires_grad=True)
-        self._step = 0
-        self._unplaced_report = UnplacedKeyReport()
+        self._checks = SafeChecks(self.table_names, self.table_options)
 
     # ---- construction -------------------------------------------------------------------------
     def _validate_tables(self) -> List[int]:
@@ -292,8 +290,13 @@ class BatchedDynamicEmbeddingTables(nn.Module):
 
     @property
     def step(self) -> int:
-        """Training forwards so far (FBGEMM's ``iter``: Adam's bias-correction step)."""
-        return self._step
+        """Training forwards so far (FBGEMM's ``iter``: Adam's bias-correction step); a
+        checkpoint's restore sets it."""
+        return int(self._checks.iteration)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._checks.iteration.fill_(int(value))
 
     def table_stats(self) -> List[Dict[str, Any]]:
         """Per table: ``name``, ``size`` (keys stored), ``capacity`` (device slots), ``evictions``."""
@@ -340,17 +343,9 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         tids = torch.full_like(keys, t)
         return self._group.new_rows(keys, tids)[:, : self.tables[t].tables[0].row_width]
 
-    def _safe_check(self, t: int, failed: int) -> None:
-        """Apply table ``t``'s safe_check_mode to ``failed`` keys that found no place."""
-        self._unplaced_report(
-            self.table_names[t], self.table_options[t].safe_check_mode, failed, stacklevel=5
-        )
-
     def report_unplaced(self, unplaced: Optional[List[int]]) -> None:
         """Apply each table's safe_check_mode to its count of keys that found no place."""
-        if unplaced is not None:
-            for t, count in enumerate(unplaced):
-                self._safe_check(t, count)
+        self._checks(unplaced, stacklevel=5)
 
     def forward(
         self,
@@ -402,7 +397,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
         )
         if self.training and self._group.any_trains:  # some table's options train
             # FBGEMM counts the step in its training forward; Adam's bias correction reads it.
-            self._step += 1
+            self._checks.iteration += 1
             advance_clocks(self._clocks)  # STEP scores: this forward wrote the old step
         return out if self.output_dtype == torch.float32 else out.to(self.output_dtype)
 
@@ -449,7 +444,7 @@ class BatchedDynamicEmbeddingTables(nn.Module):
             step,
             (rows, slots, out),
             mode,
-            self,
+            self._checks,
         )
 
     # ---- cache control ------------------------------------------------------------------------

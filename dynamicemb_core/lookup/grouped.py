@@ -35,6 +35,7 @@ from dynamicemb_core.optim import OptimizerArgs, OptimizerKind, initial_state_va
 from dynamicemb_core.storage.grouped import GroupAcquire, GroupedDeviceStorage, GroupInit
 from dynamicemb_core.storage.grouped_cache import PinnedPairs
 from dynamicemb_core.storage.grouped_rows import GroupedRows, StagedRows
+from dynamicemb_core.table.safe_check import UnplacedKeyReport
 
 __all__ = ["GroupStep", "GroupedLookupFunction", "TableGroup"]
 
@@ -288,8 +289,8 @@ class TableGroup:
         assert step.slots is not None
         step.pins = storage.hold(step.table_ids, step.slots)
         weakref.finalize(step, storage.unpin, step.pins)
-        if storage.cache is not None:
-            storage.cache.consume(step.table_ids, step.slots)
+        if storage.has_cache:
+            storage.consume_prefetch(step.table_ids, step.slots)
 
     def _read_through(
         self,
@@ -301,11 +302,10 @@ class TableGroup:
         """Rows of pairs the hash table does not hold, as an eval forward reads them: a cached
         table's from its backing store when it has them, else the eval initializer's. ``only``
         (u,) bool limits the pairs considered. -> (positions, (m, max_dim) rows)"""
-        cache = self.storage.cache
         idx, rows = [], []
-        if cache is not None:
+        if self.storage.has_cache:
             look = found if only is None else found | ~only
-            found, got, brows = cache.read_through(keys, utids, look)
+            found, got, brows = self.storage.read_through(keys, utids, look)
             if got.numel():
                 idx.append(got)
                 rows.append(brows[:, : self.max_dim])
@@ -334,8 +334,8 @@ class TableGroup:
         stored, found = storage.find_all(keys, utids)
         frozen = ~self._trains_dev[utids]
         kept, kept_rows = found[:0], None  # frozen pairs read from a backing store
-        if storage.cache is not None:
-            found, got, brows = storage.cache.read_through(keys, utids, found)
+        if storage.has_cache:
+            found, got, brows = storage.read_through(keys, utids, found)
             mine = frozen[got]
             kept, kept_rows = got[mine], brows[mine][:, : self.max_dim]
         trained = ~frozen
@@ -343,7 +343,7 @@ class TableGroup:
         if rejected is not None:
             trained[rejected] = False
             # refused keys were looked up and missed: hits + misses = unique keys looked up
-            storage.table.counters.add_refused(utids[rejected])
+            storage.count_refused(utids[rejected])
         take = trained.nonzero().squeeze(1)
         take_tids = utids[take]
         table_counts = torch.bincount(take_tids, minlength=self.num_tables).tolist()
@@ -481,7 +481,7 @@ class TableGroup:
             if check is not None:
                 check.verify()
             return
-        storage, cache = self.storage, self.storage.cache
+        storage = self.storage
         keys, utids, _, _, counts = self._unique(indices, offsets, batch_size, check, False)
         storage.pin_pending()  # the forwards in flight first: the bucket check below counts them
         keep: Optional[torch.Tensor] = None
@@ -491,24 +491,21 @@ class TableGroup:
             if gated:
                 ids = torch.tensor(gated, dtype=torch.int64, device=self.device)
                 found = storage.find_all(keys, utids)[1]
-                if cache is not None:
-                    found = cache.read_through(keys, utids, found)[0]
+                if storage.has_cache:
+                    found = storage.read_through(keys, utids, found)[0]
                 keep &= found | ~torch.isin(utids, ids)
-        if cache is not None:
-            found = storage.find_all(keys, utids)[1]
-            fits = cache.pinnable(keys, utids, found)
+        if storage.has_cache:
+            fits = storage.pinnable(keys, utids)
             keep = fits if keep is None else keep & fits
         if keep is not None:
             idx = keep.nonzero().squeeze(1)
             keys, utids = keys[idx], utids[idx]
             counts = torch.bincount(utids, minlength=self.num_tables).tolist()
         # a prefetch is no access: LFU counts grow by the batch's accesses in its forward
-        none = torch.zeros_like(keys) if storage.table.counts_accesses else None
+        none = torch.zeros_like(keys) if storage.counts_accesses else None
         acquire = storage.acquire_all(keys, utids, counts, self._row_init(), key_counts=none)
-        if cache is not None:
-            mine = cache.cached_dev[utids] & (acquire.slots >= 0)
-            pairs = mine.nonzero().squeeze(1)
-            cache.add_prefetch(storage.pin(utids[pairs], acquire.slots[pairs]))
+        if storage.has_cache:
+            storage.pin_prefetch(utids, acquire.slots)
 
     @ranged("dynamicemb::gather")
     def output(
@@ -599,11 +596,9 @@ class TableGroup:
         grads = storage.rows.reduce_grads(
             grad_out.contiguous(), *bags[1:], step.slots.numel(), self.max_dim
         )
-        cache = storage.cache
-        assert cache is not None
         b = step.backed
         # the backing store first: when it fails, no row of this update has been written
-        cache.update_backed(step.keys[b], step.table_ids[b], grads[b], hyper, self.dims)
+        storage.update_backed(step.keys[b], step.table_ids[b], grads[b], hyper, self.dims)
         storage.rows.update(
             step.keys, step.table_ids, step.slots, grads, hyper, self._frozen, step.staged
         )
@@ -627,6 +622,31 @@ class TableGroup:
         return torch.where(inside, rows * grads, 0.0).sum(1)
 
 
+class SafeChecks:
+    """What a step's backward needs of its module, as plain values: the optimizer step it reads
+    (``iteration``, a 0-d int64 CPU tensor the module counts in, FBGEMM's ``iter``: the value at
+    backward time, as FBGEMM's backward reads it) and each table's ``safe_check_mode`` applied to
+    the unplaced keys its placement's outcome reports (``__call__``).
+
+    Args:
+        names: the tables' names (the module's list).
+        options: their options (the module's list: a mode changed there applies).
+    """
+
+    def __init__(self, names: List[str], options: List[Any]) -> None:
+        self.names = names
+        self.options = options
+        self.iteration = torch.zeros((), dtype=torch.int64)
+        self._report = UnplacedKeyReport()
+
+    def __call__(self, unplaced: Optional[List[int]], stacklevel: int = 4) -> None:
+        """Raise or warn (each table's mode) for the unplaced keys per table (None: none)."""
+        if unplaced is not None:
+            for t, count in enumerate(unplaced):
+                mode = self.options[t].safe_check_mode
+                self._report(self.names[t], mode, count, stacklevel=stacklevel)
+
+
 class GroupedLookupFunction(torch.autograd.Function):
     """Forward: the group's output (computed by the caller, :meth:`TableGroup.output`, passed in
     ``source``). Backward: the fused update, and the weights' gradient."""
@@ -640,7 +660,7 @@ class GroupedLookupFunction(torch.autograd.Function):
         step: GroupStep,
         source: Tuple[GroupedRows, torch.Tensor, torch.Tensor],
         mode: Optional[int],
-        module: Any,
+        checks: "SafeChecks",
     ) -> torch.Tensor:
         # ``out``: group.output(step, rows, slots, mode), launched by the caller before its
         # host-side bookkeeping so that the device reads the rows while the host works
@@ -648,7 +668,7 @@ class GroupedLookupFunction(torch.autograd.Function):
         if weights is not None:
             # the rows as this forward read them (the backward's update changes them in place)
             step.weight_rows = rows.gather(step.table_ids, slots, group.max_dim, staged=step.staged)
-        ctx.group, ctx.step, ctx.mode, ctx.module = group, step, mode, module
+        ctx.group, ctx.step, ctx.mode, ctx.checks = group, step, mode, checks
         ctx.weights_meta = None if weights is None else weights.dtype
         return out
 
@@ -660,10 +680,10 @@ class GroupedLookupFunction(torch.autograd.Function):
             grad_w = group.weight_grads(step, grad_out).to(ctx.weights_meta)
             step.weight_rows = None
         if step.slots is not None:
-            group.apply_grads(step, grad_out, ctx.mode, ctx.module.step)
+            group.apply_grads(step, grad_out, ctx.mode, int(ctx.checks.iteration))
             # the forward's placement outcome, when it was not waited for: its copy has long
             # finished by now (the update is queued behind it), the host reads it for the
             # tables' safe check
-            ctx.module.report_unplaced(group.storage.take_unplaced())
+            ctx.checks(group.storage.take_unplaced())
         ctx.step = None
         return None, grad_w, None, None, None, None, None

@@ -81,7 +81,7 @@ def validate_table_options(
     disagrees with ``embedding_dim`` is overwritten (with a warning, in
     :func:`prepare_table_options`), ``init_capacity`` above the shard's capacity is clamped, and a
     value budget smaller than one bucket is rounded up when the table is built
-    (:func:`dynamicemb_core.lookup.tiers.device_budget_bytes`, which knows the optimizer's row width).
+    (:func:`dynamicemb_core.lookup.placement.device_budget_bytes`, which knows the optimizer's row width).
 
     Raises:
         ValueError / TypeError: naming the table and the offending value: an option the dataclass

@@ -24,19 +24,12 @@ from dynamicemb_core.types import (
 def device_storage(
     tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
 ) -> PerTableStorage:
-    """Build :class:`dynamicemb_core.storage.DeviceStorage` (imported on first use)."""
-    from dynamicemb_core.storage import DeviceStorage
+    """Build a :class:`dynamicemb_core.storage.grouped.GroupedDeviceStorage` of ``tables``
+    (imported on first use): keys and rows on ``device``."""
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 
-    return DeviceStorage(tables, device, **options)
-
-
-def hybrid_storage(
-    tables: Sequence[StorageTableSpec], device: torch.device, **options: Any
-) -> PerTableStorage:
-    """Build :class:`dynamicemb_core.storage.HybridStorage` (imported on first use)."""
-    from dynamicemb_core.storage import HybridStorage
-
-    return HybridStorage(tables, device, **options)
+    options.setdefault("dims", [t.dim for t in tables])
+    return GroupedDeviceStorage(tables, device, **options)
 
 
 def dict_storage(
@@ -65,9 +58,6 @@ def frequency_admission(**options: Any) -> AdmissionStrategy:
 @hookimpl
 def dynamicemb_register_storages(register: RegisterFn) -> None:
     register("device", device_storage, description="hash table and rows on the table's device")
-    register(
-        "hybrid", hybrid_storage, description="rows split device + host by local_hbm_for_values"
-    )
     register("dict", dict_storage, description="reference Python dict storage (tests, examples)")
 
 

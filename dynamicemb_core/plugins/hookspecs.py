@@ -42,7 +42,7 @@ def dynamicemb_register_storages(register: "RegisterFn") -> None:
         **external_storage_options)`` must return a ``Storage`` holding ``tables`` (a sequence of
         :class:`~dynamicemb_core.types.StorageTableSpec`) with results on ``device``.
 
-    May be implemented by the core (``device``, ``hybrid``, ``dict``) and by plugins.
+    May be implemented by the core (``device``, ``dict``) and by plugins.
     """
 
 

@@ -24,7 +24,6 @@ KNOWN_PLUGINS: Dict[Tuple[str, str], str] = {
     ("score_functions", "decayed_lfu"): "demb-policies",
     ("storages", "device"): CORE_DISTRIBUTION,
     ("storages", "dict"): CORE_DISTRIBUTION,
-    ("storages", "hybrid"): CORE_DISTRIBUTION,
     ("storages", "redis"): "demb-redis",
     ("storages", "rocksdb"): "demb-rocksdb",
 }

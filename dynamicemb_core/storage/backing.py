@@ -62,6 +62,7 @@ class BackingStores:
             store_of[t], bid[t] = index[id(store)], int(table_id)
         self.store_of = store_of
         self.backing_ids = bid
+        self._built = list(self.given)  # as built: replace() puts wrappers of the same data
         self._store_of = torch.tensor(store_of, dtype=torch.int64, device=device)
         self._bid = torch.tensor(bid, dtype=torch.int64, device=device)
         self.max_width = max(s.row_width for s in self.tables)
@@ -80,6 +81,11 @@ class BackingStores:
         s = self.store_of[table_id]
         self.given[s] = store
         self._stores[s] = as_storage(store)
+
+    def built(self, table_id: int) -> AnyStorage:
+        """Table ``table_id``'s next tier as the group was built with it (:meth:`replace` keeps
+        the data, so this is where its rows are, whatever wraps it now)."""
+        return self._built[self.store_of[table_id]]
 
     def multi(self, table_id: int) -> Any:
         """Table ``table_id``'s next tier through the multi-table contract."""

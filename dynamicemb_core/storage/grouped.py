@@ -10,9 +10,11 @@ csrc/include/dynamicemb/grouped.h) and, for tables whose rows exceed their devic
 grouped value ops address rows by ``(table id, slot)``, so the batched module touches all its tables
 with one op per step phase (per memory part) instead of one per table.
 
-It is also a plain multi-table :class:`~dynamicemb_core.storage.DeviceStorage` (find / insert /
-export by table id, ``read_rows`` / ``write_rows`` / ``row_blocks``), which is what the checkpoint
-code and the per-table views (:mod:`~dynamicemb_core.storage.table_views`) use.
+It is also a plain storage of several tables (the plugin ``PerTableStorage`` contract: find /
+insert / export by table id) with its rows readable by slot (``read_rows`` / ``write_rows`` /
+``row_blocks``), which is what the checkpoint code and the per-table views
+(:mod:`~dynamicemb_core.storage.table_views`) use; on the CPU, with no dims beyond the rows, it is
+the host table behind the cache of ``caching=True`` tables.
 
 Host synchronisations: :meth:`acquire_all` decides growth from host-side sizes (exact after each
 of its own calls, read again only after another call changed the table) and the caller's per-table
@@ -29,27 +31,42 @@ before they are placed in the backing store or copied to the host).
 from __future__ import annotations
 
 import dataclasses
+import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
 from dynamicemb_core._weak import weak_method
-from dynamicemb_core.config import DynamicEmbTableOptions, EvictedItemMode
+from dynamicemb_core.config import (
+    BUCKET_ALIGNMENT,
+    DynamicEmbCheckMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    EvictedItemMode,
+)
 from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
+from dynamicemb_core.storage.contract.checks import (
+    check_erase,
+    check_find,
+    check_insert,
+    check_table_id,
+    check_table_specs,
+)
 from dynamicemb_core.storage.backing import BackingStores, fit_columns
-from dynamicemb_core.storage.device import DeviceStorage, table_spec_for
 from dynamicemb_core.storage.grouped_cache import CacheTier, PinnedPairs, Placement
 from dynamicemb_core.storage.grouped_rows import GroupedRows
-from dynamicemb_core.types import MemoryType, StorageTableSpec
+from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec
 
 __all__ = ["GroupAcquire", "GroupedDeviceStorage", "GroupInit"]
 
 # hash-table slots of a cached table with no cache (external storage, local_hbm_for_values=0)
 _NO_CACHE_SLOTS = 16
+# rows of a table built without options nor a capacity hint (TableSpec's default)
+_DEFAULT_ROWS = 1024
 
 
 @dataclass
@@ -102,7 +119,7 @@ class GroupAcquire:
     backed_rows: Optional[torch.Tensor] = None
 
 
-class GroupedDeviceStorage(DeviceStorage):
+class GroupedDeviceStorage(PerTableStorage):
     """Several tables' keys in one hash table and their rows in one flat device buffer.
 
     Args:
@@ -126,10 +143,11 @@ class GroupedDeviceStorage(DeviceStorage):
         backing: Optional[Sequence[Optional[Tuple[Any, int]]]] = None,
         strict_prefetch: bool = False,
     ) -> None:
+        check_table_specs(type(self).__name__, tables)
         dtypes = {spec.dtype for spec in tables}
         if len(dtypes) != 1 or not dtypes <= set(ROW_DTYPES):
             raise ValueError(
-                "GroupedDeviceStorage: the tables of a group share one row dtype out of "
+                "GroupedDeviceStorage: the tables of a group share one dtype, one of "
                 f"{list(ROW_DTYPES)}, got {dict((s.name, s.dtype) for s in tables)}"
             )
         # What the embeddings are stored in. The rows this storage takes and returns (insert, find,
@@ -162,7 +180,20 @@ class GroupedDeviceStorage(DeviceStorage):
         self._direct = [c == 0 for c in caches]
         # a table with no cache keeps one small bucket in the hash table, never used
         capacities = [None if c is None else (int(c) or _NO_CACHE_SLOTS) for c in caches]
-        super().__init__(tables, device, table_options=table_options, capacities=capacities)
+        super().__init__(tables, device)  # Storage names the device
+        from dynamicemb_core.table import ScoredHashTable
+
+        opts = list(table_options) if table_options is not None else [None] * T
+        if len(opts) != T:
+            raise ValueError(
+                f"GroupedDeviceStorage: table_options ({len(opts)}) need one entry per table ({T})"
+            )
+        self.table_options = opts
+        self.table = ScoredHashTable(
+            [self._table_spec(*args) for args in zip(self.tables, opts, capacities)],
+            device=self.device,
+        )
+        self._evicted_counts: List[int] = [0] * T
         if len(dims) != len(self.tables):
             raise ValueError(
                 f"GroupedDeviceStorage: dims ({len(dims)}) must have one entry per table "
@@ -205,20 +236,48 @@ class GroupedDeviceStorage(DeviceStorage):
                 self, backing_stores, self._cached, self._direct, strict_prefetch
             )
 
+    @staticmethod
     def _table_spec(
-        self,
         spec: StorageTableSpec,
         options: Optional[DynamicEmbTableOptions],
         capacity: Optional[int],
-        evicted_item_mode: Optional[EvictedItemMode],
     ) -> Any:
-        # Keys only: the rows live in the flat buffer, not in the hash table. A cache never
-        # drops a key itself (its victims go to the backing store, which applies the mode).
+        """The hash table's spec of one table: :meth:`TableSpec.from_options`, holding keys only
+        (the rows live in the flat buffer) and never applying ``safe_check_mode`` (the lookup
+        does, once, for keys that found no home in any tier). A cache (``capacity``: its rows)
+        is fixed at its size and drops no key itself (its victims go to the backing store,
+        which applies ``evicted_item_mode``). Without options (a group built as a plain
+        storage), the spec's capacity hint and the options' defaults, both score words kept for
+        a two-score table."""
+        from dynamicemb_core.table import TableSpec
+
+        sized = capacity or (options and options.max_capacity) or spec.capacity
+        if options is None:
+            two = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
+            options = DynamicEmbTableOptions(
+                max_capacity=sized or _DEFAULT_ROWS,
+                score_strategy=two if spec.num_scores == 2 else DynamicEmbScoreStrategy.TIMESTAMP,
+            )
+        elif options.max_capacity is None:  # the spec's capacity hint, else TableSpec's default
+            init = options.init_capacity if sized else None
+            options = dataclasses.replace(
+                options, max_capacity=sized or _DEFAULT_ROWS, init_capacity=init
+            )
+        keys_only = TableSpec.from_options(spec.name, options, row_width=0)
+        changes: dict = {"dtype": torch.float32, "safe_check_mode": DynamicEmbCheckMode.IGNORE}
         if capacity is not None:
-            evicted_item_mode = EvictedItemMode.DISCARD
-        return table_spec_for(
-            spec, options, row_width=0, capacity=capacity, evicted_item_mode=evicted_item_mode
-        )
+            changes.update(
+                init_capacity=capacity,
+                max_capacity=capacity,
+                fixed_capacity=True,
+                evicted_item_mode=EvictedItemMode.DISCARD,
+            )
+        rows = changes.get("max_capacity", keys_only.max_capacity)
+        if sized and keys_only.bucket_capacity > rows:  # a small table still gets whole buckets
+            changes["bucket_capacity"] = max(
+                BUCKET_ALIGNMENT, rows // BUCKET_ALIGNMENT * BUCKET_ALIGNMENT
+            )
+        return dataclasses.replace(keys_only, **changes)
 
     # ---- the rows ---------------------------------------------------------------------------
     def _allocate(self, capacities: Sequence[int]) -> GroupedRows:
@@ -333,18 +392,131 @@ class GroupedDeviceStorage(DeviceStorage):
         """Slots of table ``table_id`` whose rows live in device memory."""
         return self.rows.device_rows[table_id]
 
-    # ---- DeviceStorage rows ---------------------------------------------------------------------
+    # ---- rows by slot, per table --------------------------------------------------------------
     def read_rows(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """(n, row_width) float32 rows at local slots; slot -1 gives zeros."""
         tids = torch.full_like(slots, table_id)
         # Unchecked: a slot outside the table reads as zeros, as slot -1 does.
         return self.rows.gather(tids, slots, self.widths[table_id])
 
     def write_rows(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write rows at local slots; slot -1 skipped."""
         tids = torch.full_like(slots, table_id)
         self.rows.scatter(tids, slots, rows.to(self.device, torch.float32), check=True)
 
     def row_blocks(self, table_id: int) -> List[Tuple[torch.Tensor, int]]:
+        """The buffers holding the table's rows, as ``(buffer, first_slot)`` pairs."""
         return self.rows.blocks(table_id)
+
+    def metrics(self, table_id: int) -> Optional[torch.Tensor]:
+        return self.table.counters.row(table_id)
+
+    def reset_metrics(self, table_id: int) -> None:
+        self.table.counters.reset(table_id)
+
+    def capacity(self, table_id: int) -> int:
+        return self.table.capacity(table_id)
+
+    def pop_evicted_keys(self, table_id: int) -> torch.Tensor:
+        return self.table.pop_evicted_keys(table_id)
+
+    def device_table(self) -> Any:
+        """The ScoredHashTable holding the keys (checkpoints and incremental dumps use it)."""
+        return self.table
+
+    # ---- the per-table Storage contract ----------------------------------------------------------
+    def find(
+        self, table_id: int, keys: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        check_find(self.tables, table_id, keys)
+        res = self.table.find(keys.to(self.device), table_id)
+        return res.found, self.read_rows(table_id, res.slots), res.scores
+
+    def insert(
+        self, table_id: int, keys: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor
+    ) -> None:
+        check_insert(self.tables, table_id, keys, rows, scores)
+        self.insert_evicting(
+            table_id, keys.to(self.device), rows.to(self.device), scores.to(self.device)
+        )
+
+    def insert_evicting(
+        self,
+        table_id: int,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        scores: Optional[torch.Tensor],
+    ) -> Any:
+        """Insert-or-assign rows with given scores, after pinning the forwards in flight; return
+        the table's InsertResult (evictions)."""
+        self.pin_pending()
+        if keys.numel() == 0:
+            return None
+        res = self.table.insert_and_evict(keys, table_id, rows=None, scores=scores)
+        ev = res.evicted
+        if ev is not None and ev.keys is not None:
+            self._evicted_counts[table_id] += int(ev.keys.numel())
+        self.write_rows(table_id, res.slots, rows)
+        return res
+
+    def erase(self, table_id: int, keys: torch.Tensor) -> None:
+        check_erase(self.tables, table_id, keys)
+        if keys.numel():
+            self.table.erase(keys.to(self.device), table_id)
+
+    def size(self, table_id: int) -> int:
+        check_table_id(self.tables, table_id)
+        return self.table.size(table_id)
+
+    def export(
+        self, table_id: int, batch_size: int = 65536
+    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        check_table_id(self.tables, table_id)
+        res = self.table.export(table_id)
+        for start in range(0, res.keys.numel(), batch_size):
+            sl = slice(start, start + batch_size)
+            yield res.keys[sl], self.read_rows(table_id, res.slots[sl]), res.scores[sl]
+
+    def dump(self, path: str) -> None:
+        """Snapshot every table as ``<path>/<table name>.pt`` (keys, rows, scores in user order).
+
+        The storage's own snapshot, for moving a tier between processes; model checkpoints use
+        :mod:`dynamicemb_core.checkpoint`, whose format is versioned and checksummed.
+        """
+        os.makedirs(path, exist_ok=True)
+        for t, spec in enumerate(self.tables):
+            res = self.table.export(t)
+            torch.save(
+                {
+                    "keys": res.keys.cpu(),
+                    "rows": self.read_rows(t, res.slots).cpu(),
+                    "scores": res.scores.cpu(),
+                    "row_width": spec.row_width,
+                },
+                os.path.join(path, f"{spec.name}.pt"),
+            )
+
+    def load(self, path: str) -> None:
+        """Insert what :meth:`dump` wrote (every file is checked before any table is written)."""
+        snapshots = []
+        for spec in self.tables:
+            file = os.path.join(path, f"{spec.name}.pt")
+            if not os.path.isfile(file):
+                raise FileNotFoundError(f"table {spec.name!r}: no snapshot at {file}")
+            snap = torch.load(file, weights_only=True)
+            if snap["row_width"] != spec.row_width:
+                raise ValueError(
+                    f"table {spec.name!r}: snapshot {file} has row_width {snap['row_width']}, "
+                    f"the table {spec.row_width}"
+                )
+            snapshots.append(snap)
+        for t, snap in enumerate(snapshots):
+            self.insert_evicting(
+                t,
+                snap["keys"].to(self.device),
+                snap["rows"].to(self.device),
+                snap["scores"].to(self.device),
+            )
 
     def memory_usage(
         self, mem_type: MemoryType = MemoryType.DEVICE, table_id: Optional[int] = None
@@ -655,17 +827,6 @@ class GroupedDeviceStorage(DeviceStorage):
             torch.cat(rows_parts) if rows_parts else None,
         )
 
-    def insert_evicting(
-        self,
-        table_id: int,
-        keys: torch.Tensor,
-        rows: torch.Tensor,
-        scores: Optional[torch.Tensor],
-    ) -> Any:
-        """:meth:`DeviceStorage.insert_evicting`, after pinning the forwards in flight."""
-        self.pin_pending()
-        return super().insert_evicting(table_id, keys, rows, scores)
-
     @ranged("dynamicemb::find")
     def find_all(
         self, keys: torch.Tensor, table_ids: torch.Tensor, *, touch: bool = False
@@ -675,6 +836,59 @@ class GroupedDeviceStorage(DeviceStorage):
         return torch.where(res.found, res.slots, -1), res.found
 
     # ---- the cached tables ----------------------------------------------------------------------
+    @property
+    def has_cache(self) -> bool:
+        """Whether some table of the group is a cache over a backing store."""
+        return self.cache is not None
+
+    @property
+    def counts_accesses(self) -> bool:
+        """Whether some table's scores count accesses (LFU words)."""
+        return bool(self.table.counts_accesses)
+
+    def count_refused(self, table_ids: torch.Tensor) -> None:
+        """Count pairs admission refused as looked up and missed (hits + misses = unique keys)."""
+        self.table.counters.add_refused(table_ids)
+
+    def _cache_tier(self) -> CacheTier:
+        assert self.cache is not None, "the group has no cached table"
+        return self.cache
+
+    def read_through(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, found: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pairs of cached tables not in the cache, read from their backing stores: ``(found in
+        either, positions found in a backing store, their rows)`` (:attr:`has_cache` only)."""
+        return self._cache_tier().read_through(keys, table_ids, found)
+
+    def pinnable(self, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
+        """(u,) bool: the pairs of a prefetch that fit beside the pinned slots of their cache
+        buckets (:meth:`CacheTier.pinnable`: warns or raises for the others)."""
+        found = self.find_all(keys, table_ids)[1]
+        return self._cache_tier().pinnable(keys, table_ids, found)
+
+    def pin_prefetch(self, table_ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Pin a prefetch's placed pairs of cached tables until the forward that consumes it."""
+        cache = self._cache_tier()
+        pairs = (cache.cached_dev[table_ids] & (slots >= 0)).nonzero().squeeze(1)
+        cache.add_prefetch(self.pin(table_ids[pairs], slots[pairs]))
+
+    def consume_prefetch(self, table_ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """A training forward holds these pairs now: release the prefetch pins it consumes."""
+        self._cache_tier().consume(table_ids, slots)
+
+    def update_backed(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        grads: torch.Tensor,
+        hyper: Any,
+        dims: Sequence[int],
+    ) -> None:
+        """The optimizer update of pairs whose home this step was a backing store, written
+        there (:meth:`CacheTier.update_backed`)."""
+        self._cache_tier().update_backed(keys, table_ids, grads, hyper, dims)
+
     def is_cached(self, table_id: int) -> bool:
         """Whether table ``table_id`` is a cache over a backing store."""
         return self._cached[table_id]

@@ -344,9 +344,10 @@ class GroupedRows:
         staged: Optional[StagedRows] = None,
     ) -> torch.Tensor:
         """(n, width) rows of a group with host rows. Mapped host part: each part's gather on the
-        device, added (a row is in one part), the host part's from ``staged`` when given. Copy
-        path: the device part's gather, the host part's own rows gathered on the host, copied
-        over and placed by one index_copy."""
+        device, each row taken from the part holding it (a select, not a sum: -0.0 + 0.0 would
+        lose the sign of a zero), the host part's from ``staged`` when given. Copy path: the
+        device part's gather, the host part's own rows gathered on the host, copied over and
+        placed by one index_copy."""
         if self._host_ops is not None:
             host_values, host_meta = self._host_ops
             on_device, on_host = self._masks(table_ids, slots)
@@ -355,12 +356,12 @@ class GroupedRows:
             )
             if self._current(staged):
                 assert staged is not None
-                return out.add_(staged.rows[:, :width])
-            return out.add_(
-                lookup_ops.grouped_gather(
+                host_rows = staged.rows[:, :width]
+            else:
+                host_rows = lookup_ops.grouped_gather(
                     host_values, host_meta, table_ids, on_host, width, check=check
                 )
-            )
+            return torch.where((on_host >= 0).unsqueeze(1), host_rows, out)
         on_device, host = self._split_pairs(table_ids, slots)
         out = lookup_ops.grouped_gather(
             self.values, self.meta, table_ids, on_device, width, check=check

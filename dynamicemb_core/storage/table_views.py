@@ -8,7 +8,7 @@ step itself runs over the whole group (:mod:`~dynamicemb_core.storage.grouped`).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -17,7 +17,23 @@ from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.storage.grouped_cache import CacheTier
 from dynamicemb_core.types import MemoryType, PerTableStorage
 
-__all__ = ["CachedTableView", "TableView"]
+__all__ = ["CachedTableView", "SlotHome", "TableView"]
+
+
+class SlotHome(NamedTuple):
+    """Where every key of one table lives, for the slot-based checkpoints (:meth:`TableView.home`).
+
+    Attributes:
+        group: the group holding the keys in its hash table and the rows by slot.
+        table_id: the table's id in ``group``.
+        flush: writes a cache's rows back into ``group`` first (None: no cache in front).
+        drop: removes keys from that cache after they were written to ``group`` (None: no cache).
+    """
+
+    group: GroupedDeviceStorage
+    table_id: int
+    flush: Optional[Callable[[], None]] = None
+    drop: Optional[Callable[[torch.Tensor], None]] = None
 
 
 class TableView(PerTableStorage):
@@ -104,6 +120,10 @@ class TableView(PerTableStorage):
     def device_table(self) -> Any:
         return self.group.table
 
+    def home(self) -> SlotHome:
+        """The group holding every key of this table: the module's own."""
+        return SlotHome(self.group, self.table_id)
+
 
 class CachedTableView(TableView):
     """One cached table of a group as a storage holding it as table 0: the union of its cache (the
@@ -147,6 +167,22 @@ class CachedTableView(TableView):
 
     def _ids(self, keys: torch.Tensor) -> torch.Tensor:
         return torch.full_like(keys, self.table_id)
+
+    def home(self) -> SlotHome:
+        """The host table behind the cache, with the cache's flush and invalidation.
+
+        Raises:
+            NotImplementedError: the backing store is an external storage (no slots).
+        """
+        backing = self._cache.backing.built(self.table_id)
+        if not isinstance(backing, GroupedDeviceStorage):
+            raise NotImplementedError(
+                f"table '{self.tables[0].name}': its keys live in external storage "
+                f"{type(backing).__name__}; slot-based checkpoints (DynamicEmbDump, "
+                "incremental_dump, replay_increment) need a hash-table storage. Use the "
+                "storage's own dump()/load() for it."
+            )
+        return SlotHome(backing, self.backing_ids[0], self.flush, self.drop_from_cache)
 
     def cached(self, keys: torch.Tensor) -> torch.Tensor:
         """(n,) bool: the key is in the device cache now."""

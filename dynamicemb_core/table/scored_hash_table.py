@@ -261,7 +261,7 @@ class ScoredHashTable:
         """Call ``listener(t, old_slots, new_slots)`` each time table ``t`` doubles.
 
         Called after the new state is in place and before the growing call writes anything, so
-        an owner of rows kept outside the table (HybridStorage) can move them to the new slots;
+        an owner of rows kept outside the table (a group) can move them to the new slots;
         ``old_slots`` / ``new_slots`` are (m,) int64 on the table's device, one pair per key.
         """
         self._growth_listeners.append(listener)

@@ -178,7 +178,7 @@ def _cached_keys(view: CachedTableView) -> List[int]:
 
 
 def _cache_keys(tier) -> List[int]:
-    """Keys of one tier (a DeviceStorage: its export reads without flushing anything)."""
+    """Keys of one tier (a a group: its export reads without flushing anything)."""
     return [k for keys, _, _ in tier.export(0) for k in keys.tolist()]
 
 

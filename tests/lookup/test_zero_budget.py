@@ -16,10 +16,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dynamicemb_core import DynamicEmbTableOptions, DynamicEmbWarning
-from dynamicemb_core.lookup import tiers
 from dynamicemb_core.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynamicemb_core.planner.planner import default_topology, split_lines
 from dynamicemb_core.shard import DynamicEmbeddingBagCollectionSharder
+from dynamicemb_core.storage import placement
 from dynamicemb_core.types import StorageTableSpec
 
 CUDA = torch.device("cuda")
@@ -38,41 +38,45 @@ def _opts(**kw) -> DynamicEmbTableOptions:
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tiers, "_WARNED_ZERO_BUDGET", set())
+    monkeypatch.setattr(placement, "_WARNED_ZERO_BUDGET", set())
 
 
 def test_message_only_for_a_cuda_table_with_a_zero_budget() -> None:
-    message = tiers.zero_budget_message(_opts(), _spec(), CUDA)
+    message = placement.zero_budget_message(_opts(), _spec(), CUDA)
     assert message is not None and "global_hbm_for_values" in message and "'t'" in message
-    assert tiers.zero_budget_message(_opts(), _spec(), torch.device("cpu")) is None
-    assert tiers.zero_budget_message(_opts(local_hbm_for_values=1024 * ROW), _spec(), CUDA) is None
-    assert tiers.zero_budget_message(_opts(local_hbm_for_values=256 * ROW), _spec(), CUDA) is None
-    assert tiers.zero_budget_message(_opts(caching=True), _spec(), CUDA) is None
+    assert placement.zero_budget_message(_opts(), _spec(), torch.device("cpu")) is None
+    assert (
+        placement.zero_budget_message(_opts(local_hbm_for_values=1024 * ROW), _spec(), CUDA) is None
+    )
+    assert (
+        placement.zero_budget_message(_opts(local_hbm_for_values=256 * ROW), _spec(), CUDA) is None
+    )
+    assert placement.zero_budget_message(_opts(caching=True), _spec(), CUDA) is None
 
 
 def test_warns_once_per_table() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            tiers.warn_zero_budget([_opts(), _opts()], [_spec("a"), _spec("b")], CUDA)
-            tiers.warn_zero_budget([_opts()], [_spec("c")], torch.device("cpu"))
+            placement.warn_zero_budget([_opts(), _opts()], [_spec("a"), _spec("b")], CUDA)
+            placement.warn_zero_budget([_opts()], [_spec("c")], torch.device("cpu"))
     found = [w for w in caught if issubclass(w.category, DynamicEmbWarning)]
     assert sorted(str(w.message).split("'")[1] for w in found) == ["a", "b"]
 
 
 def test_device_split() -> None:
-    assert tiers.device_split(_opts(), _spec(), CUDA) == ("hybrid", 0, 1024)
-    assert tiers.device_split(_opts(local_hbm_for_values=256 * ROW), _spec(), CUDA) == (
+    assert placement.device_split(_opts(), _spec(), CUDA) == ("hybrid", 0, 1024)
+    assert placement.device_split(_opts(local_hbm_for_values=256 * ROW), _spec(), CUDA) == (
         "hybrid",
         256,
         768,
     )
-    assert tiers.device_split(_opts(local_hbm_for_values=1 << 30), _spec(), CUDA) == (
+    assert placement.device_split(_opts(local_hbm_for_values=1 << 30), _spec(), CUDA) == (
         "device",
         1024,
         0,
     )
-    assert tiers.device_split(_opts(), _spec(), torch.device("cpu")) == ("device", 0, 1024)
+    assert placement.device_split(_opts(), _spec(), torch.device("cpu")) == ("device", 0, 1024)
 
 
 def test_plan_printout_shows_each_tables_split(caplog: pytest.LogCaptureFixture) -> None:

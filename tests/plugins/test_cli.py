@@ -41,5 +41,5 @@ def test_module_entry_point_dispatches_to_the_plugins_command() -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "external_storage (3):" in result.stdout
+    assert "external_storage (2):" in result.stdout
     assert "DYNAMICEMB_DISABLE_PLUGIN_AUTOLOAD is set" in result.stdout

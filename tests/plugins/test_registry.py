@@ -79,7 +79,7 @@ def everything_plugin() -> Iterator[None]:
 
 
 def test_builtins_register_through_the_hooks(registry: PluginRegistry) -> None:
-    assert set(registry.entries(PluginKind.STORAGE)) >= {"device", "hybrid", "dict"}
+    assert set(registry.entries(PluginKind.STORAGE)) >= {"device", "dict"}
     assert set(registry.entries(PluginKind.COUNTER)) == {"kv"}
     assert set(registry.entries(PluginKind.ADMISSION_STRATEGY)) == {"frequency"}
     info = {p.name: p for p in registry.plugins()}["dynamicemb_core"]
@@ -94,7 +94,7 @@ def test_unknown_name_lists_installed_names_and_the_package_to_install(
     with pytest.raises(UnknownPluginError) as info:
         registry.get(PluginKind.STORAGE, "redis")
     assert str(info.value) == (
-        "unknown external_storage 'redis'; installed: 'device', 'dict', 'hybrid'; "
+        "unknown external_storage 'redis'; installed: 'device', 'dict'; "
         "'redis' comes from demb-redis (pip install demb-redis)"
     )
     assert isinstance(info.value, ValueError)
@@ -283,14 +283,12 @@ def test_every_core_name_in_known_plugins_is_registered_by_the_builtins(
 
 def test_builtin_names_build_the_core_classes() -> None:
     from dynamicemb_core.admission import FrequencyAdmissionStrategy, KVCounter
-    from dynamicemb_core.storage import DeviceStorage, HybridStorage
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 
     tables = [StorageTableSpec("t", dim=4, row_width=4)]
     device = resolve_storage(DynamicEmbTableOptions(external_storage="device"), tables, "cpu")
-    hybrid = resolve_storage(DynamicEmbTableOptions(external_storage="hybrid"), tables, "cpu")
     # the core's tiers speak the per-table contract: resolved, they come behind the adapter
-    assert type(device) is PerTableAdapter and type(device.inner) is DeviceStorage
-    assert type(hybrid) is PerTableAdapter and type(hybrid.inner) is HybridStorage
+    assert type(device) is PerTableAdapter and type(device.inner) is GroupedDeviceStorage
     options = DynamicEmbTableOptions(
         admission_counter="kv",
         admission_counter_options={"capacity": 1024},
@@ -302,3 +300,25 @@ def test_builtin_names_build_the_core_classes() -> None:
     assert strategy.threshold == 3
     with pytest.raises(PluginResultError, match="admit_strategy 'frequency' .* could not be built"):
         resolve_admission_strategy(DynamicEmbTableOptions(admit_strategy="frequency"))
+
+
+def test_a_score_function_named_in_the_options_reaches_the_modules_hash_table() -> None:
+    """A module's group resolves a registered score_function name (it used to keep callables
+    only, silently dropping a name)."""
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+
+    def scaled(strategy: Any) -> Any:
+        return lambda scores, now: 2.0 * scores[1]
+
+    register_plugin(_plugin(score_functions={"test-scaled": scaled}), "test-scaled")
+    try:
+        compound = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
+        options = DynamicEmbTableOptions(
+            dim=4, max_capacity=256, score_strategy=compound, score_function="test-scaled"
+        )
+        spec = StorageTableSpec("t", dim=4, row_width=4, num_scores=2)
+        group = GroupedDeviceStorage([spec], "cpu", dims=[4], table_options=[options])
+        fn = group.table.specs[0].score_function
+        assert fn is not None and fn([0, 5], 0) == 10.0
+    finally:
+        unregister_plugin("test-scaled")

@@ -8,7 +8,6 @@ from typing import Sequence
 import pytest
 import torch
 
-from dynamicemb_core.storage import DeviceStorage, HybridStorage
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.storage.table_views import CachedTableView
 from dynamicemb_core.testing.dict_storage import PyDictStorage
@@ -22,19 +21,45 @@ def _sized(tables: Sequence[StorageTableSpec]) -> list:
     return [dataclasses.replace(t, capacity=t.capacity or CAPACITY) for t in tables]
 
 
-class TestDeviceStorage(StorageSuite, StorageDumpSuite):
-    def make_storage(self, tables, device):
-        return DeviceStorage(_sized(tables), device)
+def _refuses_other_dtypes(make, dtype: torch.dtype) -> None:
+    """A group stores half-precision embeddings (beside float32 optimizer state) but moves logical
+    float32 rows, so its tables say float32; other dtypes are refused when it is built."""
+    if dtype == torch.float64:
+        with pytest.raises(ValueError, match="share one dtype"):
+            make(default_tables(dtype))
+        return
+    group = make(default_tables(dtype)).inner  # the group, behind the per-table adapter
+    assert isinstance(group, GroupedDeviceStorage) and group.row_dtype == dtype
+    assert {t.dtype for t in group.tables} == {torch.float32}
 
 
-class TestHybridStorage(StorageSuite):
+class TestGroup(StorageSuite, StorageDumpSuite):
+    """A group of device tables (the ``device`` builtin, and the host table of cached ones)."""
+
     def make_storage(self, tables, device):
         tables = _sized(tables)
-        hbm = [
-            t.capacity // 2 * t.row_width * torch.empty(0, dtype=t.dtype).element_size()
-            for t in tables
-        ]
-        return HybridStorage(tables, device, hbm_bytes=hbm)
+        return GroupedDeviceStorage(tables, device, dims=[t.dim for t in tables])
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+    def test_each_row_dtype_round_trips_bitwise(self, make, dtype):
+        _refuses_other_dtypes(make, dtype)
+
+
+class TestHybridGroup(StorageSuite):
+    """A group whose tables keep half of their slots' rows in host memory (hybrid tables)."""
+
+    def make_storage(self, tables, device):
+        tables = _sized(tables)
+        return GroupedDeviceStorage(
+            tables,
+            device,
+            dims=[t.dim for t in tables],
+            device_rows=[t.capacity // 2 for t in tables],
+        )
+
+    @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+    def test_each_row_dtype_round_trips_bitwise(self, make, dtype):
+        _refuses_other_dtypes(make, dtype)
 
 
 class _CachedTables(PerTableStorage):
@@ -79,5 +104,5 @@ class TestCachedTablesOverDict(StorageSuite):
     def test_each_row_dtype_round_trips_bitwise(self, make, dtype):
         """Cached tables keep float32 rows: other row dtypes are refused when the group is built,
         instead of being stored converted."""
-        with pytest.raises(ValueError, match="cached tables keep float32 rows|share one row dtype"):
+        with pytest.raises(ValueError, match="cached tables keep float32 rows|share one dtype"):
             make(default_tables(dtype))

@@ -15,7 +15,8 @@ from typing import Any, Optional, Tuple
 import pytest
 import torch
 
-from dynamicemb_core.storage import DeviceStorage, HybridStorage, StorageTierError
+from dynamicemb_core.storage import StorageTierError
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.testing.dict_storage import PyDictStorage
 from dynamicemb_core.testing.fault_suite import (
     ROW_BYTES,
@@ -42,14 +43,14 @@ class TestCacheOverHostTable(FaultInjectionSuite):
         rows = self.cache_rows if cache_rows is None else cache_rows
         module = make_module(self.device, caching=True, local_hbm_for_values=rows * ROW_BYTES)
         tier = module.tables[0]
-        assert isinstance(tier.backing, DeviceStorage)
+        assert isinstance(tier.backing, GroupedDeviceStorage)
         tier.backing = FaultyStorage(tier.backing)  # the host table, through the adapter
         return module, tier.backing
 
 
 class TestCacheOverHybridTable(FaultInjectionSuite):
     def inner_storage(self, spec: StorageTableSpec) -> Storage:
-        return HybridStorage([spec], "cpu", hbm_bytes=[200 * ROW_BYTES])
+        return GroupedDeviceStorage([spec], "cpu", dims=[spec.dim], device_rows=[200])
 
 
 class TestStoreWithoutCache(FaultInjectionSuite):
@@ -84,7 +85,7 @@ def test_faulty_storage_fails_the_nth_call_and_passes_the_rest() -> None:
 def test_faulty_storage_wraps_a_per_table_storage_through_the_adapter() -> None:
     """A host table (the per-table contract) under FaultyStorage speaks the multi-table one."""
     spec = table_spec()
-    host = DeviceStorage([spec], "cpu")
+    host = GroupedDeviceStorage([spec], "cpu", dims=[spec.dim])
     store = FaultyStorage(host, fail_nth={"find": 2})
     assert store.inner.inner is host and store.table is host.table  # extras pass through
     keys = torch.arange(4)

@@ -1,5 +1,5 @@
-"""HybridStorage grows from init_capacity to max_capacity like a device table: every row keeps its
-value (checked against a DeviceStorage of the same options, whose hash table makes the same
+"""A hybrid table of a group grows from init_capacity to max_capacity like a device table: every row
+keeps its value (checked against a group without a device budget, whose hash table makes the same
 placements, and against a dict of what was written), and the device block never exceeds the budget.
 """
 
@@ -15,7 +15,7 @@ from dynamicemb_core.config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb_core.lookup import BatchedDynamicEmbeddingTables
-from dynamicemb_core.storage import DeviceStorage, HybridStorage
+from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 from dynamicemb_core.storage.table_views import TableView
 from dynamicemb_core.testing.compare import assert_same_stored_rows
 from dynamicemb_core.types import MemoryType, StorageTableSpec
@@ -39,8 +39,10 @@ def _spec() -> StorageTableSpec:
 
 def test_hybrid_keeps_every_row_while_growing_to_max_capacity(device):
     opts = _options()
-    hybrid = HybridStorage([_spec()], device, table_options=[opts], hbm_bytes=[BUDGET_ROWS * 20])
-    plain = DeviceStorage([_spec()], device, table_options=[opts])
+    hybrid = GroupedDeviceStorage(
+        [_spec()], device, dims=[WIDTH - 1], table_options=[opts], device_rows=[BUDGET_ROWS]
+    )
+    plain = GroupedDeviceStorage([_spec()], device, dims=[WIDTH - 1], table_options=[opts])
     assert hybrid.capacity(0) == 64 and hybrid.device_rows(0) == 64
     g = torch.Generator().manual_seed(3)
     keys = torch.randperm(1 << 20, generator=g)[:420] - (1 << 19)  # negative keys too

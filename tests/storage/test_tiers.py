@@ -229,3 +229,21 @@ def test_keys_no_tier_can_hold_are_reported_by_safe_check_mode(device):
     # 40 new keys: 16 fit the cache, 16 of the other 24 fit the host table, 8 fit nowhere
     with pytest.raises(DynamicEmbError, match=r"table 't': 8 key\(s\)"):
         m(torch.arange(40, device=device), torch.tensor([0, 40], device=device))
+
+
+def test_each_view_names_the_group_holding_every_key_of_its_table(device):
+    """A checkpoint asks a table's view for its home (no guessing from the storage's type): the
+    module's group for a device table, the host group behind the cache of a cached one, and a
+    refusal naming the table and the store for an external storage (it has no slots)."""
+    from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+
+    plain = _module(device, _opts())
+    home = plain.tables[0].home()
+    assert home.group is plain.tables[0].group and home.table_id == 0 and home.flush is None
+    cached = _module(device, _opts(caching=True, local_hbm_for_values=128 * ROW_BYTES))
+    home = cached.tables[0].home()
+    assert isinstance(home.group, GroupedDeviceStorage) and home.group.device.type == "cpu"
+    assert home.group is not cached.tables[0].group and home.flush is not None
+    external = _module(device, _opts(external_storage="dict", local_hbm_for_values=0))
+    with pytest.raises(NotImplementedError, match="table 't'.*PyDictStorage.*slot-based"):
+        external.tables[0].home()

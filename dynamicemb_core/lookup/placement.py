@@ -28,7 +28,6 @@ import torch
 
 from dynamicemb_core.config import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
 from dynamicemb_core.optim.layout import ROW_DTYPES, row_bytes
-from dynamicemb_core.storage import DeviceStorage
 from dynamicemb_core.types import DynamicEmbWarning, PerTableStorage, Storage, StorageTableSpec
 
 __all__ = [
@@ -208,9 +207,12 @@ def cached_backings(
         t for t, k in enumerate(kinds) if k == "cached" and options[t].external_storage is None
     ]
     if hosted:
-        host = DeviceStorage(
+        from dynamicemb_core.storage.grouped import GroupedDeviceStorage
+
+        host = GroupedDeviceStorage(
             [specs[t] for t in hosted],
             torch.device("cpu"),
+            dims=[specs[t].dim for t in hosted],
             table_options=[options[t] for t in hosted],
         )
         for i, t in enumerate(hosted):
