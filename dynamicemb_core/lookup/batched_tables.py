@@ -24,6 +24,13 @@ from dynamicemb_core.devices import normalize_device
 from dynamicemb_core.lookup.features import OffsetsCheck, validate_batch
 from dynamicemb_core.lookup.grouped import GroupedLookupFunction, SafeChecks, TableGroup
 from dynamicemb_core.lookup.initializers import validate_initializer
+from dynamicemb_core.lookup.placement import (
+    cached_backings,
+    check_row_dtypes,
+    table_place,
+    tier_kind,
+    warn_zero_budget,
+)
 from dynamicemb_core.lookup.steps import advance_clocks, start_steps, step_clocks
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim import (
@@ -35,13 +42,6 @@ from dynamicemb_core.optim import (
 )
 from dynamicemb_core.optim.args import output_dtype_from
 from dynamicemb_core.storage.grouped import GroupedDeviceStorage
-from dynamicemb_core.lookup.placement import (
-    cached_backings,
-    check_row_dtypes,
-    table_place,
-    tier_kind,
-    warn_zero_budget,
-)
 from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from dynamicemb_core.table.metrics import METRIC_NAMES
 from dynamicemb_core.types import StorageTableSpec

@@ -49,6 +49,7 @@ from dynamicemb_core.config import (
 from dynamicemb_core.nvtx import ranged
 from dynamicemb_core.ops import lookup_ops
 from dynamicemb_core.optim.layout import ROW_DTYPES
+from dynamicemb_core.storage.backing import BackingStores, fit_columns
 from dynamicemb_core.storage.contract.checks import (
     check_erase,
     check_find,
@@ -56,7 +57,6 @@ from dynamicemb_core.storage.contract.checks import (
     check_table_id,
     check_table_specs,
 )
-from dynamicemb_core.storage.backing import BackingStores, fit_columns
 from dynamicemb_core.storage.grouped_cache import CacheTier, PinnedPairs, Placement
 from dynamicemb_core.storage.grouped_rows import GroupedRows
 from dynamicemb_core.types import MemoryType, PerTableStorage, StorageTableSpec

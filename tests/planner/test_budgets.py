@@ -18,9 +18,9 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from dynamicemb_core import MAX_BUCKET_CAPACITY, DynamicEmbTableOptions
+from dynamicemb_core.lookup.placement import device_budget_bytes, tier_kind
 from dynamicemb_core.planner import DynamicEmbParameterConstraints
 from dynamicemb_core.planner.table_options import prepare_table_options
-from dynamicemb_core.lookup.placement import device_budget_bytes, tier_kind
 from dynamicemb_core.storage.table_views import CachedTableView, TableView
 from dynamicemb_core.types import MemoryType, StorageTableSpec
 from tests.shard.dist_harness import dynamic_kernels, run_workers, train_against_twin
