@@ -99,7 +99,7 @@ def split_lines(
 ) -> List[str]:
     """Per dynamic table, where its rows will live on each rank: ``device`` / ``host`` rows of its
     ``max_capacity`` under its ``local_hbm_for_values`` (the lookup's rule,
-    ``storage.placement.device_split``), for the sharders' optimizer (its state widens each row)."""
+    ``lookup.placement.device_split``), for the sharders' optimizer (its state widens each row)."""
     from dynamicemb_core.lookup.placement import device_split
     from dynamicemb_core.optim import optimizer_kind, row_width
     from dynamicemb_core.types import StorageTableSpec

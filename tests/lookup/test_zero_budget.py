@@ -16,10 +16,10 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dynamicemb_core import DynamicEmbTableOptions, DynamicEmbWarning
+from dynamicemb_core.lookup import placement
 from dynamicemb_core.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 from dynamicemb_core.planner.planner import default_topology, split_lines
 from dynamicemb_core.shard import DynamicEmbeddingBagCollectionSharder
-from dynamicemb_core.storage import placement
 from dynamicemb_core.types import StorageTableSpec
 
 CUDA = torch.device("cuda")
