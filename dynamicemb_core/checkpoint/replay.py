@@ -139,6 +139,27 @@ def _column_permutation(
     return [order.index(s) for s in target.score_strategies]
 
 
+def _check_slot_exact(handle: TableHandle, delta: DeltaDumpResult, i: int) -> None:
+    """Refuse a delta without its evictions into a table whose keys a load packed.
+
+    In such a table a delta key's slot may hold a key the source still has elsewhere (the load
+    put it there) or one the source evicted to make room; only the delta's ``evicted_keys``
+    (``EvictedItemMode.RETAIN_KEY``) tell the two apart. Without them the replay would guess,
+    and a wrong guess keeps a key the source no longer holds, silently."""
+    packed = handle.table.packed_slots(handle.table_id)
+    evicted = delta.evicted_keys[i] if i < len(delta.evicted_keys) else None
+    if packed is not None and evicted is None:
+        shard = f"shard {handle.rank} of {handle.world_size}: " if handle.world_size > 1 else ""
+        raise _fail(
+            handle,
+            f"{shard}its keys do not stand at the source's slots ({packed}), and the delta does "
+            "not report the source's evictions (evicted_item_mode=DISCARD), so a key the source "
+            "evicted cannot be told from one the load moved. Load a DynamicEmbDump of the source "
+            "at its own world size and capacity (slot for slot), or train the source with "
+            "evicted_item_mode=RETAIN_KEY",
+        )
+
+
 def _owned(handle: TableHandle, keys: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
     if keys is None:
         return torch.empty(0, dtype=torch.int64, device=device)
@@ -152,6 +173,7 @@ def _plan_table(
     check_dist_type_supported(handle, "replay_increment")
     meta = delta.meta[i]
     check_layout(handle, meta)
+    _check_slot_exact(handle, delta, i)
     keys = _check_tensor(handle, "keys", delta.keys[i], (delta.keys[i].shape[0],), (torch.int64,))
     n = keys.shape[0]
     slots = _check_tensor(

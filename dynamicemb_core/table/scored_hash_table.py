@@ -132,6 +132,9 @@ class ScoredHashTable:
         # hits / misses / placed / evicted / unplaced per table, accumulated on the device
         self.counters = PlacementCounters(len(specs), self.device)
         self._report = UnplacedKeyReport()
+        # table id -> why its keys do not stand at the slots of the table they were loaded from
+        # (a packing load); absent: they do, or the table filled itself (see packed_slots)
+        self._packed: Dict[int, str] = {}
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -860,6 +863,27 @@ class ScoredHashTable:
         for t in range(self.num_tables) if table_id is None else [self._table_id(table_id)]:
             self._state.digests[self._offsets[t] : self._offsets[t + 1]].zero_()
             self._state.sizes[t] = 0
+            self._packed.pop(t, None)
+
+    # -- where the keys came from --------------------------------------------------------------------
+    def packed_slots(self, table_id: int = 0) -> Optional[str]:
+        """Why table ``table_id``'s keys do not stand at the slots of the table they were loaded
+        from, or None when they do (or the table filled itself, by training or ``insert_at``).
+
+        A checkpoint load that cannot keep the source's slots (another world size, capacity or
+        bucket width) packs each bucket and records why here; a replay of a delta that does not
+        report its evictions refuses such a table (``replay_increment``), since it cannot tell a
+        key the source evicted from one the load put elsewhere.
+        """
+        return self._packed.get(self._table_id(table_id))
+
+    def set_packed_slots(self, table_id: int, reason: Optional[str]) -> None:
+        """Record (``reason``) or clear (None) what :meth:`packed_slots` reports; called by loads."""
+        t = self._table_id(table_id)
+        if reason is None:
+            self._packed.pop(t, None)
+        else:
+            self._packed[t] = str(reason)
 
     def set_score(self, table_id: int, score: int) -> None:
         """Set the score of a CUSTOMIZED table (or the step of a STEP table) for later calls.

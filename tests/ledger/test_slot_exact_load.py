@@ -1,0 +1,93 @@
+"""Loads put every key back at its slot, so a delta that does not report evictions replays exactly.
+
+The trainer (``EvictedItemMode.DISCARD``: its deltas carry no evicted keys) fills one bucket, erases a
+key before the dump (a hole, which a packing load would close) and, within the next delta, takes the
+hole with a new key, evicts its oldest key ``X`` for another new key and erases a key ``Y`` of the
+same bucket. A twin loaded by ``DynamicEmbLoad`` and a served collection built by ``from_dump`` must
+equal the trainer after the replay: every key reads the trainer's row, and ``X`` is gone.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from dynamicemb_core.checkpoint import (
+    DynamicEmbDump,
+    DynamicEmbLoad,
+    erase,
+    find_tables,
+    get_score,
+    incremental_dump,
+)
+from dynamicemb_core.config import DynamicEmbScoreStrategy, EvictedItemMode
+from dynamicemb_core.table.hashing import buckets_of_tensor
+from dynamicemb_core.testing import row_ledger as RL
+from tests.checkpoint.helpers import make_model, table_options
+
+COLLECTION = "model.ebc"
+OPTIONS = dict(
+    dims=(4, 4),
+    evicted_item_mode=EvictedItemMode.DISCARD,
+    score_strategy=DynamicEmbScoreStrategy.STEP,
+)
+
+
+def _one_bucket(n: int) -> List[int]:
+    """``n`` keys of table t0's bucket 0 (capacity 256, buckets of 16)."""
+    keys = torch.arange(5000, dtype=torch.int64)
+    return keys[buckets_of_tensor(keys, 256 // 16) == 0][:n].tolist()
+
+
+def _touch(model, keys: List[int]) -> None:
+    """One training forward of ``keys`` in table t0 (one key a bag; t1's bags empty)."""
+    b = len(keys)
+    offsets = torch.cat([torch.arange(b + 1), torch.full((b,), b)]).to(torch.int64)
+    model.train()
+    model(torch.tensor(keys, dtype=torch.int64), offsets)
+
+
+def _served(path: str):
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from dynamicemb_core.inference import InferenceEmbeddingBagCollection
+
+    configs = [
+        EmbeddingBagConfig(name=t, embedding_dim=4, num_embeddings=5000, feature_names=[t])
+        for t in ("t0", "t1")
+    ]
+    opts = {t: table_options(4, **{k: v for k, v in OPTIONS.items() if k != "dims"}) for t in ("t0", "t1")}
+    return InferenceEmbeddingBagCollection.from_dump(path, configs, opts)
+
+
+def test_discard_replay_after_load_is_exact(tmp_path) -> None:
+    keys = _one_bucket(18)
+    old, rest, new = keys[:2], keys[2:16], keys[16:]
+    src = make_model(**OPTIONS)
+    _touch(src, old)  # the oldest keys (STEP scores): X = old[1] is evicted later
+    _touch(src, rest)  # the bucket is full
+    erase(src, {COLLECTION: {"t0": torch.tensor(old[:1])}})  # a hole: a packing load closes it
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    twin = make_model(**OPTIONS)
+    DynamicEmbLoad(str(tmp_path), twin, optim=True)
+    served = _served(str(tmp_path))
+    for h in find_tables(twin) + served.embeddings.handles(served.collection):
+        assert h.table.packed_slots(h.table_id) is None, h.qualified_name
+
+    since = get_score(src)
+    _touch(src, new[:1])  # takes the hole
+    _touch(src, new[1:])  # the bucket is full: evicts X, not reported (DISCARD)
+    erase(src, {COLLECTION: {"t0": torch.tensor(rest[:1])}}, EvictedItemMode.RETAIN_KEY)  # Y
+    deltas = incremental_dump(src, since)
+    now = RL.ledger_of_model(src)
+    x = (COLLECTION, "t0", old[1])
+    assert x not in now and deltas[COLLECTION].evicted_keys[0] is None  # the case under test
+
+    for name, read, apply in (
+        ("replay_increment", lambda: RL.ledger_of_model(twin), lambda: RL.move_replay_increment(deltas, twin)),
+        ("replay", lambda: RL.ledger_of_served(served), lambda: served.replay(deltas)),
+    ):  # fmt: skip
+        assert x in read(), name
+        apply()
+        RL.check_moved(now, read(), what=f"{name} (whole)")  # every key, nothing stale
