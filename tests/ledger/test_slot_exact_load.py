@@ -91,3 +91,61 @@ def test_discard_replay_after_load_is_exact(tmp_path) -> None:
         assert x in read(), name
         apply()
         RL.check_moved(now, read(), what=f"{name} (whole)")  # every key, nothing stale
+
+
+def test_a_smaller_table_grows_to_the_source_layout_and_keeps_every_slot(tmp_path) -> None:
+    """A target that starts smaller (init_capacity 64) reserves the source's 256 slots
+    (max_capacity allows it) and takes every key at its dumped slot."""
+    from tests.checkpoint.helpers import snapshot, train
+
+    src = make_model(**OPTIONS)
+    train(src, 6, seed=3, key_range=400)
+    erase(src, {COLLECTION: {t: torch.arange(0, 400, 5) for t in ("t0", "t1")}})  # holes
+    DynamicEmbDump(str(tmp_path), src, optim=True)
+    dst = make_model(init_capacity=64, **OPTIONS)
+    DynamicEmbLoad(str(tmp_path), dst, optim=True)
+    want, got = snapshot(src), snapshot(dst)
+    for name in want:
+        assert got[name].slots == want[name].slots, name
+    assert all(h.table.packed_slots(h.table_id) is None for h in find_tables(dst))
+
+
+def test_a_file_whose_slots_break_its_layout_is_refused_before_writing(tmp_path) -> None:
+    """A rewritten file (checksums and manifest recomputed) whose slot lies outside its key's
+    home bucket is refused, naming the file and the key; the target is unchanged."""
+    import dataclasses
+    import glob
+    import json
+    import os
+
+
+
+    from dynamicemb_core.checkpoint.errors import CheckpointCorruptError
+    from dynamicemb_core.checkpoint.format import read_shard, read_shard_identity, write_shard
+    from tests.checkpoint.helpers import train
+
+    src = make_model(**OPTIONS)
+    train(src, 2, seed=4)
+    root = str(tmp_path)
+    DynamicEmbDump(root, src)
+    (path,) = glob.glob(os.path.join(root, COLLECTION, "t0.*"))
+    header, payload = read_shard(path)
+    slots = payload.slots.clone()
+    slots[0] = (slots[0] + 16) % 256  # the next bucket
+    write_shard(path, header, dataclasses.replace(payload, slots=slots))
+    manifest = os.path.join(root, "MANIFEST.json")
+    meta = json.load(open(manifest))
+    for e in meta["files"]:
+        if e["table"] == "t0":
+            e.update(nbytes=os.path.getsize(path), crc32=read_shard_identity(path)[1])
+    json.dump(meta, open(manifest, "w"))
+    dst = make_model(**OPTIONS)
+    train(dst, 1, seed=5)
+    RL.check_refused(
+        lambda: DynamicEmbLoad(root, dst),
+        lambda: RL.ledger_of_model(dst),
+        (CheckpointCorruptError,),
+        match=(os.path.basename(path), f"key {int(payload.keys[0])}", "home bucket"),
+        what="a file with a slot outside its bucket",
+    )
+
