@@ -6,7 +6,9 @@ under the *target's* sharding, so a checkpoint written by N processes loads into
 checked before the first row is written to any table, so a bad checkpoint leaves the model exactly as it
 was: its identity against the manifest (collection, table, kind, rank, world size, row count, dump id,
 header checksum), its checksums, its fit to the target (dim, dtype, score columns, optimizer width), and
-that every key it brings finds a slot in its target table (:func:`check_room`).
+that every key it brings finds a slot in its target table: the slot the file records, when the table
+can take the layout the file was written from (:func:`_slot_plan`, the file's slots checked), else one
+of its home bucket (:func:`check_room`; the table is then marked packed).
 """
 
 from __future__ import annotations
@@ -372,43 +374,64 @@ def _slot_plan(
     world = {h.world_size for h in headers}
     mine = [i for i, h in enumerate(headers) if h.rank == handle.rank]
     if world != {handle.world_size} or len(mine) != 1:
-        return None, 0, (
-            f"loaded from a dump of world size {sorted(world)} into shard {handle.rank} of "
-            f"{handle.world_size}"
+        return (
+            None,
+            0,
+            (
+                f"loaded from a dump of world size {sorted(world)} into shard {handle.rank} of "
+                f"{handle.world_size}"
+            ),
         )
     i = mine[0]
     layout = headers[i].slot_layout
     if layout is None:
         return None, 0, "loaded from a file that records no slots (format 2)"
     if brought[i] != headers[i].num_rows or sum(brought) != brought[i]:
-        return None, 0, (
-            f"the dump's shards own other keys than this one ({headers[i].extra.get('dist_type')}"
-            f" vs {handle.dist_type})"
+        return (
+            None,
+            0,
+            (
+                f"the dump's shards own other keys than this one ({headers[i].extra.get('dist_type')}"
+                f" vs {handle.dist_type})"
+            ),
         )
     held = table.size(t)
     capacity = int(table.capacity(t)) if held else _capacity_for(handle, layout.capacity)
     width = capacity if table.specs[t].single_bucket else int(table.bucket_capacity(t))
     if capacity != layout.capacity or width != layout.bucket_capacity:
-        return None, 0, (
-            f"loaded from a table of capacity {layout.capacity} (buckets of "
-            f"{layout.bucket_capacity}) into one of capacity {capacity} (buckets of {width}"
-            + (f", holding {held} keys" if held else f", max_capacity {table.specs[t].max_capacity}")
-            + ")"
+        return (
+            None,
+            0,
+            (
+                f"loaded from a table of capacity {layout.capacity} (buckets of "
+                f"{layout.bucket_capacity}) into one of capacity {capacity} (buckets of {width}"
+                + (
+                    f", holding {held} keys"
+                    if held
+                    else f", max_capacity {table.specs[t].max_capacity}"
+                )
+                + ")"
+            ),
         )
     keys, slots = read_shard_keys(paths[i]), read_shard_section(paths[i], "slots")
     _check_slots(paths[i], keys, slots, layout)
     if held:
         mine_now = table.export(t)
         order = torch.argsort(keys)
-        where = torch.searchsorted(keys[order], mine_now.keys.cpu()).clamp(max=max(keys.numel() - 1, 0))
+        where = torch.searchsorted(keys[order], mine_now.keys.cpu()).clamp(
+            max=max(keys.numel() - 1, 0)
+        )
         same = (
-            (keys[order][where] == mine_now.keys.cpu()) & (slots[order][where] == mine_now.slots.cpu())
+            (keys[order][where] == mine_now.keys.cpu())
+            & (slots[order][where] == mine_now.slots.cpu())
             if keys.numel()
             else torch.zeros(held, dtype=torch.bool)
         )
         if not bool(same.all()):
-            return None, 0, (
-                f"the table held {int((~same).sum())} keys at other slots than the file's"
+            return (
+                None,
+                0,
+                (f"the table held {int((~same).sum())} keys at other slots than the file's"),
             )
     return i, capacity, ""
 
@@ -547,7 +570,10 @@ def load_tables(
                 bar.update(whole.keys.numel() - p.keys.numel())
                 opt = p.optimizer_states if optim and p.optimizer_states.shape[1] else None
                 if room.source is not None:
-                    a, b = insert_rows_at(handle, p.keys, p.slots, p.embeddings, opt, p.scores, bar), 0
+                    a, b = (
+                        insert_rows_at(handle, p.keys, p.slots, p.embeddings, opt, p.scores, bar),
+                        0,
+                    )
                 else:
                     a, b = insert_rows(handle, p.keys, p.embeddings, opt, p.scores, bar)
                 placed, unplaced = placed + a, unplaced + b
@@ -642,7 +668,11 @@ def DynamicEmbLoad(
     """Load a :func:`DynamicEmbDump` checkpoint into the model's dynamic tables.
 
     Keys are routed by owner under the model's current sharding, so the writer's and reader's process
-    counts may differ. Timestamps are re-based on this process's clock (files store ages); STEP and
+    counts may differ. Where a table can take the layout it was dumped from (same shard of the same
+    world size, the dumped capacity within its ``max_capacity``, the same bucket width), every key
+    goes back to its dumped slot, so the source's ``incremental_dump`` deltas replay into it slot
+    for slot; otherwise the load packs each bucket and marks the table
+    (``ScoredHashTable.packed_slots``; docs/torchrec.md, "Where keys land"). Timestamps are re-based on this process's clock (files store ages); STEP and
     CUSTOMIZED score clocks move forward to the saved ones.
 
     Args:

@@ -323,11 +323,7 @@ def write_shard(path: str, header: ShardHeader, payload: ShardPayload) -> int:
         "world_size": header.world_size,
         "dump_id": header.dump_id,
         "kind": header.kind,
-        **(
-            {"slot_layout": header.slot_layout.to_json()}
-            if header.slot_layout is not None
-            else {}
-        ),
+        **({"slot_layout": header.slot_layout.to_json()} if header.slot_layout is not None else {}),
         "extra": header.extra,
         "payload_nbytes": offset,
         "sections": sections,

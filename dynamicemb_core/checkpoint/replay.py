@@ -362,8 +362,8 @@ def _evict_displaced(job: ReplayJob) -> Tuple[torch.Tensor, _Displaced]:
     and the keys taken out that the delta does not account for.
 
     A target slot may hold a key the source evicted (its replacement is this delta's key), a key the
-    source holds at another slot (a target filled by a load, which packs each bucket: it keeps no
-    holes and follows file order), or a delta key that sits at another slot of its bucket in the
+    source holds at another slot (a target a load had to pack, ``packed_slots``: a delta reporting
+    evictions is needed for it, see :func:`_check_slot_exact`), or a delta key that sits at another slot of its bucket in the
     target. All are removed first so every slot is empty or already holds its key when ``insert_at``
     runs; the second kind is put back by :func:`_relocate`.
     """
@@ -470,13 +470,19 @@ def replay_increment(
     Every key goes to the slot and value row it held in the source. Keys that this process does not own
     (by the global rank and the table's shard world size) are skipped. The target's cache is flushed,
     then the delta's keys, its erased keys and its evicted keys are dropped from it; erased and
-    evicted keys are removed from the table. A target key that stands where a delta key goes and is
-    neither in the delta nor reported erased or evicted moves to a free slot of its bucket with its
-    row (a target filled by ``DynamicEmbLoad`` or ``from_dump`` packs each bucket, so its slots can
-    differ from the source's); where its bucket has none it is dropped, as the source must have
-    evicted it. Exact when the source reports evictions (``EvictedItemMode.RETAIN_KEY``); without
-    it, a key the source evicted and whose bucket then lost a key to ``erase`` within one delta
-    stays in the target.
+    evicted keys are removed from the table.
+
+    Slots: a target whose keys stand at the source's slots (loaded slot for slot by
+    ``DynamicEmbLoad`` or ``from_dump``, which happens whenever it can take the source's layout;
+    built by ``from_model``; or fed every delta from the start) replays any delta exactly. A table
+    a load had to pack (another world size, capacity or bucket width; see
+    ``ScoredHashTable.packed_slots`` and docs/torchrec.md, "Where keys land") may hold, where a
+    delta key goes, a key the source still holds elsewhere: such a key, neither in the delta nor
+    reported erased or evicted, moves to a free slot of its bucket with its row, and where its
+    bucket has none it is dropped, as the source must have evicted it. That is exact when the delta
+    reports the source's evictions (``EvictedItemMode.RETAIN_KEY``); a delta that does not
+    (``DISCARD``, ``evicted_keys`` None) is refused for a packed table before anything is written,
+    since a key the source evicted cannot be told from one the load moved.
 
     Every key of the delta that this process's shards own is written, or an error is raised:
     planned keys are counted against the delta before anything is written, and each written key
@@ -492,8 +498,9 @@ def replay_increment(
         show_progress: force the progress bar on or off.
 
     Raises:
-        IncompatibleDeltaError: a table's layout or the delta's shapes do not fit, or a key cannot be
-            placed at its slot; raised before any table is written.
+        IncompatibleDeltaError: a table's layout or the delta's shapes do not fit, a key cannot be
+            placed at its slot, or a packed table gets a delta without its evictions; raised
+            before any table is written.
     """
     handles = find_tables(model, None)
     jobs = plan_replay(handles, deltas, content, every_shard=False)

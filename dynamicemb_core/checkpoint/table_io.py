@@ -224,9 +224,7 @@ def insert_rows_at(
         k = keys[lo : lo + _CHUNK].to(device)
         at = slots[lo : lo + _CHUNK].to(device)
         found = table.find(k, t)
-        previous = (
-            handle.storage.read_rows(t, found.slots) if optimizer_states is None else None
-        )
+        previous = handle.storage.read_rows(t, found.slots) if optimizer_states is None else None
         opt = None if optimizer_states is None else optimizer_states[lo : lo + _CHUNK]
         rows = assemble_rows(handle, embeddings[lo : lo + _CHUNK], opt, previous, found.found)
         scores = from_ages(ages[lo : lo + _CHUNK].to(device), columns, table_now(handle))

@@ -216,7 +216,9 @@ def _with_slots(n: int = 37):
     header, payload = _shard(n=n)
     layout = SlotLayout(capacity=256, bucket_capacity=16, row_capacity=256, packed=None)
     slots = torch.randperm(256, generator=torch.Generator().manual_seed(n))[:n]
-    return dataclasses.replace(header, slot_layout=layout), dataclasses.replace(payload, slots=slots)
+    return dataclasses.replace(header, slot_layout=layout), dataclasses.replace(
+        payload, slots=slots
+    )
 
 
 def test_slots_and_their_layout_round_trip_and_are_checksummed(tmp_path):
@@ -239,7 +241,9 @@ def test_slots_and_their_layout_round_trip_and_are_checksummed(tmp_path):
 def test_a_damaged_slot_layout_or_slots_without_one_are_refused(tmp_path):
     header, payload = _with_slots()
     with pytest.raises(ValueError, match="slots section goes with a slot_layout"):
-        write_shard(str(tmp_path / "a.demb"), dataclasses.replace(header, slot_layout=None), payload)
+        write_shard(
+            str(tmp_path / "a.demb"), dataclasses.replace(header, slot_layout=None), payload
+        )
     path = str(tmp_path / "s.demb")
     bad = dataclasses.replace(header.slot_layout, bucket_capacity=15)  # 256 is no multiple of 15
     write_shard(path, dataclasses.replace(header, slot_layout=bad), payload)

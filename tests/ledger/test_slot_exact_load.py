@@ -57,7 +57,10 @@ def _served(path: str):
         EmbeddingBagConfig(name=t, embedding_dim=4, num_embeddings=5000, feature_names=[t])
         for t in ("t0", "t1")
     ]
-    opts = {t: table_options(4, **{k: v for k, v in OPTIONS.items() if k != "dims"}) for t in ("t0", "t1")}
+    opts = {
+        t: table_options(4, **{k: v for k, v in OPTIONS.items() if k != "dims"})
+        for t in ("t0", "t1")
+    }
     return InferenceEmbeddingBagCollection.from_dump(path, configs, opts)
 
 
@@ -118,8 +121,6 @@ def test_a_file_whose_slots_break_its_layout_is_refused_before_writing(tmp_path)
     import json
     import os
 
-
-
     from dynamicemb_core.checkpoint.errors import CheckpointCorruptError
     from dynamicemb_core.checkpoint.format import read_shard, read_shard_identity, write_shard
     from tests.checkpoint.helpers import train
@@ -148,4 +149,3 @@ def test_a_file_whose_slots_break_its_layout_is_refused_before_writing(tmp_path)
         match=(os.path.basename(path), f"key {int(payload.keys[0])}", "home bucket"),
         what="a file with a slot outside its bucket",
     )
-
