@@ -291,7 +291,8 @@ def test_a_table_grown_past_max_capacity_round_trips_a_checkpoint(tmp_path) -> N
         warnings.simplefilter("error", DynamicEmbWarning)
         DynamicEmbLoad(str(tmp_path), dst, optim=True)
     a, b = snapshot(src), snapshot(dst)
-    assert sorted(a["ebc/t0"].slots) == keys[0] and sorted(a["ebc/t1"].slots) == keys[1]
+    assert sorted(a["model.ebc/t0"].slots) == keys[0] and sorted(a["model.ebc/t1"].slots) == keys[1]
     assert_same_rows_by_key(a, b)
     for name in a:
         assert a[name].scores == b[name].scores, name
+        assert a[name].slots == b[name].slots, name  # slot-exact: it grew to the source's capacity
