@@ -66,7 +66,7 @@ def _by_key(delta: DeltaDumpResult, i: int) -> Dict[int, Tuple]:
 def _trained_deltas() -> Tuple[torch.nn.Module, Dict[str, DeltaDumpResult]]:
     src = make_model(**EVICTING, evicted_item_mode=RETAIN)
     train(src, 6, seed=1, key_range=300)  # evicts: retained evicted keys travel too
-    erase(src, {"ebc": {"t1": torch.tensor([1, 2, 3])}}, EvictedItemMode.RETAIN_KEY)
+    erase(src, {"model.ebc": {"t1": torch.tensor([1, 2, 3])}}, EvictedItemMode.RETAIN_KEY)
     return src, incremental_dump(src, OLDEST)
 
 
@@ -76,8 +76,8 @@ def test_a_delta_round_trips_exactly_key_by_key_and_replays_the_same(tmp_path) -
     assert save_deltas(deltas, path) == os.path.getsize(path)
     torch.load(path, weights_only=True)  # the file is weights_only-safe as it stands
     loaded = load_deltas(path)
-    assert list(loaded) == list(deltas) == ["ebc"]
-    a, b = deltas["ebc"], loaded["ebc"]
+    assert list(loaded) == list(deltas) == ["model.ebc"]
+    a, b = deltas["model.ebc"], loaded["model.ebc"]
     assert b.table_names == a.table_names == ["t0", "t1"]
     for i in range(len(a)):
         assert a.keys[i].numel() > 0
@@ -119,10 +119,10 @@ def test_a_delta_round_trips_exactly_key_by_key_and_replays_the_same(tmp_path) -
 def test_a_compound_strategy_and_no_optimizer_state_round_trip(tmp_path) -> None:
     src = make_model(optimizer="SGD", score_strategy=(S.LFU, S.TIMESTAMP))
     train(src, 2, seed=2)
-    deltas = incremental_dump(src, {"ebc": {"t0": 0}})  # LFU first: a count threshold
+    deltas = incremental_dump(src, {"model.ebc": {"t0": 0}})  # LFU first: a count threshold
     save_deltas(deltas, str(tmp_path / "d.pt"))
-    loaded = load_deltas(str(tmp_path / "d.pt"))["ebc"]
-    assert loaded.table_names == ["t0"] and _by_key(loaded, 0) == _by_key(deltas["ebc"], 0)
+    loaded = load_deltas(str(tmp_path / "d.pt"))["model.ebc"]
+    assert loaded.table_names == ["t0"] and _by_key(loaded, 0) == _by_key(deltas["model.ebc"], 0)
     assert loaded.meta[0]["table_options"].score_strategies == (S.LFU, S.TIMESTAMP)
     assert loaded.optimizer_states[0].shape[1] == 0
 
