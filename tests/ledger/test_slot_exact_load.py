@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import List
 
+import pytest
 import torch
 
 from dynamicemb_core.checkpoint import (
@@ -48,7 +49,7 @@ def _touch(model, keys: List[int]) -> None:
     model(torch.tensor(keys, dtype=torch.int64), offsets)
 
 
-def _served(path: str):
+def _served(path: str, device: str = "cpu"):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
     from dynamicemb_core.inference import InferenceEmbeddingBagCollection
@@ -61,20 +62,23 @@ def _served(path: str):
         t: table_options(4, **{k: v for k, v in OPTIONS.items() if k != "dims"})
         for t in ("t0", "t1")
     }
-    return InferenceEmbeddingBagCollection.from_dump(path, configs, opts)
+    return InferenceEmbeddingBagCollection.from_dump(path, configs, opts, device)
 
 
-def test_discard_replay_after_load_is_exact(tmp_path) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_discard_replay_after_load_is_exact(tmp_path, device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
     keys = _one_bucket(18)
     old, rest, new = keys[:2], keys[2:16], keys[16:]
-    src = make_model(**OPTIONS)
+    src = make_model(device=device, **OPTIONS)
     _touch(src, old)  # the oldest keys (STEP scores): X = old[1] is evicted later
     _touch(src, rest)  # the bucket is full
     erase(src, {COLLECTION: {"t0": torch.tensor(old[:1])}})  # a hole: a packing load closes it
     DynamicEmbDump(str(tmp_path), src, optim=True)
-    twin = make_model(**OPTIONS)
+    twin = make_model(device=device, **OPTIONS)
     DynamicEmbLoad(str(tmp_path), twin, optim=True)
-    served = _served(str(tmp_path))
+    served = _served(str(tmp_path), device)
     for h in find_tables(twin) + served.embeddings.handles(served.collection):
         assert h.table.packed_slots(h.table_id) is None, h.qualified_name
 
