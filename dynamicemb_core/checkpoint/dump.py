@@ -448,14 +448,14 @@ def _check_slots(path: str, keys: torch.Tensor, slots: torch.Tensor, layout: Slo
     bad = (slots < 0) | (slots >= min(layout.capacity, layout.row_capacity))
     bad |= torch.div(slots, width, rounding_mode="floor") != home
     problem = "lies outside its home bucket"
-    if not bool(bad.any()):
-        for values, what in ((slots, "shares its slot"), (keys, "is listed twice")):
-            ordered, index = torch.sort(values)
-            twice = torch.zeros_like(bad)
-            twice[index[1:]] = ordered[1:] == ordered[:-1]
-            bad, problem = twice, f"{what} with another key of the file"
-            if bool(bad.any()):
-                break
+    if not bool(bad.any()):  # slots in range: count them; keys: unique (a sort) only to test
+        twice_slot = torch.bincount(slots, minlength=layout.capacity)[slots] > 1
+        twice_key = torch.zeros_like(bad)
+        if torch.unique(keys).numel() != keys.numel():
+            ordered, index = torch.sort(keys)
+            twice_key[index[1:]] = ordered[1:] == ordered[:-1]
+        bad = twice_slot | twice_key
+        problem = "shares its slot or key with another row of the file"
     if bool(bad.any()):
         j = int(bad.nonzero()[0])
         raise CheckpointCorruptError(

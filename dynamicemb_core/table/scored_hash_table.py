@@ -698,8 +698,14 @@ class ScoredHashTable:
         *,
         rows: Optional[Tensor] = None,
         scores: Optional[Tensor] = None,
+        distinct: bool = False,
     ) -> None:
         """Put each key at exactly its given local slot (replay), or raise before writing anything.
+
+        ``distinct=True`` says the caller has already checked that no key and no slot appears
+        twice in the batch (a checkpoint load checks a whole file's slots before any table is
+        written) and skips that O(n) check; the kernel's dry run still checks every slot against
+        the table (home bucket, empty or holding the key) before anything is written.
 
         Raises:
             DynamicEmbError: naming the first key whose slot is outside its home bucket, held by
@@ -722,7 +728,11 @@ class ScoredHashTable:
             scores = check_user_scores(scores, where, n, spec.num_scores, self.device)
             words = score_words_from_user(scores, tids, self._reversed, self._compound)
         placed = table_ops.insert_at(keys, tids, slots, self._state, words, True)
-        bad = failing_index(placed, keys, slots)
+        if distinct:
+            refused = (~placed).nonzero()
+            bad = int(refused[0, 0]) if refused.numel() else None
+        else:
+            bad = failing_index(placed, keys, slots)
         if bad is not None:
             raise DynamicEmbError(
                 check_insert_at(
