@@ -378,8 +378,8 @@ def _slot_plan(
             None,
             0,
             (
-                f"loaded from a dump of world size {sorted(world)} into shard {handle.rank} of "
-                f"{handle.world_size}"
+                f"loaded from a dump of world size {', '.join(map(str, sorted(world)))} into "
+                f"shard {handle.rank} of {handle.world_size}"
             ),
         )
     i = mine[0]

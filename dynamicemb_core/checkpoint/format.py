@@ -127,6 +127,7 @@ class SlotLayout:
     packed: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
+        """The header's ``slot_layout`` object."""
         return {
             "capacity": self.capacity,
             "bucket_capacity": self.bucket_capacity,

@@ -153,3 +153,49 @@ def test_a_file_whose_slots_break_its_layout_is_refused_before_writing(tmp_path)
         match=(os.path.basename(path), f"key {int(payload.keys[0])}", "home bucket"),
         what="a file with a slot outside its bucket",
     )
+
+
+def test_a_served_table_never_grows_past_its_buffers(tmp_path) -> None:
+    """A NO_EVICTION trainer grows past max_capacity; a served collection's rows live in buffers
+    sized when it is built, so its tables never grow: served at the planned max_capacity the dump
+    is refused (before, the hash table grew under the buffers and rows were misaddressed); served
+    at the trainer's grown capacity every key lands at its slot with its row."""
+    import pytest
+
+    from dynamicemb_core.checkpoint.errors import CheckpointMismatchError
+    from dynamicemb_core.config import DynamicEmbScoreStrategy
+
+    kw = dict(
+        dims=(4, 4),
+        score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+        max_capacity=16,
+        init_capacity=16,
+        bucket_capacity=16,
+    )
+    src = make_model(**kw)
+    src(torch.arange(140), torch.tensor([0, 100, 140])).pow(2).sum().backward()
+    DynamicEmbDump(str(tmp_path), src)
+    grown = {h.name: int(h.table.capacity(h.table_id)) for h in find_tables(src)}
+    assert grown["t0"] > 16
+
+    def served(capacity):
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+        from dynamicemb_core.inference import InferenceEmbeddingBagCollection
+
+        configs = [
+            EmbeddingBagConfig(name=t, embedding_dim=4, num_embeddings=200, feature_names=[t])
+            for t in ("t0", "t1")
+        ]
+        opts = {k: v for k, v in kw.items() if k not in ("dims", "max_capacity", "init_capacity")}
+        options = {
+            t: table_options(4, max_capacity=capacity[t], init_capacity=capacity[t], **opts)
+            for t in ("t0", "t1")
+        }
+        return InferenceEmbeddingBagCollection.from_dump(str(tmp_path), configs, options)
+
+    with pytest.raises(CheckpointMismatchError, match="max_capacity of 16"):
+        served({"t0": 16, "t1": 16})
+    s = served(grown)
+    RL.check_moved(RL.ledger_of_model(src), RL.ledger_of_served(s), what="from_dump (grown)")
+    assert all(h.table.packed_slots(h.table_id) is None for h in s.embeddings.handles(s.collection))
