@@ -6,7 +6,9 @@ under the *target's* sharding, so a checkpoint written by N processes loads into
 checked before the first row is written to any table, so a bad checkpoint leaves the model exactly as it
 was: its identity against the manifest (collection, table, kind, rank, world size, row count, dump id,
 header checksum), its checksums, its fit to the target (dim, dtype, score columns, optimizer width), and
-that every key it brings finds a slot in its target table (:func:`check_room`).
+that every key it brings finds a slot in its target table: the slot the file records, when the table
+can take the layout the file was written from (:func:`_slot_plan`, the file's slots checked), else one
+of its home bucket (:func:`check_room`; the table is then marked packed).
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from dynamicemb_core.checkpoint.format import (
     ROWS,
     ShardHeader,
     ShardPayload,
+    SlotLayout,
     check_header,
     read_shard,
     read_shard_identity,
     read_shard_keys,
+    read_shard_section,
     verify_shard,
 )
+from dynamicemb_core.checkpoint.layout import bucket_capacity
 from dynamicemb_core.checkpoint.manifest import (
     COUNTER,
     MANIFEST_NAME,
@@ -71,7 +76,12 @@ from dynamicemb_core.checkpoint.state import (
     score_clock,
     training_state,
 )
-from dynamicemb_core.checkpoint.table_io import check_room, export_rows, insert_rows
+from dynamicemb_core.checkpoint.table_io import (
+    check_room,
+    export_rows,
+    insert_rows,
+    insert_rows_at,
+)
 from dynamicemb_core.checkpoint.types import TableHandle
 
 __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "dump_tables", "load_tables"]
@@ -101,6 +111,12 @@ def _header(
         world_size=world,
         extra=extra,
         dump_id=dump_id,
+        slot_layout=SlotLayout(
+            capacity=int(handle.table.capacity(handle.table_id)),
+            bucket_capacity=bucket_capacity(handle),
+            row_capacity=handle.row_capacity,
+            packed=handle.table.packed_slots(handle.table_id),
+        ),
     )
 
 
@@ -178,6 +194,7 @@ def dump_tables(
             embeddings=rows.embeddings,
             optimizer_states=rows.optimizer_states if optim else rows.optimizer_states[:, :0],
             scores=rows.scores,
+            slots=rows.slots,
         )
         entries.append(write_entry(path, header, payload, ROWS))
         if counter and handle.counter is not None:
@@ -292,36 +309,197 @@ def _owned(payload: ShardPayload, handle: TableHandle) -> ShardPayload:
     return ShardPayload(*(t[keep] for _, t in payload.sections()))
 
 
-def _owned_keys(handle: TableHandle, paths: Sequence[str]) -> torch.Tensor:
+def _owned_keys(handle: TableHandle, paths: Sequence[str]) -> Tuple[torch.Tensor, List[int]]:
     """The keys of ``paths`` that ``handle``'s shard owns, after checking every section's checksum
-    of each file (holding a chunk and the keys section at a time). A dump's files hold each key once; a key
-    listed twice (a crafted folder) is counted twice, which can only make the room check stricter."""
+    of each file (holding a chunk and the keys section at a time), and how many each file brings.
+    A dump's files hold each key once; a key listed twice (a crafted folder) is counted twice,
+    which can only make the room check stricter."""
     parts = [torch.empty(0, dtype=torch.int64)]
     for full in paths:
         verify_shard(full)  # every section's checksum, a chunk at a time
         keys = read_shard_keys(full)
         parts.append(keys[owned_mask(keys, handle)])
-    return torch.cat(parts)
+    return torch.cat(parts), [p.numel() for p in parts[1:]]
 
 
-def _check_rooms(plan: Plan) -> List[Tuple[TableHandle, torch.Tensor, int, int]]:
-    """Per table, its owned keys, the capacity it must grow to, and the keys it holds after the
-    load, refusing (:func:`check_room`) a table that cannot hold them all."""
+@dataclasses.dataclass
+class _Room:
+    """What the load of one table will do, decided before anything is written.
+
+    Attributes:
+        handle: the table; keys: the keys it takes (owned by its shard); capacity: the capacity
+        it grows to first; total: keys it holds after the load.
+        source: with a slot-exact load, the index (in the table's file list) of the one file
+            whose keys go back to their recorded slots; None: a packing load.
+        layout: that file's slot layout.
+        packed: why the load packs (None when slot-exact); the table records it
+            (``ScoredHashTable.packed_slots``).
+    """
+
+    handle: TableHandle
+    keys: torch.Tensor
+    capacity: int
+    total: int
+    source: Optional[int] = None
+    layout: Optional[SlotLayout] = None
+    packed: Optional[str] = None
+
+
+def _capacity_for(handle: TableHandle, wanted: int) -> int:
+    """The capacity ``reserve(wanted)`` would reach if memory allows: doubling from today's,
+    stopping at ``max_capacity`` unless the table grows past it (NO_EVICTION)."""
+    spec = handle.table.specs[handle.table_id]
+    capacity = int(handle.table.capacity(handle.table_id))
+    while capacity < wanted:
+        if capacity >= spec.max_capacity and not spec.grows_past_max_capacity:
+            break
+        capacity *= 2
+    return capacity
+
+
+def _slot_plan(
+    handle: TableHandle, headers: Sequence[ShardHeader], paths: Sequence[str], brought: List[int]
+) -> Tuple[Optional[int], int, str]:
+    """Whether ``handle``'s table can take its keys at the slots their file records.
+
+    It can when one file holds all the keys the shard owns, written by the same shard of the same
+    world size (all its keys owned here), with its slots (format 3); and the table reaches the
+    file's capacity (empty: by growing to it within ``max_capacity``; holding keys: it has it,
+    and each key it holds is in the file at the slot it already has) with the same bucket width.
+
+    Returns:
+        ``(file index or None, capacity, why not)``.
+    """
+    table, t = handle.table, handle.table_id
+    world = {h.world_size for h in headers}
+    mine = [i for i, h in enumerate(headers) if h.rank == handle.rank]
+    if world != {handle.world_size} or len(mine) != 1:
+        return (
+            None,
+            0,
+            (
+                f"loaded from a dump of world size {', '.join(map(str, sorted(world)))} into "
+                f"shard {handle.rank} of {handle.world_size}"
+            ),
+        )
+    i = mine[0]
+    layout = headers[i].slot_layout
+    if layout is None:
+        return None, 0, "loaded from a file that records no slots (format 2)"
+    if brought[i] != headers[i].num_rows or sum(brought) != brought[i]:
+        return (
+            None,
+            0,
+            (
+                f"the dump's shards own other keys than this one ({headers[i].extra.get('dist_type')}"
+                f" vs {handle.dist_type})"
+            ),
+        )
+    held = table.size(t)
+    capacity = int(table.capacity(t)) if held else _capacity_for(handle, layout.capacity)
+    width = capacity if table.specs[t].single_bucket else int(table.bucket_capacity(t))
+    if capacity != layout.capacity or width != layout.bucket_capacity:
+        return (
+            None,
+            0,
+            (
+                f"loaded from a table of capacity {layout.capacity} (buckets of "
+                f"{layout.bucket_capacity}) into one of capacity {capacity} (buckets of {width}"
+                + (
+                    f", holding {held} keys"
+                    if held
+                    else f", max_capacity {table.specs[t].max_capacity}"
+                )
+                + ")"
+            ),
+        )
+    keys, slots = read_shard_keys(paths[i]), read_shard_section(paths[i], "slots")
+    _check_slots(paths[i], keys, slots, layout)
+    if held:
+        mine_now = table.export(t)
+        order = torch.argsort(keys)
+        where = torch.searchsorted(keys[order], mine_now.keys.cpu()).clamp(
+            max=max(keys.numel() - 1, 0)
+        )
+        same = (
+            (keys[order][where] == mine_now.keys.cpu())
+            & (slots[order][where] == mine_now.slots.cpu())
+            if keys.numel()
+            else torch.zeros(held, dtype=torch.bool)
+        )
+        if not bool(same.all()):
+            return (
+                None,
+                0,
+                (f"the table held {int((~same).sum())} keys at other slots than the file's"),
+            )
+    return i, capacity, ""
+
+
+def _check_slots(path: str, keys: torch.Tensor, slots: torch.Tensor, layout: SlotLayout) -> None:
+    """A file's slots fit its own layout: each in its key's home bucket, none twice, below the
+    row capacity; raise CheckpointCorruptError naming the file and the first bad key otherwise."""
+    from dynamicemb_core.table.hashing import buckets_of_tensor
+
+    if not keys.numel():
+        return
+    width = layout.bucket_capacity
+    home = buckets_of_tensor(keys, layout.capacity // width)
+    bad = (slots < 0) | (slots >= min(layout.capacity, layout.row_capacity))
+    bad |= torch.div(slots, width, rounding_mode="floor") != home
+    problem = "lies outside its home bucket"
+    if not bool(bad.any()):  # slots in range: count them; keys: unique (a sort) only to test
+        twice_slot = torch.bincount(slots, minlength=layout.capacity)[slots] > 1
+        twice_key = torch.zeros_like(bad)
+        if torch.unique(keys).numel() != keys.numel():
+            ordered, index = torch.sort(keys)
+            twice_key[index[1:]] = ordered[1:] == ordered[:-1]
+        bad = twice_slot | twice_key
+        problem = "shares its slot or key with another row of the file"
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0])
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: key {int(keys[j])} at slot {int(slots[j])} {problem} "
+            f"(capacity {layout.capacity}, buckets of {width}); nothing was written"
+        )
+
+
+def _check_rooms(plan: Plan) -> List[_Room]:
+    """Per table, how it takes its keys (:func:`_slot_plan`: slot for slot when it can, else
+    packed), the capacity it must grow to, and the keys it holds after the load, refusing
+    (:func:`check_room`) a table that cannot hold them all."""
     rooms = []
-    for handle, _, paths in plan:
-        keys = _owned_keys(handle, paths)
-        capacity, total = check_room(handle, keys)
-        rooms.append((handle, keys, capacity, total))
+    for handle, headers, paths in plan:
+        keys, brought = _owned_keys(handle, paths)
+        source, capacity, why = _slot_plan(handle, headers, paths, brought)
+        if source is not None:
+            layout = headers[source].slot_layout
+            total = keys.numel()  # the keys held already are the file's (checked)
+            rooms.append(_Room(handle, keys, capacity, total, source, layout, layout.packed))
+        else:
+            capacity, total = check_room(handle, keys)
+            rooms.append(_Room(handle, keys, capacity, total, packed=why))
     return rooms
 
 
-def _grow(rooms: List[Tuple[TableHandle, torch.Tensor, int, int]]) -> None:
+def _grow(rooms: List[_Room]) -> None:
     """Grow every table to the capacity its check planned (a rehash: keys and rows stay). Where
-    memory stops a table short of it, check its buckets again at the capacity it reached."""
-    for handle, keys, capacity, _ in rooms:
-        reached = handle.table.reserve(handle.table_id, capacity)
-        if reached < capacity:
-            check_room(handle, keys, reached)
+    memory stops a table short of it, a slot-exact load turns into a packing one, and the
+    table's buckets are checked again at the capacity it reached."""
+    for room in rooms:
+        handle = room.handle
+        reached = handle.table.reserve(handle.table_id, room.capacity)
+        if room.layout is not None and (
+            reached != room.layout.capacity or handle.row_capacity < room.layout.row_capacity
+        ):
+            room.source, room.layout = None, None
+            room.packed = (
+                f"the table reached {reached} slots ({handle.row_capacity} rows) of the "
+                f"source's {room.capacity}"
+            )
+            room.capacity, room.total = check_room(handle, room.keys, reached)
+        elif reached < room.capacity:
+            check_room(handle, room.keys, reached)
 
 
 def _check_landed(handle: TableHandle, keys: torch.Tensor, total: int, unplaced: int) -> None:
@@ -375,24 +553,34 @@ def load_tables(
     for _, _, paths in counters:
         for full in paths:
             verify_shard(full)  # every checksum, before any table is written
-    rooms = _check_rooms(plan)  # reads every rows file: checksums, then room for its keys
+    rooms = _check_rooms(plan)  # reads every rows file: checksums, slots, room for its keys
     _grow(rooms)
     result: Dict[str, Tuple[int, int]] = {}
-    for (handle, headers, paths), (_, owned, _, held) in zip(plan, rooms, strict=True):
+    for (handle, headers, paths), room in zip(plan, rooms, strict=True):
         total = sum(h.num_rows for h in headers)
         placed = unplaced = 0
         desc = f"load {handle.qualified_name}"
         with row_bar(total, desc, rank=rank_for_bar, show_progress=show_progress) as bar:
-            for full in paths:  # one file in memory at a time
+            for j, full in enumerate(paths):  # one file in memory at a time
+                if room.source is not None and j != room.source:
+                    bar.update(headers[j].num_rows)  # owns none of this shard's keys (checked)
+                    continue
                 _, whole = read_shard(full)
                 p = _owned(whole, handle)
                 bar.update(whole.keys.numel() - p.keys.numel())
                 opt = p.optimizer_states if optim and p.optimizer_states.shape[1] else None
-                a, b = insert_rows(handle, p.keys, p.embeddings, opt, p.scores, bar)
+                if room.source is not None:
+                    a, b = (
+                        insert_rows_at(handle, p.keys, p.slots, p.embeddings, opt, p.scores, bar),
+                        0,
+                    )
+                else:
+                    a, b = insert_rows(handle, p.keys, p.embeddings, opt, p.scores, bar)
                 placed, unplaced = placed + a, unplaced + b
                 if handle.drop_from_cache is not None:
                     handle.drop_from_cache(p.keys)
-        _check_landed(handle, owned, held, unplaced)
+        _check_landed(handle, room.keys, room.total, unplaced)
+        handle.table.set_packed_slots(handle.table_id, room.packed)
         restore_score_clock(handle, saved_score_clock(headers))
         before = result.get(handle.qualified_name, (0, 0))  # a served table's shards add up
         result[handle.qualified_name] = (before[0] + placed, before[1] + unplaced)
@@ -480,7 +668,11 @@ def DynamicEmbLoad(
     """Load a :func:`DynamicEmbDump` checkpoint into the model's dynamic tables.
 
     Keys are routed by owner under the model's current sharding, so the writer's and reader's process
-    counts may differ. Timestamps are re-based on this process's clock (files store ages); STEP and
+    counts may differ. Where a table can take the layout it was dumped from (same shard of the same
+    world size, the dumped capacity within its ``max_capacity``, the same bucket width), every key
+    goes back to its dumped slot, so the source's ``incremental_dump`` deltas replay into it slot
+    for slot; otherwise the load packs each bucket and marks the table
+    (``ScoredHashTable.packed_slots``; docs/torchrec.md, "Where keys land"). Timestamps are re-based on this process's clock (files store ages); STEP and
     CUSTOMIZED score clocks move forward to the saved ones.
 
     Args:

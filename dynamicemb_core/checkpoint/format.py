@@ -1,9 +1,9 @@
-"""The on-disk format of one table shard: a self-describing header, then four sections.
+"""The on-disk format of one table shard: a self-describing header, then four or five sections.
 
 One file holds one table's rows from one writer rank::
 
     magic "DEMBSHRD" (8 bytes) | format version u32 | header length u32 | header crc32 u32
-    | header (UTF-8 JSON) | keys | embeddings | optimizer_states | scores
+    | header (UTF-8 JSON) | keys | embeddings | optimizer_states | scores [| slots]
 
 The header carries everything a reader needs to refuse a file before touching a table: its identity
 (collection, table name, kind ``rows`` / ``counter``, writer rank and world size, and the ``dump_id`` shared
@@ -13,6 +13,13 @@ the strategy tuple's order,
 and per section its dtype, shape, offset, byte length and crc32 (zlib). Sections are little-endian, row
 major. Timestamp score columns are stored as *ages* (nanoseconds before the dump) because a device clock
 means nothing on another device or after a restart (the same rule as incremental_dump's deltas).
+
+A rows file (format 3) also records where each key stood: the ``slots`` section, (n,) int64 table-local
+slots, and the header's ``slot_layout`` (the writer table's ``capacity``, ``bucket_capacity`` and
+``row_capacity`` those slots refer to, and ``packed``: why the writer's own keys do not stand at the slots
+of the table it was loaded from, or null). A load that can take that layout puts every key back at its
+slot, so deltas of the writer replay into the loaded table slot for slot (docs/torchrec.md, "Where keys
+land"). The section has a crc32 like the others and is covered by the header's checksum.
 
 Why JSON in a binary file: the header is a few hundred bytes, human-inspectable with ``head -c``, and new
 fields can be added without a version bump; the payload stays raw so a row section can be memory-mapped.
@@ -34,6 +41,8 @@ from dynamicemb_core.checkpoint.errors import CheckpointCorruptError, Checkpoint
 
 __all__ = [
     "FORMAT_VERSION",
+    "READABLE_VERSIONS",
+    "SlotLayout",
     "ROWS",
     "COUNTER",
     "MAGIC",
@@ -46,6 +55,7 @@ __all__ = [
     "read_shard_header",
     "read_shard_identity",
     "read_shard_keys",
+    "read_shard_section",
     "verify_shard",
     "write_shard",
 ]
@@ -53,11 +63,17 @@ __all__ = [
 MAGIC = b"DEMBSHRD"
 # 2: files and manifest name their dump (``dump_id``) and kind; the manifest records each file's header
 # checksum. Version 1 files (no dump identity) are refused: re-dump them with this build.
-FORMAT_VERSION = 2
+# 3: rows files record each key's slot and the layout of the table they were written from
+# (``slot_layout`` and the ``slots`` section). Version 2 files are still read; their rows are
+# placed as a packing load places them (a new header field needs a new version: a reader refuses
+# fields it does not know, so a version 2 build says "format version 3" rather than "damaged").
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 ROWS = "rows"  # a table's keys and rows
 COUNTER = "counter"  # a table's admission counter: keys and counts
 _PREFIX = struct.Struct("<8sIII")  # magic, version, header length, header crc32
 _SECTIONS = ("keys", "embeddings", "optimizer_states", "scores")
+_SLOTS = "slots"  # the fifth section, present exactly when the header has a slot_layout
 _ALIGN = (
     64  # bytes; every section starts on this boundary so it can be viewed (or mmapped) in place
 )
@@ -92,6 +108,53 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 @dataclass(frozen=True)
+class SlotLayout:
+    """The layout of the table a rows file was written from: what its ``slots`` section means.
+
+    Attributes:
+        capacity: the table's slots (the shard's, for a sharded table) when it was written.
+        bucket_capacity: slots per bucket then (a key's slot lies in bucket
+            ``hash(key) % (capacity // bucket_capacity)``).
+        row_capacity: value rows behind the slots.
+        packed: None when the writer's keys stood where its source put them (a table that trained
+            itself, or loaded slot for slot); otherwise why not (it was filled by a packing load),
+            which a table loaded from this file inherits.
+    """
+
+    capacity: int
+    bucket_capacity: int
+    row_capacity: int
+    packed: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The header's ``slot_layout`` object."""
+        return {
+            "capacity": self.capacity,
+            "bucket_capacity": self.bucket_capacity,
+            "row_capacity": self.row_capacity,
+            "packed": self.packed,
+        }
+
+
+def _slot_layout(path: str, raw: Any) -> SlotLayout:
+    fields = ("capacity", "bucket_capacity", "row_capacity")
+    ok = (
+        isinstance(raw, dict)
+        and set(raw) == set(fields) | {"packed"}
+        and all(_typed(raw[k], int) and raw[k] > 0 for k in fields)
+        and (raw["packed"] is None or isinstance(raw["packed"], str))
+        and raw["capacity"] % raw["bucket_capacity"] == 0
+    )
+    if not ok:
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: damaged header: slot_layout {raw!r} is not "
+            "{capacity, bucket_capacity, row_capacity: positive ints (capacity a multiple of "
+            "bucket_capacity), packed: null or a string}"
+        )
+    return SlotLayout(**raw)
+
+
+@dataclass(frozen=True)
 class ShardHeader:
     """What a shard file says about itself (everything except the per-section layout).
 
@@ -110,6 +173,8 @@ class ShardHeader:
         dump_id: the identity of the dump that wrote the file (random, shared by all its files
             and recorded in its manifest); a load refuses a file whose id differs from the manifest's.
         kind: ``"rows"`` or ``"counter"``.
+        slot_layout: the writer table's layout; set exactly when the file has a ``slots``
+            section (every rows file of format 3; None for counters and format 2 files).
     """
 
     table_name: str
@@ -125,6 +190,7 @@ class ShardHeader:
     state_dtype: Optional[torch.dtype] = None
     dump_id: str = ""
     kind: str = ROWS
+    slot_layout: Optional[SlotLayout] = None
 
     @property
     def states_dtype(self) -> torch.dtype:
@@ -154,29 +220,40 @@ class ShardPayload:
         embeddings: (n, dim) of the header's dtype.
         optimizer_states: (n, optimizer_width) of the header's dtype; (n, 0) when none are stored.
         scores: (n, num_scores) int64, timestamp columns as ages.
+        slots: (n,) int64 table-local slot of each key, or None (a file without a slot_layout).
     """
 
     keys: torch.Tensor
     embeddings: torch.Tensor
     optimizer_states: torch.Tensor
     scores: torch.Tensor
+    slots: Optional[torch.Tensor] = None
 
     def sections(self) -> List[Tuple[str, torch.Tensor]]:
-        """Sections in file order."""
-        return [(name, getattr(self, name)) for name in _SECTIONS]
+        """Sections in file order (``slots`` last, when present)."""
+        names = _SECTIONS + ((_SLOTS,) if self.slots is not None else ())
+        return [(name, getattr(self, name)) for name in names]
 
 
 def _expected_shapes(header: ShardHeader) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
     n = header.num_rows
-    return {
+    shapes = {
         "keys": ((n,), torch.int64),
         "embeddings": ((n, header.dim), header.dtype),
         "optimizer_states": ((n, header.optimizer_width), header.states_dtype),
         "scores": ((n, header.num_scores), torch.int64),
     }
+    if header.slot_layout is not None:
+        shapes[_SLOTS] = ((n,), torch.int64)
+    return shapes
 
 
 def _validate_payload(header: ShardHeader, payload: ShardPayload) -> None:
+    if (header.slot_layout is None) != (payload.slots is None):
+        raise ValueError(
+            f"checkpoint: {header.describe()}: a slots section goes with a slot_layout in the "
+            "header, and only with it"
+        )
     for name, (shape, dtype) in _expected_shapes(header).items():
         tensor = getattr(payload, name)
         if tuple(tensor.shape) != shape or tensor.dtype != dtype:
@@ -247,6 +324,7 @@ def write_shard(path: str, header: ShardHeader, payload: ShardPayload) -> int:
         "world_size": header.world_size,
         "dump_id": header.dump_id,
         "kind": header.kind,
+        **({"slot_layout": header.slot_layout.to_json()} if header.slot_layout is not None else {}),
         "extra": header.extra,
         "payload_nbytes": offset,
         "sections": sections,
@@ -268,15 +346,15 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
         raise CheckpointCorruptError(
             f"checkpoint file {path}: not a dynamicemb shard (magic {magic!r}, expected {MAGIC!r})"
         )
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         old = (
             " (written before files named their dump; re-dump it with this build)"
-            if version < FORMAT_VERSION
+            if version < min(READABLE_VERSIONS)
             else ""
         )
         raise CheckpointCorruptError(
-            f"checkpoint file {path}: format version {version}; this build reads version "
-            f"{FORMAT_VERSION}{old}"
+            f"checkpoint file {path}: format version {version}; this build reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}{old}"
         )
     end = _PREFIX.size + header_len
     if len(raw) < end:
@@ -303,7 +381,13 @@ def _parse_header(path: str, raw: bytes, file_size: int) -> Tuple[ShardHeader, D
         extra=dict(meta.get("extra", {})),
         dump_id=meta["dump_id"],
         kind=meta["kind"],
+        slot_layout=_slot_layout(path, meta["slot_layout"]) if "slot_layout" in meta else None,
     )
+    if header.slot_layout is not None and (version < 3 or header.kind != ROWS):
+        raise CheckpointCorruptError(
+            f"checkpoint file {path}: damaged header: a slot_layout in a {header.kind} file of "
+            f"format version {version}"
+        )
     expected_size = end + meta["payload_nbytes"]
     if file_size != expected_size:
         what = "truncated" if file_size < expected_size else "has trailing bytes"
@@ -329,6 +413,7 @@ _HEADER_FIELDS: Dict[str, Tuple[type, bool]] = {
     "world_size": (int, True),
     "dump_id": (str, True),
     "kind": (str, True),
+    "slot_layout": (dict, False),
     "extra": (dict, False),
     "payload_nbytes": (int, True),
     "sections": (list, True),
@@ -472,9 +557,8 @@ def read_shard(path: str) -> Tuple[ShardHeader, ShardPayload]:
     expected = _expected_shapes(header)
     tensors: Dict[str, torch.Tensor] = {}
     by_name = {s["name"]: s for s in meta["sections"]}
-    for name in _SECTIONS:
+    for name, (shape, dtype) in expected.items():
         sec = by_name.get(name)
-        shape, dtype = expected[name]
         if sec is None or tuple(sec["shape"]) != shape or dtype_from_name(sec["dtype"]) != dtype:
             raise CheckpointCorruptError(
                 f"checkpoint file {path}: section '{name}' is missing or disagrees with the header"
@@ -499,26 +583,34 @@ def read_shard_keys(path: str) -> torch.Tensor:
     """A shard's keys section alone, checked against its crc32 (the header checked as by
     :func:`read_shard_header`): what a load needs to plan its tables' room without holding the
     rows. Raises CheckpointCorruptError as :func:`read_shard`."""
+    return read_shard_section(path, "keys")
+
+
+def read_shard_section(path: str, name: str) -> torch.Tensor:
+    """One (n,) int64 section of a shard (``"keys"`` or ``"slots"``), checked against its crc32
+    and the header; raises CheckpointCorruptError as :func:`read_shard`, also when the file has
+    no such section."""
     with open(path, "rb") as f:
         header, meta, start = _read_header(path, f)
-        (sec,) = [s for s in meta["sections"] if s["name"] == "keys"] or [None]
+        (sec,) = [s for s in meta["sections"] if s["name"] == name] or [None]
         n = header.num_rows
         if (
             sec is None
+            or name not in _expected_shapes(header)
             or tuple(sec["shape"]) != (n,)
             or sec["dtype"] != "int64"
             or sec["nbytes"] != 8 * n
         ):
             raise CheckpointCorruptError(
-                f"checkpoint file {path}: section 'keys' is missing or disagrees with the header"
+                f"checkpoint file {path}: section '{name}' is missing or disagrees with the header"
             )
         f.seek(start + sec["offset"])
         raw = bytearray(f.read(sec["nbytes"]))
     if len(raw) != sec["nbytes"]:
-        raise CheckpointCorruptError(f"checkpoint file {path}: truncated in section 'keys'")
+        raise CheckpointCorruptError(f"checkpoint file {path}: truncated in section '{name}'")
     if zlib.crc32(raw) != sec["crc32"]:
         raise CheckpointCorruptError(
-            f"checkpoint file {path}: section 'keys' checksum mismatch (file is corrupt)"
+            f"checkpoint file {path}: section '{name}' checksum mismatch (file is corrupt)"
         )
     return torch.frombuffer(raw, dtype=torch.int64) if n else torch.empty(0, dtype=torch.int64)
 

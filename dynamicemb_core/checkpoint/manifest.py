@@ -32,6 +32,7 @@ from dynamicemb_core.checkpoint.errors import CheckpointCorruptError, Checkpoint
 from dynamicemb_core.checkpoint.format import (
     COUNTER,
     FORMAT_VERSION,
+    READABLE_VERSIONS,
     ROWS,
     ShardHeader,
     ShardPayload,
@@ -317,17 +318,15 @@ def read_manifest(root: str) -> List[ManifestEntry]:
             f"checkpoint file {path}: a manifest is a JSON object, this is {type(meta).__name__}"
         )
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if not (_typed(version, int) and version in READABLE_VERSIONS):
         old = (
             " (written before checkpoints named their dump; re-dump it with this build)"
-            if isinstance(version, int)
-            and not isinstance(version, bool)
-            and version < FORMAT_VERSION
+            if _typed(version, int) and version < min(READABLE_VERSIONS)
             else ""
         )
         raise CheckpointCorruptError(
-            f"checkpoint file {path}: format version {version!r}; this build reads "
-            f"{FORMAT_VERSION}{old}"
+            f"checkpoint file {path}: format version {version!r}; this build reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}{old}"
         )
     problems = [f"'{k}' is missing" for k in _MANIFEST_KEYS if k not in meta]
     problems += [f"unexpected field '{k}'" for k in sorted(set(meta) - set(_MANIFEST_KEYS))]

@@ -139,6 +139,27 @@ def _column_permutation(
     return [order.index(s) for s in target.score_strategies]
 
 
+def _check_slot_exact(handle: TableHandle, delta: DeltaDumpResult, i: int) -> None:
+    """Refuse a delta without its evictions into a table whose keys a load packed.
+
+    In such a table a delta key's slot may hold a key the source still has elsewhere (the load
+    put it there) or one the source evicted to make room; only the delta's ``evicted_keys``
+    (``EvictedItemMode.RETAIN_KEY``) tell the two apart. Without them the replay would guess,
+    and a wrong guess keeps a key the source no longer holds, silently."""
+    packed = handle.table.packed_slots(handle.table_id)
+    evicted = delta.evicted_keys[i] if i < len(delta.evicted_keys) else None
+    if packed is not None and evicted is None:
+        shard = f"shard {handle.rank} of {handle.world_size}: " if handle.world_size > 1 else ""
+        raise _fail(
+            handle,
+            f"{shard}its keys do not stand at the source's slots ({packed}), and the delta does "
+            "not report the source's evictions (evicted_item_mode=DISCARD), so a key the source "
+            "evicted cannot be told from one the load moved. Load a DynamicEmbDump of the source "
+            "at its own world size and capacity (slot for slot), or train the source with "
+            "evicted_item_mode=RETAIN_KEY",
+        )
+
+
 def _owned(handle: TableHandle, keys: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
     if keys is None:
         return torch.empty(0, dtype=torch.int64, device=device)
@@ -152,6 +173,7 @@ def _plan_table(
     check_dist_type_supported(handle, "replay_increment")
     meta = delta.meta[i]
     check_layout(handle, meta)
+    _check_slot_exact(handle, delta, i)
     keys = _check_tensor(handle, "keys", delta.keys[i], (delta.keys[i].shape[0],), (torch.int64,))
     n = keys.shape[0]
     slots = _check_tensor(
@@ -340,8 +362,8 @@ def _evict_displaced(job: ReplayJob) -> Tuple[torch.Tensor, _Displaced]:
     and the keys taken out that the delta does not account for.
 
     A target slot may hold a key the source evicted (its replacement is this delta's key), a key the
-    source holds at another slot (a target filled by a load, which packs each bucket: it keeps no
-    holes and follows file order), or a delta key that sits at another slot of its bucket in the
+    source holds at another slot (a target a load had to pack, ``packed_slots``: a delta reporting
+    evictions is needed for it, see :func:`_check_slot_exact`), or a delta key that sits at another slot of its bucket in the
     target. All are removed first so every slot is empty or already holds its key when ``insert_at``
     runs; the second kind is put back by :func:`_relocate`.
     """
@@ -448,13 +470,19 @@ def replay_increment(
     Every key goes to the slot and value row it held in the source. Keys that this process does not own
     (by the global rank and the table's shard world size) are skipped. The target's cache is flushed,
     then the delta's keys, its erased keys and its evicted keys are dropped from it; erased and
-    evicted keys are removed from the table. A target key that stands where a delta key goes and is
-    neither in the delta nor reported erased or evicted moves to a free slot of its bucket with its
-    row (a target filled by ``DynamicEmbLoad`` or ``from_dump`` packs each bucket, so its slots can
-    differ from the source's); where its bucket has none it is dropped, as the source must have
-    evicted it. Exact when the source reports evictions (``EvictedItemMode.RETAIN_KEY``); without
-    it, a key the source evicted and whose bucket then lost a key to ``erase`` within one delta
-    stays in the target.
+    evicted keys are removed from the table.
+
+    Slots: a target whose keys stand at the source's slots (loaded slot for slot by
+    ``DynamicEmbLoad`` or ``from_dump``, which happens whenever it can take the source's layout;
+    built by ``from_model``; or fed every delta from the start) replays any delta exactly. A table
+    a load had to pack (another world size, capacity or bucket width; see
+    ``ScoredHashTable.packed_slots`` and docs/torchrec.md, "Where keys land") may hold, where a
+    delta key goes, a key the source still holds elsewhere: such a key, neither in the delta nor
+    reported erased or evicted, moves to a free slot of its bucket with its row, and where its
+    bucket has none it is dropped, as the source must have evicted it. That is exact when the delta
+    reports the source's evictions (``EvictedItemMode.RETAIN_KEY``); a delta that does not
+    (``DISCARD``, ``evicted_keys`` None) is refused for a packed table before anything is written,
+    since a key the source evicted cannot be told from one the load moved.
 
     Every key of the delta that this process's shards own is written, or an error is raised:
     planned keys are counted against the delta before anything is written, and each written key
@@ -470,8 +498,9 @@ def replay_increment(
         show_progress: force the progress bar on or off.
 
     Raises:
-        IncompatibleDeltaError: a table's layout or the delta's shapes do not fit, or a key cannot be
-            placed at its slot; raised before any table is written.
+        IncompatibleDeltaError: a table's layout or the delta's shapes do not fit, a key cannot be
+            placed at its slot, or a packed table gets a delta without its evictions; raised
+            before any table is written.
     """
     handles = find_tables(model, None)
     jobs = plan_replay(handles, deltas, content, every_shard=False)

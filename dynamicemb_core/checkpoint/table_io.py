@@ -28,6 +28,7 @@ __all__ = [
     "check_room",
     "export_rows",
     "insert_rows",
+    "insert_rows_at",
     "planned_capacity",
     "table_now",
 ]
@@ -196,6 +197,48 @@ def insert_rows(
             f"(capacity {handle.table.capacity(handle.table_id)}); raise max_capacity or bucket_capacity"
         )
     return placed, unplaced
+
+
+def insert_rows_at(
+    handle: TableHandle,
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    embeddings: torch.Tensor,
+    optimizer_states: Optional[torch.Tensor],
+    ages: torch.Tensor,
+    bar: Optional[tqdm] = None,
+) -> int:
+    """Put each key at its given local slot with its row and scores (a slot-exact load).
+
+    The caller has checked the slots (home bucket, no slot or key twice, no other key of the
+    table in the way), so ``ScoredHashTable.insert_at``'s own check (its kernel's dry run; the
+    batch's duplicates are not checked again: ``distinct=True``), which runs before each chunk is
+    written, cannot fail. Keys already in the table (at these very slots) keep their optimizer
+    state when ``optimizer_states`` is None, as :func:`insert_rows`.
+
+    Returns:
+        Keys placed.
+    """
+    device, table, t = handle.device, handle.table, handle.table_id
+    columns = clock_columns(handle.options)
+    # keys the table held before may keep their optimizer state; an empty table holds none (the
+    # file's keys are distinct, so an earlier chunk's keys are not this chunk's)
+    held = optimizer_states is None and table.size(t) > 0
+    for lo in range(0, keys.numel(), _CHUNK):
+        k = keys[lo : lo + _CHUNK].to(device)
+        at = slots[lo : lo + _CHUNK].to(device)
+        previous = keep = None
+        if held:
+            found = table.find(k, t)
+            previous, keep = handle.storage.read_rows(t, found.slots), found.found
+        opt = None if optimizer_states is None else optimizer_states[lo : lo + _CHUNK]
+        rows = assemble_rows(handle, embeddings[lo : lo + _CHUNK], opt, previous, keep)
+        scores = from_ages(ages[lo : lo + _CHUNK].to(device), columns, table_now(handle))
+        table.insert_at(t, k, at, scores=scores, distinct=True)
+        handle.storage.write_rows(t, at, rows)
+        if bar is not None:
+            bar.update(k.numel())
+    return keys.numel()
 
 
 def planned_capacity(handle: TableHandle, num_keys: int) -> int:

@@ -154,7 +154,9 @@ class _InferenceCollection(nn.Module):
 
         The dump's world size becomes each table's shard count: shard ``r`` takes the keys rank ``r``
         owns under the table's ``dist_type``, so the served tables keep the trainer's layout and
-        accept its deltas.
+        accept its deltas. Each key goes back to the slot the dump recorded when its shard has the
+        trainer's capacity and bucket width (else the shard is packed and marked; see
+        ``replay_increment``).
 
         Args:
             path: the dump folder (its ``MANIFEST.json`` lists the files).
@@ -292,7 +294,8 @@ class _InferenceCollection(nn.Module):
         written (layout, shapes, slots); see ``replay_increment``.
 
         Raises:
-            IncompatibleDeltaError: the delta does not fit (nothing was written).
+            IncompatibleDeltaError: the delta does not fit, or a shard that ``from_dump`` had to
+                pack gets a delta that does not report evictions (nothing was written).
         """
         from dynamicemb_core.checkpoint.replay import apply_replay, plan_replay
         from dynamicemb_core.checkpoint.types import ReplayContent

@@ -203,7 +203,11 @@ class ServingTables(nn.Module):
                 bucket_capacity=t.bucket_capacity,
             )
             for r in range(t.num_shards):
-                specs.append(TableSpec.from_options(f"{t.name}/shard{r}", opts, row_width=0))
+                spec = TableSpec.from_options(f"{t.name}/shard{r}", opts, row_width=0)
+                # the rows live in this module's value buffers, sized now: a served table never
+                # grows (not even NO_EVICTION, which grows past max_capacity elsewhere), so a
+                # load that would need more room is refused instead of misaddressing rows
+                specs.append(dataclasses.replace(spec, fixed_capacity=True))
                 owner.append(i)
         self.hash_table = ScoredHashTable(specs, device=self.device)
         self.logical_specs = [

@@ -132,6 +132,9 @@ class ScoredHashTable:
         # hits / misses / placed / evicted / unplaced per table, accumulated on the device
         self.counters = PlacementCounters(len(specs), self.device)
         self._report = UnplacedKeyReport()
+        # table id -> why its keys do not stand at the slots of the table they were loaded from
+        # (a packing load); absent: they do, or the table filled itself (see packed_slots)
+        self._packed: Dict[int, str] = {}
 
     def _score_fn_address(self, spec: TableSpec) -> int:
         """``score_fns[t]``: 0, the CPU callback's address, or the CUDA ranking kernel's handle."""
@@ -695,8 +698,14 @@ class ScoredHashTable:
         *,
         rows: Optional[Tensor] = None,
         scores: Optional[Tensor] = None,
+        distinct: bool = False,
     ) -> None:
         """Put each key at exactly its given local slot (replay), or raise before writing anything.
+
+        ``distinct=True`` says the caller has already checked that no key and no slot appears
+        twice in the batch (a checkpoint load checks a whole file's slots before any table is
+        written) and skips that O(n) check; the kernel's dry run still checks every slot against
+        the table (home bucket, empty or holding the key) before anything is written.
 
         Raises:
             DynamicEmbError: naming the first key whose slot is outside its home bucket, held by
@@ -719,7 +728,11 @@ class ScoredHashTable:
             scores = check_user_scores(scores, where, n, spec.num_scores, self.device)
             words = score_words_from_user(scores, tids, self._reversed, self._compound)
         placed = table_ops.insert_at(keys, tids, slots, self._state, words, True)
-        bad = failing_index(placed, keys, slots)
+        if distinct:
+            refused = (~placed).nonzero()
+            bad = int(refused[0, 0]) if refused.numel() else None
+        else:
+            bad = failing_index(placed, keys, slots)
         if bad is not None:
             raise DynamicEmbError(
                 check_insert_at(
@@ -860,6 +873,27 @@ class ScoredHashTable:
         for t in range(self.num_tables) if table_id is None else [self._table_id(table_id)]:
             self._state.digests[self._offsets[t] : self._offsets[t + 1]].zero_()
             self._state.sizes[t] = 0
+            self._packed.pop(t, None)
+
+    # -- where the keys came from --------------------------------------------------------------------
+    def packed_slots(self, table_id: int = 0) -> Optional[str]:
+        """Why table ``table_id``'s keys do not stand at the slots of the table they were loaded
+        from, or None when they do (or the table filled itself, by training or ``insert_at``).
+
+        A checkpoint load that cannot keep the source's slots (another world size, capacity or
+        bucket width) packs each bucket and records why here; a replay of a delta that does not
+        report its evictions refuses such a table (``replay_increment``), since it cannot tell a
+        key the source evicted from one the load put elsewhere.
+        """
+        return self._packed.get(self._table_id(table_id))
+
+    def set_packed_slots(self, table_id: int, reason: Optional[str]) -> None:
+        """Record (``reason``) or clear (None) what :meth:`packed_slots` reports; called by loads."""
+        t = self._table_id(table_id)
+        if reason is None:
+            self._packed.pop(t, None)
+        else:
+            self._packed[t] = str(reason)
 
     def set_score(self, table_id: int, score: int) -> None:
         """Set the score of a CUSTOMIZED table (or the step of a STEP table) for later calls.

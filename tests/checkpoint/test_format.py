@@ -208,3 +208,44 @@ def test_manifest_detects_truncated_or_missing_file(tmp_path):
     os.unlink(full)
     with pytest.raises(CheckpointCorruptError, match="missing"):
         read_manifest(root)
+
+
+def _with_slots(n: int = 37):
+    from dynamicemb_core.checkpoint.format import SlotLayout
+
+    header, payload = _shard(n=n)
+    layout = SlotLayout(capacity=256, bucket_capacity=16, row_capacity=256, packed=None)
+    slots = torch.randperm(256, generator=torch.Generator().manual_seed(n))[:n]
+    return dataclasses.replace(header, slot_layout=layout), dataclasses.replace(
+        payload, slots=slots
+    )
+
+
+def test_slots_and_their_layout_round_trip_and_are_checksummed(tmp_path):
+    from dynamicemb_core.checkpoint.format import read_shard_section
+
+    header, payload = _with_slots()
+    path = str(tmp_path / "s.demb")
+    write_shard(path, header, payload)
+    got_header, got = read_shard(path)
+    assert got_header.slot_layout == header.slot_layout
+    assert torch.equal(got.slots, payload.slots)
+    assert torch.equal(read_shard_section(path, "slots"), payload.slots)
+    raw = bytearray(open(path, "rb").read())
+    raw[-1] ^= 0x5A  # the last byte of the slots section, the file's last section
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(CheckpointCorruptError, match="section 'slots' checksum mismatch"):
+        read_shard(path)
+
+
+def test_a_damaged_slot_layout_or_slots_without_one_are_refused(tmp_path):
+    header, payload = _with_slots()
+    with pytest.raises(ValueError, match="slots section goes with a slot_layout"):
+        write_shard(
+            str(tmp_path / "a.demb"), dataclasses.replace(header, slot_layout=None), payload
+        )
+    path = str(tmp_path / "s.demb")
+    bad = dataclasses.replace(header.slot_layout, bucket_capacity=15)  # 256 is no multiple of 15
+    write_shard(path, dataclasses.replace(header, slot_layout=bad), payload)
+    with pytest.raises(CheckpointCorruptError, match="damaged header: slot_layout"):
+        read_shard_header(path)

@@ -407,6 +407,28 @@ def _check_exported(
     )
 
 
+def _check_packed_refuses_discard(model: Any, case: Case, world: int, dump: str) -> None:
+    """After a load N -> M the keys stand where the load packed them, not at the source's slots:
+    a delta that does not report its evictions (what an ``EvictedItemMode.DISCARD`` trainer
+    sends) is refused before writing, naming why; the model is left as it was."""
+    from dynamicemb_core.checkpoint import incremental_dump, replay_increment
+    from dynamicemb_core.checkpoint.errors import IncompatibleDeltaError
+    from dynamicemb_core.checkpoint.manifest import read_manifest
+
+    if read_manifest(dump)[0].world_size == world or not case.replayable:
+        return  # a load at the dump's own world size is slot-exact
+    deltas = incremental_dump(model, 0)  # a delta of this world size's layout
+    for delta in deltas.values():
+        delta.evicted_keys = [None] * len(delta.table_names)  # as a DISCARD source's
+    RL.check_refused(
+        lambda: replay_increment(model, deltas, show_progress=False),
+        lambda: RL.ledger_of_model(model),
+        (IncompatibleDeltaError,),
+        match=("world size", "evicted_item_mode=DISCARD", "nothing was written"),
+        what="DISCARD replay after a load N -> M",
+    )
+
+
 def run_reload(rank: int, world: int, case: Case, folder: str) -> None:
     """N -> M: load the dump another world size wrote, into a model and into a served collection."""
     saved = torch.load(os.path.join(folder, "ledger.pt"), weights_only=False)
@@ -417,6 +439,7 @@ def run_reload(rank: int, world: int, case: Case, folder: str) -> None:
     RL.check_moved(
         saved["ledger"], RL.ledger_of_model(model), fields=full, what=f"reshard -> {world}"
     )
+    _check_packed_refuses_discard(model, case, world, dump)
     served = RL.move_from_dump(
         served_classes(case), dump, configs_of(case), saved["options"], device_of(case)
     )

@@ -1,10 +1,13 @@
-"""Replay into a target filled by a load, whose buckets are packed (a dump keeps no holes).
+"""Replay into a target filled by a load (a dump keeps no holes, the file records each key's slot).
 
 The source erases keys (holes in its buckets), is dumped, loaded into a twin and into a served
-collection, trains on (new keys fill the holes at the source's slots), and its delta is replayed
-into both. Every key the source holds must read its row at the destination afterwards; none may be
-lost because the load put it at another slot of its bucket than the source's (one process, no
-sharding: the routing of shards is the gloo scenario's).
+collection (slot for slot), and into a twin that already held some of the dump's keys at other
+slots (the load packs it: ``packed_slots`` says why), trains on (new keys fill the holes at the
+source's slots), and its delta (``EvictedItemMode.RETAIN_KEY``: evictions reported) is replayed
+into all three. Every key the source holds must read its row at the destination afterwards; none
+may be lost because the load put it at another slot of its bucket than the source's (one process,
+no sharding: the routing of shards is the gloo scenario's). The DISCARD case is
+test_slot_exact_load.py's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dynamicemb_core.checkpoint import (
     DynamicEmbDump,
     DynamicEmbLoad,
     erase,
+    find_tables,
     get_score,
     incremental_dump,
 )
@@ -36,6 +40,13 @@ def test_replay_after_load_keeps_every_key_the_source_holds(tmp_path) -> None:
     DynamicEmbDump(str(tmp_path), src)
     twin = make_model(**options)
     DynamicEmbLoad(str(tmp_path), twin)
+    packed = make_model(**options)
+    held = [k for (_, t, k) in RL.ledger_of_model(src) if t == "t0"][:60][::-1]
+    n = len(held)  # one key a bag in t0, in the reverse of the dump's order; t1's bags empty
+    packed(torch.tensor(held), torch.cat([torch.arange(n + 1), torch.full((n,), n)]))
+    DynamicEmbLoad(str(tmp_path), packed)
+    (t0,) = [h for h in find_tables(packed) if h.name == "t0"]
+    assert t0.table.packed_slots(t0.table_id), "the load was meant to pack this twin"
     configs = [
         EmbeddingBagConfig(name=t, embedding_dim=4, num_embeddings=400, feature_names=[t])
         for t in ("t0", "t1")
@@ -54,6 +65,7 @@ def test_replay_after_load_keeps_every_key_the_source_holds(tmp_path) -> None:
     }
     for name, read, apply in (
         ("replay_increment", lambda: RL.ledger_of_model(twin), lambda: RL.move_replay_increment(deltas, twin)),
+        ("replay_increment (packed)", lambda: RL.ledger_of_model(packed), lambda: RL.move_replay_increment(deltas, packed)),
         ("replay", lambda: RL.ledger_of_served(served), lambda: served.replay(deltas)),
     ):  # fmt: skip
         before = read()

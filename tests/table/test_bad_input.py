@@ -140,6 +140,10 @@ def test_insert_at_with_a_bad_slot_raises_before_writing(device: torch.device) -
         own = table.find(_i64([5], device)).slots.item()  # key 5 may stay where it is
         table.insert_at(0, _i64([5, 100], device), _i64([own, 99], device))
     _assert_unchanged(table, before)
+    # distinct=True (the caller checked the batch for duplicates) keeps the kernel's check
+    with pytest.raises(DynamicEmbError, match="key 100 at slot 99"):
+        table.insert_at(0, _i64([5, 100], device), _i64([own, 99], device), distinct=True)
+    _assert_unchanged(table, before)
 
 
 OP_CASES = {

@@ -295,3 +295,4 @@ def test_a_table_grown_past_max_capacity_round_trips_a_checkpoint(tmp_path) -> N
     assert_same_rows_by_key(a, b)
     for name in a:
         assert a[name].scores == b[name].scores, name
+        assert a[name].slots == b[name].slots, name  # slot-exact: it grew to the source's capacity
