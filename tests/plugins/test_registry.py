@@ -302,9 +302,11 @@ def test_builtin_names_build_the_core_classes() -> None:
         resolve_admission_strategy(DynamicEmbTableOptions(admit_strategy="frequency"))
 
 
-def test_a_score_function_named_in_the_options_reaches_the_modules_hash_table() -> None:
-    """A module's group resolves a registered score_function name (it used to keep callables
-    only, silently dropping a name)."""
+def test_a_score_function_named_in_the_options_reaches_the_groups_hash_table() -> None:
+    """A registered score_function name, resolved where admission strategies resolve
+    (plugins.with_score_function, as the module does), reaches the group's hash table; the group
+    refuses an unresolved name instead of dropping it (it used to drop names silently)."""
+    from dynamicemb_core.plugins import with_score_function
     from dynamicemb_core.storage.grouped import GroupedDeviceStorage
 
     def scaled(strategy: Any) -> Any:
@@ -317,8 +319,12 @@ def test_a_score_function_named_in_the_options_reaches_the_modules_hash_table() 
             dim=4, max_capacity=256, score_strategy=compound, score_function="test-scaled"
         )
         spec = StorageTableSpec("t", dim=4, row_width=4, num_scores=2)
-        group = GroupedDeviceStorage([spec], "cpu", dims=[4], table_options=[options])
+        group = GroupedDeviceStorage(
+            [spec], "cpu", dims=[4], table_options=[with_score_function(options)]
+        )
         fn = group.table.specs[0].score_function
         assert fn is not None and fn([0, 5], 0) == 10.0
+        with pytest.raises(ValueError, match="'t'.*registered name"):
+            GroupedDeviceStorage([spec], "cpu", dims=[4], table_options=[options])
     finally:
         unregister_plugin("test-scaled")
