@@ -45,6 +45,10 @@ class Case:
     export: bool = False
     aoti: bool = False
     rows: int = 300  # id space of training batches; held-out batches also read ids beyond it
+    # num_embeddings of each table (0: rows). A NO_EVICTION trainer that grows after the dump
+    # cannot be followed by replay into a served table of the dump's size (the replay refuses the
+    # delta's capacity, tested with the doubled-capacity delta below): give it room instead.
+    table_rows: int = 0
     bucket_capacity: int = 16
     steps: int = 4
     holes_in_dump: bool = True  # erase keys before the dump (a load packs the buckets)
@@ -68,7 +72,12 @@ def configs_of(case: Case) -> List[Any]:
 
     cls = EmbeddingBagConfig if case.pooled else EmbeddingConfig
     return [
-        cls(name=t, embedding_dim=4, num_embeddings=case.rows, feature_names=FEATURES[t])
+        cls(
+            name=t,
+            embedding_dim=4,
+            num_embeddings=case.table_rows or case.rows,
+            feature_names=FEATURES[t],
+        )
         for t in TABLES
     ]
 
