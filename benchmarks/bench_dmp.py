@@ -31,14 +31,13 @@ import gc
 import os
 import platform
 import re
-import statistics
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
+from bench_training import power_law_batch, time_pair
 from small import add_small_flag, apply_small
 from torch import nn
 
@@ -231,21 +230,20 @@ def static_model(
 
 
 def power_law_kjts(args, tables: int, device: torch.device) -> List[Any]:
-    """``--batches`` KJTs of ``tables`` features, ~``--ids`` ids each, Zipf(alpha) ids."""
+    """``--batches`` KJTs of ``tables`` features, ~``--ids`` ids each, Zipf(alpha) ids
+    (bench_training's batches, as a KeyedJaggedTensor)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     out = []
     for s in range(args.batches):
-        rng = np.random.default_rng(1234 + s)
-        per_bag = max(1, args.ids // (tables * args.batch))
-        lengths = rng.integers(1, 2 * per_bag, size=tables * args.batch)  # mean ~ per_bag
-        ranks = rng.zipf(args.alpha, size=int(lengths.sum())) - 1
-        ids = (ranks * 2654435761) % args.num_ids  # hot ids spread over the id space
+        ids, offsets = power_law_batch(
+            tables, args.batch, args.ids, args.num_ids, args.alpha, seed=1234 + s
+        )
         out.append(
             KeyedJaggedTensor(
                 keys=[f"f{i}" for i in range(tables)],
-                values=torch.from_numpy(ids.astype(np.int64)),
-                lengths=torch.from_numpy(lengths.astype(np.int32)),
+                values=ids,
+                lengths=offsets.diff().to(torch.int32),
             ).to(device)
         )
     return out
@@ -309,24 +307,6 @@ def print_profile(label: str, step: Callable[[int], None], device: torch.device,
     print(averages.table(sort_by=sort, row_limit=top))
     if cuda:
         print(averages.table(sort_by="cpu_time_total", row_limit=top))
-
-
-def time_pair(steps: List[Callable[[int], None]], warmup: int, repeats: int, device) -> List[float]:
-    """Median ms of each step, alternating them per repeat (same load for both)."""
-    for step in steps:
-        for i in range(warmup):
-            step(i)
-    times: List[List[float]] = [[] for _ in steps]
-    for i in range(repeats):
-        for k, step in enumerate(steps):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            step(warmup + i)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return [statistics.median(t) for t in times]
 
 
 def release(device: torch.device) -> None:
