@@ -474,6 +474,7 @@ def _check_rooms(plan: Plan) -> List[_Room]:
         source, capacity, why = _slot_plan(handle, headers, paths, brought)
         if source is not None:
             layout = headers[source].slot_layout
+            assert layout is not None  # _slot_plan picks only a file that records its layout
             total = keys.numel()  # the keys held already are the file's (checked)
             rooms.append(_Room(handle, keys, capacity, total, source, layout, layout.packed))
         else:
@@ -570,6 +571,7 @@ def load_tables(
                 bar.update(whole.keys.numel() - p.keys.numel())
                 opt = p.optimizer_states if optim and p.optimizer_states.shape[1] else None
                 if room.source is not None:
+                    assert p.slots is not None  # the slot-exact source's file records slots
                     a, b = (
                         insert_rows_at(handle, p.keys, p.slots, p.embeddings, opt, p.scores, bar),
                         0,

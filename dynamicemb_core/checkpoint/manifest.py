@@ -321,7 +321,9 @@ def read_manifest(root: str) -> List[ManifestEntry]:
     if not (_typed(version, int) and version in READABLE_VERSIONS):
         old = (
             " (written before checkpoints named their dump; re-dump it with this build)"
-            if _typed(version, int) and version < min(READABLE_VERSIONS)
+            if _typed(version, int)
+            and isinstance(version, int)
+            and version < min(READABLE_VERSIONS)
             else ""
         )
         raise CheckpointCorruptError(
